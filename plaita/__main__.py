@@ -1,0 +1,5 @@
+import sys
+
+from plaita.cli import main
+
+sys.exit(main())

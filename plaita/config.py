@@ -1,0 +1,162 @@
+"""Settings: every knob of the worker, with the original plaita's names and defaults.
+
+Environment variables are read here and in ``cli.py`` only, never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from urllib.parse import urlsplit, urlunsplit
+
+from plaita.errors import ConfigError
+
+#: Default Redis URL when neither a flag nor PLAITA_REDIS_URL / REDIS_URL is given.
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: Stream key (deployments often use ``plaita:flow:queue:v2``).
+DEFAULT_QUEUE_NAME = "plaita:flow:queue"
+#: Consumer group shared by every worker of a stream.
+DEFAULT_CONSUMER_GROUP = "plaita-workers"
+#: XREADGROUP BLOCK: bounded so a stop is noticed within half a second.
+DEFAULT_READ_BLOCK_MS = 500
+#: Entries idle longer than this may be claimed by RECLAIMING.
+DEFAULT_CLAIM_MIN_IDLE_MS = 60_000
+#: A task delivered this many times without success goes to the DLQ.
+DEFAULT_MAX_DELIVERIES = 5
+#: Exact XTRIM MAXLEN of the DLQ after every add.
+DEFAULT_DLQ_MAX_LEN = 1000
+#: Drain time for in-flight tasks after SIGTERM before exiting with them left pending.
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+#: Payloads larger than this go to the DLQ unparsed.
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: RECLAIMING is re-entered this often while reading.
+DEFAULT_RECLAIM_INTERVAL_S = 5.0
+#: Execution lease TTL; renewed every ttl/3 while a task runs.
+DEFAULT_LEASE_TTL_S = 120.0
+#: Highest task ``schema_version`` this build understands.
+TASK_SCHEMA_VERSION = 1
+#: Most tasks read ahead of free handler threads when handlers are fast (see ``prefetch``).
+DEFAULT_MAX_PREFETCH = 128
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe for logs and status)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable redis url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def validate_redis_url(url: str) -> None:
+    """Raise ConfigError (never echoing a password) unless ``url`` is a usable Redis URL."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError on a non-numeric port
+    except ValueError as exc:
+        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: {exc}") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: scheme must be redis://, rediss:// or unix://")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: no host")
+    db = parts.path.lstrip("/")
+    if parts.scheme != "unix" and db and not db.isdigit():
+        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: database must be a number")
+
+
+def default_consumer_name(slot: int = 0) -> str:
+    """Stable per host and slot, so a restarted worker resumes its own pending entries."""
+    return f"{socket.gethostname()}:{slot}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a worker needs to know; built by the CLI, passed explicitly."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    queue_name: str = DEFAULT_QUEUE_NAME
+    consumer_group: str = DEFAULT_CONSUMER_GROUP
+    consumer_name: str = field(default_factory=default_consumer_name)
+    read_block_ms: int = DEFAULT_READ_BLOCK_MS
+    claim_min_idle_ms: int = DEFAULT_CLAIM_MIN_IDLE_MS
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    dlq_key: str = ""
+    dlq_max_len: int = DEFAULT_DLQ_MAX_LEN
+    concurrency: int = 1
+    #: Extra tasks read beyond free handler threads. None = automatic: 0 until handlers are
+    #: seen to be fast (< 5 ms), then up to DEFAULT_MAX_PREFETCH. Long tasks never hoard.
+    prefetch: int | None = None
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    reclaim_interval_s: float = DEFAULT_RECLAIM_INTERVAL_S
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    backoff_base_s: float = 0.1
+    backoff_cap_s: float = 1.0
+    persistent_backoff_s: float = 5.0
+    status_file: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_redis_url(self.redis_url)
+        checks: list[tuple[bool, str]] = [
+            (bool(self.queue_name), "--queue-name must not be empty"),
+            (bool(self.consumer_group), "--consumer-group must not be empty"),
+            (bool(self.consumer_name), "--consumer-name must not be empty"),
+            (100 <= self.read_block_ms <= 10_000, "--read-block-ms must be within 100..10000"),
+            (self.claim_min_idle_ms >= 0, "--claim-min-idle-ms must be >= 0"),
+            (self.max_deliveries >= 1, "--max-deliveries must be >= 1"),
+            (self.dlq_max_len >= 1, "--dlq-max-len must be >= 1"),
+            (1 <= self.concurrency <= 1024, "--concurrency must be within 1..1024"),
+            (self.prefetch is None or self.prefetch >= 0, "--prefetch must be >= 0"),
+            (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
+            (self.max_payload_bytes >= 1, "--max-payload-bytes must be >= 1"),
+            (self.reclaim_interval_s > 0, "--reclaim-interval-s must be > 0"),
+            (self.lease_ttl_s >= 1, "--lease-ttl-seconds must be >= 1"),
+            (0 < self.backoff_base_s <= self.backoff_cap_s, "backoff needs 0 < base <= cap"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    @property
+    def dlq(self) -> str:
+        """The DLQ stream key: ``--dlq-key`` or ``<queue>:dlq``."""
+        return self.dlq_key or f"{self.queue_name}:dlq"
+
+    @property
+    def socket_timeout_s(self) -> float:
+        """Socket read timeout: always longer than BLOCK, so an expired BLOCK is not an error."""
+        return self.read_block_ms / 1000 + 1.5
+
+    def with_(self, **changes: object) -> Settings:
+        """A copy with ``changes`` applied (validated again)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """One log line with the effective configuration, password redacted."""
+        return (
+            f"redis={redact_url(self.redis_url)} stream={self.queue_name} group={self.consumer_group} "
+            f"consumer={self.consumer_name} concurrency={self.concurrency} block_ms={self.read_block_ms} "
+            f"claim_min_idle_ms={self.claim_min_idle_ms} max_deliveries={self.max_deliveries} dlq={self.dlq}"
+        )
+
+
+def env_first(env: Mapping[str, str], *names: str) -> str | None:
+    """The first non-empty environment variable among ``names``."""
+    for name in names:
+        value = env.get(name)
+        if value:
+            return value
+    return None
+
+
+def environ() -> Mapping[str, str]:
+    """The process environment (a seam for tests)."""
+    return os.environ

@@ -1,0 +1,258 @@
+"""Handler threads and the settler thread.
+
+Handlers run on ``concurrency`` daemon threads. Outcomes go to one settler thread that acks
+and dead-letters in batches (one MULTI/EXEC round trip per batch), so a fast handler is not
+held back by a round trip per task and a slow Redis never blocks a handler. A failed batch
+is kept (bounded) and retried after the owner has seen Redis come back.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plaita.errors import BadTaskError
+from plaita.queue import DeadLetter, StreamQueue
+from plaita.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Task], object]
+
+#: Settled-but-not-yet-acked outcomes kept across an outage; past this the oldest are
+#: dropped (they stay pending in Redis and are redelivered: at-least-once holds).
+MAX_UNSETTLED = 50_000
+#: Most outcomes settled in one MULTI/EXEC.
+SETTLE_BATCH = 500
+#: Exponential moving average weight for handler duration.
+_EWMA_ALPHA = 0.2
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to do with a message once its handler returned."""
+
+    message_id: str
+    dead: DeadLetter | None = None  # None = ack
+
+
+class HandlerPool:
+    """Runs tasks on daemon threads; reports each finished task through ``on_done``."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int,
+        max_deliveries: int,
+        on_done: Callable[[Task, Outcome | None, float], None],
+    ) -> None:
+        self._handler = handler
+        self._max_deliveries = max_deliveries
+        self._on_done = on_done
+        self._work: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"plaita-handler-{i}", daemon=True) for i in range(concurrency)
+        ]
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._running: set[str] = set()
+        self._idle = threading.Condition(self._lock)
+        self.mean_duration_s: float | None = None
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def submit(self, task: Task) -> None:
+        with self._lock:
+            self._queued += 1
+        self._work.put(task)
+
+    @property
+    def busy(self) -> int:
+        """Tasks queued or running."""
+        with self._lock:
+            return self._queued + len(self._running)
+
+    def running_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._running)
+
+    def take_unstarted(self) -> list[Task]:
+        """Remove and return every task not yet picked up by a handler thread."""
+        taken: list[Task] = []
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                taken.append(item)
+        with self._lock:
+            self._queued -= len(taken)
+            self._idle.notify_all()
+        return taken
+
+    def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
+        """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
+        with self._idle:
+            while self._queued + len(self._running) > 0:
+                remaining = deadline_s - time.monotonic()
+                if remaining <= 0 or abort.is_set():
+                    return False
+                self._idle.wait(min(remaining, 0.05))
+            return True
+
+    def stop(self) -> None:
+        """Ask idle threads to exit; running handlers are not interrupted (threads are daemons)."""
+        for _ in self._threads:
+            self._work.put(None)
+
+    def _run(self) -> None:
+        while True:
+            task = self._work.get()
+            if task is None:
+                return
+            with self._lock:
+                self._queued -= 1
+                self._running.add(task.message_id)
+            started = time.monotonic()
+            outcome = self._call(task)
+            duration = time.monotonic() - started
+            with self._lock:
+                self._running.discard(task.message_id)
+                m = self.mean_duration_s
+                self.mean_duration_s = duration if m is None else m + _EWMA_ALPHA * (duration - m)
+                self._idle.notify_all()
+            self._on_done(task, outcome, duration)
+
+    def _call(self, task: Task) -> Outcome | None:
+        """Run the handler; None means "leave pending for redelivery"."""
+        try:
+            self._handler(task)
+        except BadTaskError as exc:
+            logger.warning("task %s rejected by its handler (%s): moved to the DLQ", task.message_id, exc)
+            return Outcome(task.message_id, DeadLetter(task.message_id, exc.reason, task.delivery_count, task.body))
+        except Exception as exc:
+            reason = f"processing_failed:{type(exc).__name__}:{exc}"[:500]
+            if task.delivery_count >= self._max_deliveries:
+                logger.error(
+                    "task %s failed on delivery %d of %d (%s): moved to the DLQ",
+                    task.message_id,
+                    task.delivery_count,
+                    self._max_deliveries,
+                    reason,
+                )
+                return Outcome(task.message_id, DeadLetter(task.message_id, reason, task.delivery_count, task.body))
+            logger.error(
+                "task %s failed on delivery %d of %d; left pending for redelivery",
+                task.message_id,
+                task.delivery_count,
+                self._max_deliveries,
+                exc_info=True,
+            )
+            return None
+        return Outcome(task.message_id)
+
+
+class Settler:
+    """The thread that acks and dead-letters finished tasks in batches."""
+
+    def __init__(self, stream_queue: StreamQueue, *, on_failure: Callable[[BaseException], None]) -> None:
+        self._queue = stream_queue
+        self._on_failure = on_failure
+        self._cond = threading.Condition()
+        self._pending: collections.deque[Outcome] = collections.deque()
+        self._healthy = True
+        self._closed = False
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._run, name="plaita-settler", daemon=True)
+        self.settled = 0
+        self.dead_lettered = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, outcome: Outcome) -> None:
+        with self._cond:
+            if self._closed:
+                return  # after the drain deadline nothing more is acked: it stays pending
+            if len(self._pending) >= MAX_UNSETTLED:
+                self._pending.popleft()
+                self._dropped += 1
+                if self._dropped == 1 or self._dropped % 1000 == 0:
+                    logger.warning(
+                        "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
+                    )
+            self._pending.append(outcome)
+            self._cond.notify_all()
+
+    @property
+    def backlog(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def redis_ok(self) -> None:
+        """The owner saw Redis answer again: retry kept outcomes now."""
+        with self._cond:
+            self._healthy = True
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until everything put so far is settled, at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending or self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._healthy:
+                    return not self._pending and not self._busy
+                self._cond.wait(min(remaining, 0.05))
+            return True
+
+    def close(self) -> None:
+        """Refuse further outcomes and let the thread end once idle."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    _busy = False
+
+    def _take_batch(self) -> list[Outcome] | None:
+        with self._cond:
+            while not self._pending or not self._healthy:
+                if self._closed:
+                    return None
+                self._cond.wait(0.5)
+            batch = [self._pending.popleft() for _ in range(min(SETTLE_BATCH, len(self._pending)))]
+            self._busy = True
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            acks = [o.message_id for o in batch if o.dead is None]
+            dead = [o.dead for o in batch if o.dead is not None]
+            try:
+                self._queue.settle(acks, dead)
+            except Exception as exc:
+                with self._cond:
+                    # Keep them, oldest first, for a retry once the owner sees Redis again.
+                    self._pending.extendleft(reversed(batch))
+                    self._healthy = False
+                    self._busy = False
+                    self._cond.notify_all()
+                self._on_failure(exc)
+                continue
+            with self._cond:
+                self._busy = False
+                self.settled += len(acks)
+                self.dead_lettered += len(dead)
+                self._cond.notify_all()

@@ -1,0 +1,118 @@
+"""Sort exceptions into what the worker does about them (design.md §4).
+
+Pure: redis is never imported here. redis-py classes are recognised by module and class
+name along the MRO, which is stable across redis-py 8.x and keeps the FSM package free of
+I/O dependencies.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from plaita.errors import BadTaskError
+
+
+class ErrorKind(enum.Enum):
+    """How the worker treats an exception."""
+
+    #: Retry quietly with backoff; warn once per outage.
+    TRANSIENT = "transient"
+    #: Operator must act (auth, ACL, types); retry slowly, log an error every attempt.
+    PERSISTENT = "persistent"
+    #: The task itself is broken: DLQ it with a reason, never retry.
+    BAD_INPUT = "bad_input"
+    #: Not a Redis failure and not bad input (a handler bug, a programming error).
+    NOT_OURS = "not_ours"
+
+
+T, P = ErrorKind.TRANSIENT, ErrorKind.PERSISTENT
+
+#: redis-py exception class name -> kind. Order of lookup is the MRO, most specific first.
+REDIS_CLASS_KINDS: dict[str, ErrorKind] = {
+    "AuthenticationError": P,
+    "AuthenticationWrongNumberOfArgsError": P,
+    "AuthorizationError": P,
+    "ExternalAuthProviderError": P,
+    "NoPermissionError": P,
+    "BusyLoadingError": T,
+    "MaxConnectionsError": T,
+    "ConnectionError": T,
+    "TimeoutError": T,
+    "InvalidResponse": T,
+    "ReadOnlyError": T,
+    "TryAgainError": T,
+    "MasterDownError": T,
+    "ClusterDownError": T,
+    "ClusterError": T,
+    "AskError": T,
+    "MovedError": T,
+    "SlotNotCoveredError": T,
+    "WatchError": T,
+    "OutOfMemoryError": P,
+    "NoScriptError": P,
+    "ExecAbortError": P,
+    "ModuleError": P,
+    "NoSuchFieldsetError": P,
+    "ClusterCrossSlotError": P,
+    "CrossSlotTransactionError": P,
+    "InvalidPipelineStack": P,
+    "RedisClusterException": T,
+    "ChildDeadlockedError": P,
+    "IncorrectPolicyType": P,
+    "DataError": P,
+    "PubSubError": P,
+    "LockNotOwnedError": P,
+    "LockError": P,
+    "RedisError": P,
+}
+
+#: Error-reply prefixes that a plain ``ResponseError`` may carry, and their kind.
+RESPONSE_PREFIX_KINDS: dict[str, ErrorKind] = {
+    "NOGROUP": T,  # stream or group gone after a restart without data: recreate the group
+    "LOADING": T,
+    "READONLY": T,
+    "TRYAGAIN": T,
+    "CLUSTERDOWN": T,
+    "MASTERDOWN": T,
+    "BUSY": T,  # a long Lua script is running on the server
+    "NOPERM": P,
+    "WRONGTYPE": P,
+    "NOSCRIPT": P,
+    "OOM": P,
+    "NOAUTH": P,
+    "WRONGPASS": P,
+}
+
+
+def _is_redis_class(cls: type) -> bool:
+    return cls.__module__.split(".", 1)[0] == "redis"
+
+
+def response_code(exc: BaseException) -> str:
+    """The leading upper-case word of a Redis error reply (``NOGROUP``, ``WRONGTYPE`` …)."""
+    text = str(exc).lstrip()
+    word = text.split(" ", 1)[0] if text else ""
+    return word if word.isupper() else ""
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    """Decide how the worker treats ``exc``."""
+    if isinstance(exc, BadTaskError):
+        return ErrorKind.BAD_INPUT
+    for cls in type(exc).__mro__:
+        if not _is_redis_class(cls):
+            continue
+        if cls.__name__ == "ResponseError":
+            return RESPONSE_PREFIX_KINDS.get(response_code(exc), P)
+        kind = REDIS_CLASS_KINDS.get(cls.__name__)
+        if kind is not None:
+            return kind
+    # socket.timeout is the builtin TimeoutError, an OSError; resets and refusals are OSErrors.
+    if isinstance(exc, OSError):
+        return ErrorKind.TRANSIENT
+    return ErrorKind.NOT_OURS
+
+
+def is_redis_failure(exc: BaseException) -> bool:
+    """True when ``exc`` is a Redis-side failure (transient or persistent)."""
+    return classify(exc) in (ErrorKind.TRANSIENT, ErrorKind.PERSISTENT)

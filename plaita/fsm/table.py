@@ -1,0 +1,91 @@
+"""The transition table: the single source of truth for the worker lifecycle.
+
+The runtime machine, the exhaustive tests, ``diagrams/`` and ``docs/states.md`` are all
+built from ``TRANSITIONS``. Keep it to core keys (no ``label``: plain ``Machine`` rejects it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from plaita.fsm.states import ACTIVE_STATES, State
+
+if TYPE_CHECKING:
+    from transitions.core import TransitionConfigDict
+
+S = State
+
+#: Every non-terminal state accepts ``stop_requested``; listed explicitly because
+#: ``source="*"`` would also create a STOPPING -> STOPPING self-loop.
+_STOPPABLE: Final = [S.INIT, S.ENSURE_GROUP, S.RECLAIMING, S.READING, S.BACKOFF]
+
+TRANSITIONS: list[TransitionConfigDict] = [
+    {"trigger": "start", "source": S.INIT, "dest": S.ENSURE_GROUP},
+    {"trigger": "group_ready", "source": S.ENSURE_GROUP, "dest": S.RECLAIMING},
+    {"trigger": "reclaim_done", "source": S.RECLAIMING, "dest": S.READING},
+    {"trigger": "reclaim_due", "source": S.READING, "dest": S.RECLAIMING},
+    {
+        "trigger": "redis_failed",
+        "source": list(ACTIVE_STATES),
+        "dest": S.BACKOFF,
+        "before": "schedule_backoff",
+    },
+    {
+        "trigger": "backoff_elapsed",
+        "source": S.BACKOFF,
+        "dest": S.ENSURE_GROUP,
+        "conditions": "backoff_due",
+    },
+    {"trigger": "stop_requested", "source": _STOPPABLE, "dest": S.STOPPING},
+    # Stopping twice is a no-op: an internal transition (dest None) runs no enter/exit callbacks.
+    {"trigger": "stop_requested", "source": S.STOPPING, "dest": None},
+    {"trigger": "drained", "source": S.STOPPING, "dest": S.STOPPED},
+]
+
+#: What each trigger means, for docs/states.md.
+TRIGGER_DOCS: Final[dict[str, str]] = {
+    "start": "the daemon starts its consume loop",
+    "group_ready": "`XGROUP CREATE … MKSTREAM` succeeded or answered BUSYGROUP",
+    "reclaim_done": "the bounded reclaim pass finished (nothing left to claim, or its budget spent)",
+    "reclaim_due": "the reclaim interval elapsed while reading",
+    "redis_failed": "any Redis error (transient or persistent) at a call site of the active states",
+    "backoff_elapsed": "the owner polls; it fires only once the backoff delay has passed",
+    "stop_requested": "SIGTERM/SIGINT or a remote stop; posted by other threads, fired by the owner",
+    "drained": "in-flight work finished or the drain timeout passed; unfinished work is left pending",
+}
+
+#: What each state means, for docs/states.md.
+STATE_DOCS: Final[dict[State, str]] = {
+    S.INIT: "constructed; no Redis command issued yet",
+    S.ENSURE_GROUP: "creating the consumer group (idempotent); after a Redis restart without data this "
+    "recreates it (NOGROUP)",
+    S.RECLAIMING: "claiming entries idle longer than `--claim-min-idle-ms` (XAUTOCLAIM, following the cursor)",
+    S.READING: "XREADGROUP with a bounded BLOCK: first this consumer's own pending entries (id 0), then `>`",
+    S.BACKOFF: "waiting `min(cap, base·2^attempt)` with jitter on the monotonic clock; stop interrupts it",
+    S.STOPPING: "no more reads; in-flight tasks drain up to `--drain-timeout-s`",
+    S.STOPPED: "terminal: the process exits 0",
+}
+
+
+def triggers() -> list[str]:
+    """Every trigger name in the table, in first-appearance order."""
+    seen: dict[str, None] = {}
+    for t in TRANSITIONS:
+        seen.setdefault(t["trigger"], None)
+    return list(seen)
+
+
+def edges() -> list[tuple[State, str, State | None, str | None]]:
+    """(source, trigger, dest, condition) for every edge; dest None is an internal no-op."""
+    out: list[tuple[State, str, State | None, str | None]] = []
+    for t in TRANSITIONS:
+        sources = t["source"]
+        src_list = sources if isinstance(sources, list) else [sources]
+        cond = t.get("conditions")
+        cond_name = cond if isinstance(cond, str) else None
+        for src in src_list:
+            assert isinstance(src, State)
+            dest = t["dest"]
+            assert dest is None or isinstance(dest, State)
+            out.append((src, t["trigger"], dest, cond_name))
+    return out

@@ -1,0 +1,265 @@
+"""StreamQueue: the only module that issues stream commands (design.md §2).
+
+Every method lets redis-py exceptions through unchanged: the worker classifies them
+(``plaita.fsm.classify``) and turns them into ``redis_failed``. Nothing here retries or
+sleeps; retrying is the lifecycle's job (BACKOFF), and redis-py's own retry is switched off
+so a frozen server costs one socket timeout, not ten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from plaita.config import Settings
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
+
+logger = logging.getLogger(__name__)
+
+#: Seconds to wait for a TCP connection before counting the attempt as a transient failure.
+CONNECT_TIMEOUT_S = 2.0
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A raw stream entry as read from Redis; ``fields`` is None when it was deleted."""
+
+    message_id: str
+    fields: dict[str, bytes] | None
+    delivery_count: int = 1
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A request to move a pending entry to the DLQ."""
+
+    message_id: str
+    reason: str
+    delivery_count: int
+    payload: Any  # the original body (dict) when it parsed, else the raw payload text
+
+
+def make_client(url: str, *, socket_timeout_s: float, client_name: str | None = None) -> redis.Redis:
+    """A redis-py client tuned for a worker: no hidden retries, keepalive, bounded timeouts."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0),
+        client_name=client_name,
+        decode_responses=False,
+    )
+
+
+class StreamQueue:
+    """One stream, one consumer group, one consumer name."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        stream: str,
+        group: str,
+        consumer: str,
+        dlq_key: str,
+        dlq_max_len: int,
+        read_client: redis.Redis | None = None,
+    ) -> None:
+        self.client = client
+        # Blocking reads get their own pool so interrupt() can cut exactly them.
+        self.read_client = read_client if read_client is not None else client
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.dlq_key = dlq_key
+        self.dlq_max_len = dlq_max_len
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> StreamQueue:
+        """Build the queue and its two clients; connects lazily (never raises for Redis down)."""
+        name = f"plaita:{settings.consumer_name}".replace(" ", "_")
+        return cls(
+            make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name),
+            read_client=make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name),
+            stream=settings.queue_name,
+            group=settings.consumer_group,
+            consumer=settings.consumer_name,
+            dlq_key=settings.dlq,
+            dlq_max_len=settings.dlq_max_len,
+        )
+
+    # -- group ------------------------------------------------------------------------
+    def ensure_group(self) -> bool:
+        """``XGROUP CREATE <stream> <group> 0 MKSTREAM``; True if created, False if it existed."""
+        try:
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" in str(exc):
+                return False
+            raise
+        return True
+
+    # -- produce ----------------------------------------------------------------------
+    def enqueue(self, body: dict[str, Any], *, schema_version: int = 1) -> str:
+        """XADD a task body; returns its id."""
+        fields = {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: str(schema_version)}
+        return _s(cast(bytes, self.client.xadd(self.stream, fields)))  # type: ignore[arg-type]
+
+    def enqueue_many(self, bodies: list[dict[str, Any]], *, schema_version: int = 1) -> list[str]:
+        """XADD many bodies in one pipeline; returns their ids in order."""
+        pipe = self.client.pipeline(transaction=False)
+        for body in bodies:
+            pipe.xadd(self.stream, {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: str(schema_version)})
+        return [_s(i) for i in pipe.execute()]
+
+    # -- consume ----------------------------------------------------------------------
+    def _parse_read(self, reply: Any) -> list[Entry]:
+        entries: list[Entry] = []
+        for _stream, items in reply or []:
+            for message_id, fields in items:
+                decoded = None if not fields else {_s(k): v for k, v in fields.items()}
+                entries.append(Entry(_s(message_id), decoded))
+        return entries
+
+    def read_new(self, count: int, block_ms: int) -> list[Entry]:
+        """``XREADGROUP … COUNT count BLOCK block_ms STREAMS <stream> >``. Empty when BLOCK expires."""
+        reply = self.read_client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+        return self._parse_read(reply)
+
+    def read_own_pending(self, after_id: str, count: int) -> list[Entry]:
+        """Re-read this consumer's own pending entries after ``after_id`` (no BLOCK).
+
+        Redis bumps their delivery count on this read; the counts returned are the new ones.
+        """
+        reply = self.read_client.xreadgroup(self.group, self.consumer, {self.stream: after_id}, count=count)
+        entries = self._parse_read(reply)
+        if not entries:
+            return entries
+        counts = self.delivery_counts([e.message_id for e in entries], consumer=self.consumer)
+        return [Entry(e.message_id, e.fields, counts.get(e.message_id, 1)) for e in entries]
+
+    def delivery_counts(self, ids: list[str], *, consumer: str | None = None) -> dict[str, int]:
+        """Delivery count of each pending id (one XPENDING range call)."""
+        if not ids:
+            return {}
+        rows = self.client.xpending_range(
+            self.stream, self.group, min=ids[0], max=ids[-1], count=max(len(ids) * 4, 16), consumername=consumer
+        )
+        wanted = set(ids)
+        out: dict[str, int] = {}
+        for row in cast(list[dict[str, Any]], rows):
+            mid = _s(row["message_id"])
+            if mid in wanted:
+                out[mid] = int(row["times_delivered"])
+        return out
+
+    def autoclaim(self, cursor: str, min_idle_ms: int, count: int) -> tuple[str, list[Entry], list[str]]:
+        """One ``XAUTOCLAIM`` step from ``cursor``: (next cursor, claimed entries, deleted ids).
+
+        Claimed entries carry their delivery count after the claim.
+        """
+        reply: list[Any] = self.client.xautoclaim(
+            self.stream, self.group, self.consumer, min_idle_ms, cursor, count=count
+        )
+        next_cursor = _s(reply[0])
+        claimed = [Entry(_s(mid), None if not f else {_s(k): v for k, v in f.items()}) for mid, f in reply[1] or []]
+        deleted = [_s(x) for x in (reply[2] if len(reply) > 2 else [])]
+        live = [e for e in claimed if e.fields is not None]
+        counts = self.delivery_counts([e.message_id for e in live], consumer=self.consumer)
+        claimed = [Entry(e.message_id, e.fields, counts.get(e.message_id, 1)) for e in claimed]
+        return next_cursor, claimed, deleted
+
+    # -- settle -----------------------------------------------------------------------
+    def settle(self, acks: list[str], dead: list[DeadLetter]) -> None:
+        """Ack (XACK + XDEL) and dead-letter a batch in one MULTI/EXEC round trip.
+
+        Atomic, so a DLQ copy never exists without its source being acked, or the reverse.
+        """
+        if not acks and not dead:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for d in dead:
+            envelope = {
+                "reason": d.reason,
+                "source_stream": self.stream,
+                "source_id": d.message_id,
+                "delivery_count": d.delivery_count,
+                "dead_lettered_at": time.time(),
+                "payload": d.payload,
+            }
+            pipe.xadd(self.dlq_key, {PAYLOAD_FIELD: json.dumps(envelope, ensure_ascii=False)})
+        if dead:
+            pipe.xtrim(self.dlq_key, maxlen=self.dlq_max_len, approximate=False)
+        ids = acks + [d.message_id for d in dead]
+        pipe.xack(self.stream, self.group, *ids)
+        pipe.xdel(self.stream, *ids)
+        pipe.execute()
+
+    def ack(self, *ids: str) -> None:
+        """XACK + XDEL (one round trip)."""
+        self.settle(list(ids), [])
+
+    # -- shutdown helpers -------------------------------------------------------------
+    def interrupt_read(self) -> None:
+        """Cut a blocking read in progress so a stop is not delayed by BLOCK or a frozen server.
+
+        Best effort; the read then fails with ConnectionError. Entries Redis already handed to
+        us stay in this consumer's pending list and are re-read on the next start.
+        """
+        pool = self.read_client.connection_pool
+        for conn in list(getattr(pool, "_in_use_connections", ())):
+            sock = getattr(conn, "_sock", None)
+            if sock is None:
+                continue
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Release every connection."""
+        for c in {id(self.client): self.client, id(self.read_client): self.read_client}.values():
+            try:
+                c.close()
+            except Exception:  # closing is best effort during shutdown
+                logger.debug("closing a redis client failed", exc_info=True)
+
+    # -- status -----------------------------------------------------------------------
+    def stream_stats(self) -> dict[str, Any]:
+        """Stream length, group pending/lag and DLQ length (raises on Redis errors)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xlen(self.stream)
+        pipe.xlen(self.dlq_key)
+        pipe.xinfo_groups(self.stream)
+        length, dlq_length, groups = pipe.execute()
+        group: dict[str, Any] = next((g for g in groups if _s(g.get("name", b"")) == self.group), {})
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "length": int(length),
+            "pending": int(group.get("pending", 0) or 0),
+            "lag": group.get("lag"),
+            "consumers": int(group.get("consumers", 0) or 0),
+            "dlq_length": int(dlq_length),
+        }
+
+    @staticmethod
+    def payload_for_dlq(entry: Entry, body: Any = None) -> Any:
+        """What the DLQ envelope keeps of an entry: the parsed body, else the raw text."""
+        if body is not None:
+            return body
+        if entry.fields is None:
+            return None
+        return raw_payload_text(entry.fields)

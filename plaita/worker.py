@@ -1,0 +1,397 @@
+"""The worker daemon: one owner thread drives the lifecycle FSM and issues the reads.
+
+Other threads (signals, handlers, the settler) never fire triggers; they post requests
+(``request_stop``, ``_post_failure``) that the owner turns into events (design.md §3 rule 5).
+No Redis error leaves ``run()``: every one becomes ``redis_failed`` -> BACKOFF.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from plaita.config import DEFAULT_MAX_PREFETCH, Settings
+from plaita.dispatch import Handler, HandlerPool, Outcome, Settler
+from plaita.errors import BadTaskError
+from plaita.fsm import BackoffPolicy, ErrorKind, Lifecycle, State, classify
+from plaita.queue import DeadLetter, Entry, StreamQueue
+from plaita.tasks import Task, parse_entry
+
+logger = logging.getLogger(__name__)
+
+#: Entries claimed per RECLAIMING pass at most, so a huge pending list never starves reading.
+RECLAIM_BATCH = 100
+#: Handlers faster than this (mean) let the worker read ahead (automatic prefetch).
+FAST_HANDLER_S = 0.005
+#: Longest wait for pending acks to reach Redis while stopping.
+STOP_FLUSH_TIMEOUT_S = 1.0
+#: How often the status file is rewritten at most.
+STATUS_EVERY_S = 1.0
+
+
+@dataclass
+class Counters:
+    """Per-process task counters (the shutdown summary and the status file)."""
+
+    read: int = 0
+    reclaimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    bad_input: int = 0
+
+
+class Worker:
+    """Consumes one stream until stopped; never exits because of Redis."""
+
+    def __init__(self, settings: Settings, handler: Handler, *, stream_queue: StreamQueue | None = None) -> None:
+        self.settings = settings
+        self.queue = stream_queue if stream_queue is not None else StreamQueue.from_settings(settings)
+        self.counters = Counters()
+        self.last_error: str | None = None
+        self.lifecycle = Lifecycle(
+            backoff=BackoffPolicy(
+                base_s=settings.backoff_base_s,
+                cap_s=settings.backoff_cap_s,
+                persistent_s=settings.persistent_backoff_s,
+            ),
+            listener=self._on_transition,
+        )
+        self._pool = HandlerPool(
+            handler,
+            concurrency=settings.concurrency,
+            max_deliveries=settings.max_deliveries,
+            on_done=self._on_task_done,
+        )
+        self._settler = Settler(self.queue, on_failure=self._post_failure)
+        self._stop = threading.Event()
+        self._stop_now = threading.Event()
+        self._wake = threading.Event()
+        self._slot_freed = threading.Event()
+        self._failure_lock = threading.Lock()
+        self._posted_failure: BaseException | None = None
+        self._inflight: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self._own_pending_done = False
+        self._own_cursor = "0"
+        self._claim_cursor = "0-0"
+        self._next_reclaim_at_s = 0.0
+        self._outage_since_s: float | None = None
+        self._outage_retries = 0
+        self._group_seen = False
+        self._status_written_at_s = 0.0
+        self.started = threading.Event()
+
+    # -- requests from other threads ----------------------------------------------------
+    def request_stop(self, *, now: bool = False) -> None:
+        """Ask for a graceful stop; ``now`` skips the drain. Safe from any thread."""
+        if now:
+            self._stop_now.set()
+        self._stop.set()
+        self._wake.set()
+        self._slot_freed.set()
+        self.queue.interrupt_read()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def _post_failure(self, exc: BaseException) -> None:
+        with self._failure_lock:
+            if self._posted_failure is None:
+                self._posted_failure = exc
+        self._wake.set()
+
+    def _take_posted_failure(self) -> BaseException | None:
+        with self._failure_lock:
+            exc, self._posted_failure = self._posted_failure, None
+            return exc
+
+    # -- the owner loop -----------------------------------------------------------------
+    def run(self) -> int:
+        """Run until stopped. Returns the process exit code (always 0: Redis never ends us)."""
+        logger.info("plaita worker starting: %s", self.settings.describe())
+        self._pool.start()
+        self._settler.start()
+        self.lifecycle.trigger("start")
+        self.started.set()
+        try:
+            while self.lifecycle.state is not State.STOPPED:
+                self._step()
+        finally:
+            self._pool.stop()
+            self._settler.close()
+            self.queue.close()
+            self._write_status(force=True)
+        c = self.counters
+        logger.info(
+            "plaita worker stopped: %d completed, %d failed, %d dead-lettered (%d malformed), %d reclaimed",
+            c.completed,
+            c.failed,
+            c.dead_lettered,
+            c.bad_input,
+            c.reclaimed,
+        )
+        return 0
+
+    def _step(self) -> None:
+        state = self.lifecycle.state
+        self._write_status()
+        if state is State.STOPPING:
+            self._drain()
+            self.lifecycle.trigger("drained")
+            return
+        if self._stop.is_set():
+            self.lifecycle.trigger("stop_requested")
+            return
+        if state is State.BACKOFF:
+            self._wait_backoff()
+            return
+        posted = self._take_posted_failure()
+        if posted is not None:
+            self._fail(posted, source="ack")
+            return
+        try:
+            if state is State.ENSURE_GROUP:
+                self._ensure_group()
+            elif state is State.RECLAIMING:
+                self._reclaim()
+            elif state is State.READING:
+                self._read()
+        except Exception as exc:
+            if self._stop.is_set():
+                return  # a read cut by request_stop(); the next step fires stop_requested
+            self._fail(exc, source=state.name)
+
+    def _fail(self, exc: BaseException, *, source: str) -> None:
+        kind = classify(exc)
+        desc = f"{type(exc).__name__}: {exc}"
+        self.last_error = desc[:300]
+        now = time.monotonic()
+        if kind is ErrorKind.TRANSIENT:
+            if self._outage_since_s is None:
+                self._outage_since_s, self._outage_retries = now, 0
+                logger.warning(
+                    "Redis unavailable during %s (%s); backing off and retrying until it returns", source, desc
+                )
+            else:
+                self._outage_retries += 1
+                logger.debug("Redis still unavailable during %s (%s)", source, desc)
+        else:
+            if self._outage_since_s is None:
+                self._outage_since_s, self._outage_retries = now, 0
+            else:
+                self._outage_retries += 1
+            if kind is ErrorKind.PERSISTENT:
+                logger.error(
+                    "Redis refused %s: %s. This will not fix itself: check credentials, ACL and key types. "
+                    "Retrying every %.0f s.",
+                    source,
+                    desc,
+                    self.settings.persistent_backoff_s,
+                )
+            else:
+                logger.error("unexpected error during %s; backing off as for a Redis failure", source, exc_info=exc)
+        self.lifecycle.trigger("redis_failed", persistent=kind is not ErrorKind.TRANSIENT)
+
+    def _wait_backoff(self) -> None:
+        remaining = self.lifecycle.backoff.remaining_s()
+        if remaining > 0:
+            self._wake.wait(remaining)
+            self._wake.clear()
+        if not self._stop.is_set():
+            self.lifecycle.trigger("backoff_elapsed")
+
+    def _ensure_group(self) -> None:
+        created = self.queue.ensure_group()
+        if created and self._group_seen:
+            logger.warning(
+                "consumer group %r on %r was missing (Redis restarted without its data?); recreated it",
+                self.queue.group,
+                self.queue.stream,
+            )
+        elif created:
+            logger.info("created consumer group %r on stream %r", self.queue.group, self.queue.stream)
+        self._group_seen = True
+        if self._outage_since_s is not None:
+            logger.info(
+                "Redis is back after %.1f s (%d retries); consuming again",
+                time.monotonic() - self._outage_since_s,
+                self._outage_retries,
+            )
+            self._outage_since_s = None
+            self.last_error = None
+        self._settler.redis_ok()
+        self.lifecycle.trigger("group_ready")
+
+    def _reclaim(self) -> None:
+        budget = min(self._free_slots(), RECLAIM_BATCH)
+        if budget > 0:
+            cursor, claimed, deleted = self.queue.autoclaim(self._claim_cursor, self.settings.claim_min_idle_ms, budget)
+            self._claim_cursor = cursor
+            if deleted:
+                logger.info("dropped %d pending entries whose messages were deleted", len(deleted))
+            for entry in claimed:
+                if self._accept(entry):
+                    self.counters.reclaimed += 1
+                    logger.info("reclaimed task %s (delivery %d)", entry.message_id, entry.delivery_count)
+        self._next_reclaim_at_s = time.monotonic() + self.settings.reclaim_interval_s
+        self.lifecycle.trigger("reclaim_done")
+
+    def _read(self) -> None:
+        if time.monotonic() >= self._next_reclaim_at_s:
+            self.lifecycle.trigger("reclaim_due")
+            return
+        free = self._free_slots()
+        if free <= 0:
+            self._slot_freed.wait(self.settings.read_block_ms / 1000)
+            self._slot_freed.clear()
+            return
+        if not self._own_pending_done:
+            # A restarted worker with a stable name resumes its own pending entries at once.
+            entries = self.queue.read_own_pending(self._own_cursor, free)
+            if not entries:
+                self._own_pending_done = True
+                return
+            self._own_cursor = entries[-1].message_id
+            logger.info("resuming %d of this consumer's own pending tasks", len(entries))
+        else:
+            entries = self.queue.read_new(free, self.settings.read_block_ms)
+        self.lifecycle.backoff.reset()
+        for entry in entries:
+            self._accept(entry)
+
+    def _free_slots(self) -> int:
+        prefetch = self.settings.prefetch
+        if prefetch is None:
+            mean = self._pool.mean_duration_s
+            prefetch = DEFAULT_MAX_PREFETCH if mean is not None and mean < FAST_HANDLER_S else 0
+        with self._inflight_lock:
+            busy = len(self._inflight)
+        return self.settings.concurrency + prefetch - busy
+
+    def _accept(self, entry: Entry) -> bool:
+        """Dispatch one entry; malformed ones go straight to the DLQ. True if dispatched."""
+        if entry.fields is None:
+            self._settler.put(Outcome(entry.message_id))  # deleted from the stream: clear the PEL
+            return False
+        with self._inflight_lock:
+            if entry.message_id in self._inflight:
+                return False  # already running here (our own idle entry came back by reclaim)
+        try:
+            task = parse_entry(
+                entry.message_id,
+                entry.fields,
+                entry.delivery_count,
+                max_payload_bytes=self.settings.max_payload_bytes,
+            )
+        except BadTaskError as exc:
+            self.counters.bad_input += 1
+            logger.warning("task %s is malformed (%s): moved to the DLQ", entry.message_id, exc.reason)
+            self._dead_letter(entry, exc.reason, None)
+            return False
+        if task.delivery_count > self.settings.max_deliveries:
+            reason = f"max_deliveries={self.settings.max_deliveries}"
+            logger.error(
+                "task %s was delivered %d times without success: moved to the DLQ", task.message_id, task.delivery_count
+            )
+            self._dead_letter(entry, reason, task.body)
+            return False
+        with self._inflight_lock:
+            self._inflight.add(task.message_id)
+        self.counters.read += 1
+        self._pool.submit(task)
+        return True
+
+    def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
+        self.counters.dead_lettered += 1
+        payload = StreamQueue.payload_for_dlq(entry, body)
+        dead = DeadLetter(entry.message_id, reason, entry.delivery_count, payload)
+        self._settler.put(Outcome(entry.message_id, dead))
+
+    def _on_task_done(self, task: Task, outcome: Outcome | None, duration_s: float) -> None:
+        """Called on a handler thread when a handler returned."""
+        if outcome is None:
+            self.counters.failed += 1
+        elif outcome.dead is not None:
+            self.counters.failed += 1
+            self.counters.dead_lettered += 1
+        else:
+            self.counters.completed += 1
+        if outcome is not None:
+            self._settler.put(outcome)
+        with self._inflight_lock:
+            self._inflight.discard(task.message_id)
+        self._slot_freed.set()
+
+    # -- stopping -----------------------------------------------------------------------
+    def _drain(self) -> None:
+        unstarted = self._pool.take_unstarted()
+        with self._inflight_lock:
+            for task in unstarted:
+                self._inflight.discard(task.message_id)
+        if unstarted:
+            logger.info("%d task(s) read but not started stay pending for this consumer", len(unstarted))
+        running = self._pool.busy
+        if running:
+            logger.info(
+                "stopping: draining %d running task(s), up to %.1f s (signal again to stop now)",
+                running,
+                self.settings.drain_timeout_s,
+            )
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        if not self._pool.wait_idle(deadline, self._stop_now):
+            left = self._pool.running_ids()
+            logger.warning(
+                "drain ended with %d task(s) still running; left pending for redelivery: %s",
+                len(left),
+                ", ".join(left[:10]),
+            )
+        self._settler.close()
+        if not self._settler.flush(STOP_FLUSH_TIMEOUT_S):
+            logger.warning(
+                "%d ack(s) could not reach Redis before exit; those tasks will be redelivered", self._settler.backlog
+            )
+
+    # -- visibility ---------------------------------------------------------------------
+    def _on_transition(self, source: State, dest: State, trigger: str) -> None:
+        level = logging.INFO if dest in (State.STOPPING, State.STOPPED) else logging.DEBUG
+        logger.log(level, "state %s -> %s (%s)", source.name, dest.name, trigger)
+        self._write_status(force=True)
+
+    def status(self) -> dict[str, Any]:
+        """What the worker is doing now (for the status file and, later, the registry)."""
+        return {
+            "pid": os.getpid(),
+            "consumer": self.settings.consumer_name,
+            "stream": self.settings.queue_name,
+            "state": self.lifecycle.state.name,
+            "state_for_s": round(self.lifecycle.seconds_in_state(), 3),
+            "in_flight": self._pool.busy,
+            "unsettled": self._settler.backlog,
+            "last_error": self.last_error,
+            "counters": asdict(self.counters),
+            "time": time.time(),
+        }
+
+    def _write_status(self, *, force: bool = False) -> None:
+        path = self.settings.status_file
+        if not path:
+            return
+        now = time.monotonic()
+        if not force and now - self._status_written_at_s < STATUS_EVERY_S:
+            return
+        self._status_written_at_s = now
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(self.status()), encoding="utf-8")
+            tmp.replace(target)
+        except OSError as exc:
+            logger.debug("could not write status file %s: %s", path, exc)

@@ -1,0 +1,47 @@
+"""Fixtures: a private redis-server per test session (never port 6379), flushed per test."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.redis_server import RedisServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One shared private server for the non-destructive tests."""
+    with RedisServer(persist=False) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """URL of the shared private server, flushed before each test."""
+    client = redis_server.client()
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture
+def rclient(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client on the shared private server (decode_responses=True)."""
+    c = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A server of the test's own, with persistence, for tests that fault it."""
+    with RedisServer(persist=True) as server:
+        yield server
