@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command: setup if needed, then lint, types, diagram freshness, the whole pytest
+# suite (each run starts its own private redis-servers; never port 6379) and the chaos script.
+# Extra arguments go to pytest (e.g. ./scripts/test.sh -k fsm).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/bootstrap.sh
+
+echo "== ruff" && .venv/bin/ruff check plaita tests bench
+echo "== mypy --strict plaita" && .venv/bin/mypy plaita
+echo "== diagrams" && .venv/bin/python -m plaita diagram --check
+
+echo "== pytest"
+set +e
+.venv/bin/pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure" >&2
+  exit 1
+fi
+[ "$rc" -eq 0 ] || exit "$rc"
+
+if [ "$#" -eq 0 ]; then
+  echo "== scripts/e2e-chaos-redis.sh" && ./scripts/e2e-chaos-redis.sh
+fi

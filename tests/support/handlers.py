@@ -1,0 +1,69 @@
+"""Handlers for tests, importable by subprocess workers (PYTHONPATH=<repo root>).
+
+``record`` appends one line per execution to the file named by $PLAITA_TEST_LOG (O_APPEND
+writes of a short line are atomic), so counts survive Redis faults. ``count_in_redis``
+counts executions in Redis itself ($PLAITA_TEST_REDIS_URL), for exclusivity tests.
+Body ``params``: ``sleep_s`` (cancel-aware), ``fail`` (raise RuntimeError), ``bad`` (BadTaskError).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+
+from plaita.errors import BadTaskError
+from plaita.tasks import Task
+
+_clients: dict[str, redis.Redis] = {}
+
+
+def _params(task: Task) -> dict[str, Any]:
+    p = task.body.get("params")
+    return p if isinstance(p, dict) else {}
+
+
+def _behave(task: Task) -> None:
+    params = _params(task)
+    if params.get("sleep_s"):
+        task.cancelled.wait(float(params["sleep_s"]))
+    if params.get("bad"):
+        raise BadTaskError("handler says bad input")
+    if params.get("fail"):
+        raise RuntimeError(f"boom {params.get('n')}")
+
+
+def record(task: Task) -> None:
+    path = os.environ["PLAITA_TEST_LOG"]
+    n = _params(task).get("n")
+    line = f"start {task.message_id} {n} {task.delivery_count}\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+    _behave(task)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"done {task.message_id} {n} {task.delivery_count}\n")
+
+
+def count_in_redis(task: Task) -> None:
+    url = os.environ["PLAITA_TEST_REDIS_URL"]
+    client = _clients.get(url)
+    if client is None:
+        client = _clients[url] = redis.Redis.from_url(url, socket_timeout=5)
+    client.incr(f"plaita:test:executions:{task.execution_id}")
+    _behave(task)
+    client.incr(f"plaita:test:completed:{task.execution_id}")
+
+
+def read_log(path: str) -> list[tuple[str, str, str, int]]:
+    """Parse a ``record`` log into (event, message_id, n, delivery) tuples."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 4:
+                    out.append((parts[0], parts[1], parts[2], int(parts[3])))
+    except FileNotFoundError:
+        pass
+    return out
