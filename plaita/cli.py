@@ -145,6 +145,13 @@ def _add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> N
         "on SIGTERM, wait this long for running tasks; the rest stay pending",
     )
     opt("--lease-ttl-seconds", float, DEFAULT_LEASE_TTL_S, ["PLAITA_LEASE_TTL_SECONDS"], "execution lease TTL")
+    opt(
+        "--consumer-prune-idle-s",
+        float,
+        3600.0,
+        ["PLAITA_CONSUMER_PRUNE_IDLE_S"],
+        "remove group consumers with nothing pending idle longer than this",
+    )
     opt("--status-file", str, None, ["PLAITA_STATUS_FILE"], "rewrite this JSON file with the worker's state")
 
 
@@ -213,6 +220,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         reclaim_interval_s=args.reclaim_interval_s,
         lease_ttl_s=args.lease_ttl_seconds,
         status_file=args.status_file,
+        consumer_prune_idle_s=args.consumer_prune_idle_s,
     )
 
 

@@ -102,6 +102,10 @@ class Settings:
     backoff_cap_s: float = 1.0
     persistent_backoff_s: float = 5.0
     status_file: str | None = None
+    #: Consumers with nothing pending and idle this long are removed from the group.
+    consumer_prune_idle_s: float = 3600.0
+    #: How often RECLAIMING also prunes idle consumers and sweeps acked residue.
+    housekeeping_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)

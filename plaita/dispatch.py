@@ -33,12 +33,28 @@ SETTLE_BATCH = 500
 _EWMA_ALPHA = 0.2
 
 
+#: Outcome kinds.
+ACK, DEAD, RETRY, SKIP = "ack", "dead", "retry", "skip"
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """What to do with a message once its handler returned."""
+    """What to do with a message once its handler returned.
+
+    ``ack``: done, XACK + XDEL. ``dead``: move to the DLQ. ``retry``: the handler failed; leave
+    it pending for redelivery. ``skip``: not run (its execution is leased elsewhere). ``release``
+    is a lease (key, value) to release in the same transaction as the ack.
+    """
 
     message_id: str
-    dead: DeadLetter | None = None  # None = ack
+    kind: str = ACK
+    dead: DeadLetter | None = None
+    release: tuple[str, str] | None = None
+
+    @classmethod
+    def to_dlq(cls, message_id: str, reason: str, delivery_count: int, payload: object) -> Outcome:
+        """Move ``message_id`` to the DLQ with ``reason``, keeping ``payload``."""
+        return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, payload))
 
 
 class HandlerPool:
@@ -50,11 +66,13 @@ class HandlerPool:
         *,
         concurrency: int,
         max_deliveries: int,
-        on_done: Callable[[Task, Outcome | None, float], None],
+        on_done: Callable[[Task, Outcome, float], None],
+        prepare: Callable[[Task], bool] | None = None,
     ) -> None:
         self._handler = handler
         self._max_deliveries = max_deliveries
         self._on_done = on_done
+        self._prepare = prepare
         self._work: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"plaita-handler-{i}", daemon=True) for i in range(concurrency)
@@ -123,7 +141,10 @@ class HandlerPool:
                 self._queued -= 1
                 self._running.add(task.message_id)
             started = time.monotonic()
-            outcome = self._call(task)
+            if self._prepare is None or self._prepare(task):
+                outcome = self._call(task)
+            else:
+                outcome = Outcome(task.message_id, SKIP)
             duration = time.monotonic() - started
             with self._lock:
                 self._running.discard(task.message_id)
@@ -132,13 +153,13 @@ class HandlerPool:
                 self._idle.notify_all()
             self._on_done(task, outcome, duration)
 
-    def _call(self, task: Task) -> Outcome | None:
-        """Run the handler; None means "leave pending for redelivery"."""
+    def _call(self, task: Task) -> Outcome:
+        """Run the handler and say what to do with its message."""
         try:
             self._handler(task)
         except BadTaskError as exc:
             logger.warning("task %s rejected by its handler (%s): moved to the DLQ", task.message_id, exc)
-            return Outcome(task.message_id, DeadLetter(task.message_id, exc.reason, task.delivery_count, task.body))
+            return Outcome.to_dlq(task.message_id, exc.reason, task.delivery_count, task.body)
         except Exception as exc:
             reason = f"processing_failed:{type(exc).__name__}:{exc}"[:500]
             if task.delivery_count >= self._max_deliveries:
@@ -149,7 +170,7 @@ class HandlerPool:
                     self._max_deliveries,
                     reason,
                 )
-                return Outcome(task.message_id, DeadLetter(task.message_id, reason, task.delivery_count, task.body))
+                return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
             logger.error(
                 "task %s failed on delivery %d of %d; left pending for redelivery",
                 task.message_id,
@@ -157,7 +178,7 @@ class HandlerPool:
                 self._max_deliveries,
                 exc_info=True,
             )
-            return None
+            return Outcome(task.message_id, RETRY)
         return Outcome(task.message_id)
 
 
@@ -180,6 +201,8 @@ class Settler:
         self._thread.start()
 
     def put(self, outcome: Outcome) -> None:
+        if outcome.kind in (RETRY, SKIP) and outcome.release is None:
+            return  # nothing to tell Redis: the entry simply stays pending
         with self._cond:
             if self._closed:
                 return  # after the drain deadline nothing more is acked: it stays pending
@@ -238,10 +261,11 @@ class Settler:
             batch = self._take_batch()
             if batch is None:
                 return
-            acks = [o.message_id for o in batch if o.dead is None]
-            dead = [o.dead for o in batch if o.dead is not None]
+            acks = [o.message_id for o in batch if o.kind == ACK]
+            dead = [o.dead for o in batch if o.kind == DEAD and o.dead is not None]
+            releases = [o.release for o in batch if o.release is not None]
             try:
-                self._queue.settle(acks, dead)
+                self._queue.settle(acks, dead, releases)
             except Exception as exc:
                 with self._cond:
                     # Keep them, oldest first, for a retry once the owner sees Redis again.

@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from plaita.config import Settings
+from plaita.lease import RELEASE_LUA
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,100 @@ CONNECT_TIMEOUT_S = 2.0
 
 def _s(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+# KEYS: stream. ARGV: group, consumer, min_idle_ms, cursor, count, lease_prefix, scan_limit.
+_CLAIM_UNLEASED = """
+local stream = KEYS[1]
+local group, me = ARGV[1], ARGV[2]
+local min_idle, cursor = tonumber(ARGV[3]), ARGV[4]
+local want, prefix, scan = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local start = '-'
+if cursor ~= '0-0' then start = '(' .. cursor end
+local pend = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', scan)
+local claimed, skipped, last = {}, 0, nil
+for _, p in ipairs(pend) do
+  local id = p[1]
+  last = id
+  local entry = redis.call('XRANGE', stream, id, id)
+  local exec_id = id
+  if #entry > 0 then
+    local f = entry[1][2]
+    for i = 1, #f, 2 do
+      if f[i] == 'payload' then
+        local ok, body = pcall(cjson.decode, f[i + 1])
+        if ok and type(body) == 'table' then
+          local e = body['execution_id']
+          if (type(e) == 'string' and e ~= '') or type(e) == 'number' then exec_id = tostring(e) end
+        end
+      end
+    end
+  end
+  if redis.call('EXISTS', prefix .. exec_id) == 1 then
+    skipped = skipped + 1
+  else
+    local r = redis.call('XCLAIM', stream, group, me, min_idle, id)
+    if #r > 0 and r[1] then
+      table.insert(claimed, {id, r[1][2], p[4] + 1})
+    end
+  end
+  if #claimed >= want then break end
+end
+local nxt = '0-0'
+if last and (#pend >= scan or #claimed >= want) then nxt = last end
+return {nxt, claimed, skipped}
+"""
+
+# KEYS: stream. ARGV: group, me, id... Claims (JUSTID) only ids still pending for me.
+_RENEW_OWN = """
+local renewed = {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #p > 0 and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    table.insert(renewed, ARGV[i])
+  end
+end
+return renewed
+"""
+
+# KEYS: stream. ARGV: group, me, idle_ms.
+_PRUNE_CONSUMERS = """
+local removed = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if info['name'] ~= ARGV[2] and tonumber(info['pending']) == 0 and tonumber(info['idle']) > tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    table.insert(removed, info['name'])
+  end
+end
+return removed
+"""
+
+# KEYS: stream. ARGV: group, batch.
+_SWEEP_RESIDUE = """
+local last = nil
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local info = {}
+  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+  if info['name'] == ARGV[1] then last = info['last-delivered-id'] end
+end
+if not last or last == '0-0' then return 0 end
+local entries = redis.call('XRANGE', KEYS[1], '-', last, 'COUNT', tonumber(ARGV[2]))
+if #entries == 0 then return 0 end
+local first_id, last_id = entries[1][1], entries[#entries][1]
+local pending = {}
+for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], first_id, last_id, #entries)) do
+  pending[p[1]] = true
+end
+local victims = {}
+for _, e in ipairs(entries) do
+  if not pending[e[1]] then table.insert(victims, e[1]) end
+end
+if #victims == 0 then return 0 end
+return redis.call('XDEL', KEYS[1], unpack(victims))
+"""
 
 
 @dataclass(frozen=True)
@@ -87,6 +182,12 @@ class StreamQueue:
         self.consumer = consumer
         self.dlq_key = dlq_key
         self.dlq_max_len = dlq_max_len
+        self._claim_script = client.register_script(_CLAIM_UNLEASED)
+        self._prune_script = client.register_script(_PRUNE_CONSUMERS)
+        self._sweep_script = client.register_script(_SWEEP_RESIDUE)
+        self._renew_script = client.register_script(_RENEW_OWN)
+        self._xnack: bool | None = None
+        self._release_script = client.register_script(RELEASE_LUA)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamQueue:
@@ -184,12 +285,14 @@ class StreamQueue:
         return next_cursor, claimed, deleted
 
     # -- settle -----------------------------------------------------------------------
-    def settle(self, acks: list[str], dead: list[DeadLetter]) -> None:
-        """Ack (XACK + XDEL) and dead-letter a batch in one MULTI/EXEC round trip.
+    def settle(self, acks: list[str], dead: list[DeadLetter], releases: list[tuple[str, str]] | None = None) -> None:
+        """Ack (XACK + XDEL), dead-letter and release leases in one MULTI/EXEC round trip.
 
-        Atomic, so a DLQ copy never exists without its source being acked, or the reverse.
+        Atomic, so a DLQ copy never exists without its source being acked, or the reverse, and
+        a lease is never released before its task's ack (no window for a second delivery).
+        ``releases`` are (lease key, value) pairs, released only if still held with that value.
         """
-        if not acks and not dead:
+        if not acks and not dead and not releases:
             return
         pipe = self.client.pipeline(transaction=True)
         for d in dead:
@@ -205,13 +308,98 @@ class StreamQueue:
         if dead:
             pipe.xtrim(self.dlq_key, maxlen=self.dlq_max_len, approximate=False)
         ids = acks + [d.message_id for d in dead]
-        pipe.xack(self.stream, self.group, *ids)
-        pipe.xdel(self.stream, *ids)
+        if ids:
+            pipe.xack(self.stream, self.group, *ids)
+            pipe.xdel(self.stream, *ids)
+        for key, value in releases or []:
+            self._release_script(keys=[key], args=[value], client=pipe)
         pipe.execute()
 
     def ack(self, *ids: str) -> None:
         """XACK + XDEL (one round trip)."""
         self.settle(list(ids), [])
+
+    # -- lease-aware delivery (design.md §6) --------------------------------------------
+    def claim_unleased(
+        self, cursor: str, min_idle_ms: int, count: int, lease_prefix: str
+    ) -> tuple[str, list[Entry], int]:
+        """One bounded reclaim step: claim entries idle > ``min_idle_ms`` whose lease is absent.
+
+        The lease check and the XCLAIM run in one Lua call, so a holder cannot renew between
+        them. Scans at most ``count * 10`` pending entries after ``cursor``; returns (next
+        cursor, claimed entries with their new delivery counts, entries skipped for a live
+        lease). The cursor is ``0-0`` once the end of the pending list was reached.
+        """
+        reply: list[Any] = self._claim_script(
+            keys=[self.stream],
+            args=[self.group, self.consumer, min_idle_ms, cursor, count, lease_prefix, count * 10],
+        )
+        entries = []
+        for mid, raw_fields, times_delivered in reply[1]:
+            flat = list(raw_fields)
+            fields = {_s(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+            entries.append(Entry(_s(mid), fields, int(times_delivered)))
+        return _s(reply[0]), entries, int(reply[2])
+
+    def renew_pending(self, ids: list[str]) -> list[str]:
+        """Reset the idle time of our own pending entries (XCLAIM … JUSTID to ourselves).
+
+        JUSTID leaves the delivery count untouched, so a long task on a live worker never looks
+        abandoned and never creeps towards the poison limit.
+        Only entries still owned by this consumer are touched (checked in the same Lua call),
+        so a renewal never pulls back an entry a successor has claimed. Returns the ids renewed.
+        """
+        renewed: list[str] = []
+        for start in range(0, len(ids), 500):
+            reply = self._renew_script(keys=[self.stream], args=[self.group, self.consumer, *ids[start : start + 500]])
+            renewed.extend(_s(x) for x in reply)
+        return renewed
+
+    def supports_xnack(self) -> bool:
+        """True when the server has XNACK (Redis >= 8.8; not Valkey). Asked once, then cached."""
+        if self._xnack is None:
+            info: dict[str, Any] = self.client.info("server")
+            version = tuple(int(x) for x in str(info.get("redis_version", "0.0")).split(".")[:2] if x.isdigit())
+            self._xnack = "valkey" not in str(info.get("server_name", "")).lower() and version >= (8, 8)
+        return self._xnack
+
+    def hand_back(self, entries: list[tuple[str, dict[str, bytes]]], releases: list[tuple[str, str]]) -> None:
+        """Give entries back to the group at once without charging a delivery.
+
+        Uses ``XNACK … SILENT`` where the server has it; otherwise re-adds each entry (same
+        fields) and acks + deletes the original, atomically. ``releases`` are (lease key,
+        value) pairs released in the same transaction.
+        """
+        if not entries and not releases:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        ids = [mid for mid, _ in entries]
+        if ids and self.supports_xnack():
+            pipe.execute_command("XNACK", self.stream, self.group, "SILENT", "IDS", len(ids), *ids)  # type: ignore[no-untyped-call]
+        elif ids:
+            for _mid, fields in entries:
+                pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
+            pipe.xack(self.stream, self.group, *ids)
+            pipe.xdel(self.stream, *ids)
+        for key, value in releases:
+            self._release_script(keys=[key], args=[value], client=pipe)
+        pipe.execute()
+
+    def prune_consumers(self, idle_ms: int) -> list[str]:
+        """Remove consumers with no pending entries idle longer than ``idle_ms`` (never us).
+
+        Atomic in Lua: a consumer cannot read between the check and XGROUP DELCONSUMER.
+        """
+        removed = self._prune_script(keys=[self.stream], args=[self.group, self.consumer, idle_ms])
+        return [_s(x) for x in removed]
+
+    def sweep_residue(self, batch: int) -> int:
+        """Delete up to ``batch`` entries already acked but not deleted (original #43).
+
+        Only entries at or below the group's last-delivered id and absent from the pending
+        list are touched; the backlog and pending entries never are.
+        """
+        return int(self._sweep_script(keys=[self.stream], args=[self.group, batch]))
 
     # -- shutdown helpers -------------------------------------------------------------
     def interrupt_read(self) -> None:

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from plaita.config import DEFAULT_MAX_PREFETCH, Settings
-from plaita.dispatch import Handler, HandlerPool, Outcome, Settler
+from plaita.dispatch import ACK, DEAD, RETRY, Handler, HandlerPool, Outcome, Settler
 from plaita.errors import BadTaskError
 from plaita.fsm import BackoffPolicy, ErrorKind, Lifecycle, State, classify
-from plaita.queue import DeadLetter, Entry, StreamQueue
+from plaita.lease import LEASE_PREFIX, Lease, LeaseManager
+from plaita.queue import Entry, StreamQueue
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,21 @@ FAST_HANDLER_S = 0.005
 STOP_FLUSH_TIMEOUT_S = 1.0
 #: How often the status file is rewritten at most.
 STATUS_EVERY_S = 1.0
+#: Entries examined per residue sweep (original #43: 256 per pass).
+RESIDUE_SWEEP_BATCH = 256
+#: Longest wait for the hand-back transaction while stopping.
+HAND_BACK_TIMEOUT_S = 1.0
+
+
+@dataclass
+class InFlight:
+    """A task read by this worker and not yet settled."""
+
+    task: Task
+    fields: dict[str, bytes]
+    lease: Lease | None = None
+    renewed_at_s: float = 0.0
+    lost: bool = False
 
 
 @dataclass
@@ -45,6 +61,9 @@ class Counters:
     failed: int = 0
     dead_lettered: int = 0
     bad_input: int = 0
+    lease_conflicts: int = 0
+    leases_lost: int = 0
+    handed_back: int = 0
 
 
 class Worker:
@@ -68,7 +87,14 @@ class Worker:
             concurrency=settings.concurrency,
             max_deliveries=settings.max_deliveries,
             on_done=self._on_task_done,
+            prepare=self._prepare,
         )
+        self.leases = LeaseManager(self.queue.client, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
+        # Renew often enough that neither the lease (ttl) nor the entry's idle time
+        # (claim_min_idle_ms) can run out between two renewals.
+        self.renew_interval_s = max(0.05, min(settings.lease_ttl_s, settings.claim_min_idle_ms / 1000) / 3)
+        self._renewer = threading.Thread(target=self._renew_loop, name="plaita-renewer", daemon=True)
+        self._renewer_stop = threading.Event()
         self._settler = Settler(self.queue, on_failure=self._post_failure)
         self._stop = threading.Event()
         self._stop_now = threading.Event()
@@ -76,12 +102,13 @@ class Worker:
         self._slot_freed = threading.Event()
         self._failure_lock = threading.Lock()
         self._posted_failure: BaseException | None = None
-        self._inflight: set[str] = set()
+        self._inflight: dict[str, InFlight] = {}
         self._inflight_lock = threading.Lock()
         self._own_pending_done = False
         self._own_cursor = "0"
         self._claim_cursor = "0-0"
         self._next_reclaim_at_s = 0.0
+        self._next_housekeeping_at_s = 0.0
         self._outage_since_s: float | None = None
         self._outage_retries = 0
         self._group_seen = False
@@ -119,24 +146,29 @@ class Worker:
         logger.info("plaita worker starting: %s", self.settings.describe())
         self._pool.start()
         self._settler.start()
+        self._renewer.start()
         self.lifecycle.trigger("start")
         self.started.set()
         try:
             while self.lifecycle.state is not State.STOPPED:
                 self._step()
         finally:
+            self._renewer_stop.set()
             self._pool.stop()
             self._settler.close()
             self.queue.close()
             self._write_status(force=True)
         c = self.counters
         logger.info(
-            "plaita worker stopped: %d completed, %d failed, %d dead-lettered (%d malformed), %d reclaimed",
+            "plaita worker stopped: %d completed, %d failed, %d dead-lettered (%d malformed), %d reclaimed, "
+            "%d handed back, %d leases lost",
             c.completed,
             c.failed,
             c.dead_lettered,
             c.bad_input,
             c.reclaimed,
+            c.handed_back,
+            c.leases_lost,
         )
         return 0
 
@@ -231,18 +263,34 @@ class Worker:
         self.lifecycle.trigger("group_ready")
 
     def _reclaim(self) -> None:
+        """One bounded pass: claim abandoned entries (idle and unleased), then housekeeping."""
         budget = min(self._free_slots(), RECLAIM_BATCH)
         if budget > 0:
-            cursor, claimed, deleted = self.queue.autoclaim(self._claim_cursor, self.settings.claim_min_idle_ms, budget)
+            cursor, claimed, skipped = self.queue.claim_unleased(
+                self._claim_cursor, self.settings.claim_min_idle_ms, budget, LEASE_PREFIX
+            )
             self._claim_cursor = cursor
-            if deleted:
-                logger.info("dropped %d pending entries whose messages were deleted", len(deleted))
+            if skipped:
+                logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
             for entry in claimed:
                 if self._accept(entry):
                     self.counters.reclaimed += 1
                     logger.info("reclaimed task %s (delivery %d)", entry.message_id, entry.delivery_count)
-        self._next_reclaim_at_s = time.monotonic() + self.settings.reclaim_interval_s
+        now = time.monotonic()
+        if now >= self._next_housekeeping_at_s:
+            self._housekeeping()
+            self._next_housekeeping_at_s = now + self.settings.housekeeping_interval_s
+        self._next_reclaim_at_s = now + self.settings.reclaim_interval_s
         self.lifecycle.trigger("reclaim_done")
+
+    def _housekeeping(self) -> None:
+        """Remove long-idle consumers with nothing pending, and acked-but-undeleted residue."""
+        removed = self.queue.prune_consumers(int(self.settings.consumer_prune_idle_s * 1000))
+        if removed:
+            logger.info("removed %d idle consumer(s) with no pending entries: %s", len(removed), ", ".join(removed))
+        swept = self.queue.sweep_residue(RESIDUE_SWEEP_BATCH)
+        if swept:
+            logger.info("deleted %d acked entries left in the stream (residue)", swept)
 
     def _read(self) -> None:
         if time.monotonic() >= self._next_reclaim_at_s:
@@ -297,14 +345,14 @@ class Worker:
             self._dead_letter(entry, exc.reason, None)
             return False
         if task.delivery_count > self.settings.max_deliveries:
-            reason = f"max_deliveries={self.settings.max_deliveries}"
+            reason = "max_deliveries"
             logger.error(
                 "task %s was delivered %d times without success: moved to the DLQ", task.message_id, task.delivery_count
             )
             self._dead_letter(entry, reason, task.body)
             return False
         with self._inflight_lock:
-            self._inflight.add(task.message_id)
+            self._inflight[task.message_id] = InFlight(task, entry.fields)
         self.counters.read += 1
         self._pool.submit(task)
         return True
@@ -312,32 +360,112 @@ class Worker:
     def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
         self.counters.dead_lettered += 1
         payload = StreamQueue.payload_for_dlq(entry, body)
-        dead = DeadLetter(entry.message_id, reason, entry.delivery_count, payload)
-        self._settler.put(Outcome(entry.message_id, dead))
+        self._settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, payload))
 
-    def _on_task_done(self, task: Task, outcome: Outcome | None, duration_s: float) -> None:
-        """Called on a handler thread when a handler returned."""
-        if outcome is None:
-            self.counters.failed += 1
-        elif outcome.dead is not None:
-            self.counters.failed += 1
-            self.counters.dead_lettered += 1
-        else:
-            self.counters.completed += 1
-        if outcome is not None:
-            self._settler.put(outcome)
+    def _prepare(self, task: Task) -> bool:
+        """On a handler thread, before the handler: take the execution lease or skip the task."""
+        try:
+            got = self.leases.acquire(task.execution_id)
+        except Exception as exc:
+            logger.warning(
+                "could not take the lease of execution %s (%s: %s); task %s left pending",
+                task.execution_id,
+                type(exc).__name__,
+                exc,
+                task.message_id,
+            )
+            self._post_failure(exc)
+            return False
+        if isinstance(got, str):
+            self.counters.lease_conflicts += 1
+            logger.info(
+                "execution %s is leased by %s; task %s left pending until that lease ends",
+                task.execution_id,
+                got,
+                task.message_id,
+            )
+            return False
+        task.fencing_token = got.generation
         with self._inflight_lock:
-            self._inflight.discard(task.message_id)
+            item = self._inflight.get(task.message_id)
+            if item is not None:
+                item.lease, item.renewed_at_s = got, time.monotonic()
+        return True
+
+    def _on_task_done(self, task: Task, outcome: Outcome, duration_s: float) -> None:
+        """Called on a handler thread when a handler returned (or was skipped)."""
+        with self._inflight_lock:
+            item = self._inflight.pop(task.message_id, None)
         self._slot_freed.set()
+        if item is not None and item.lost:
+            # A successor may own this entry now: acking or releasing would touch its delivery.
+            logger.warning(
+                "task %s finished after it was handed back or lost its lease; not acked (its successor decides)",
+                task.message_id,
+            )
+            return
+        if outcome.kind == ACK:
+            self.counters.completed += 1
+        elif outcome.kind in (DEAD, RETRY):
+            self.counters.failed += 1
+            self.counters.dead_lettered += outcome.kind == DEAD
+        lease = item.lease if item is not None else None
+        if lease is not None:
+            outcome = Outcome(outcome.message_id, outcome.kind, outcome.dead, (lease.key, lease.value))
+        self._settler.put(outcome)
+
+    # -- keeping leases alive -----------------------------------------------------------
+    def _renew_loop(self) -> None:
+        """Every renew interval: extend our leases and reset our entries' idle time."""
+        while not self._renewer_stop.wait(self.renew_interval_s):
+            try:
+                self.renew_once()
+            except Exception as exc:
+                logger.debug("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
+            self._expire_unrenewed()
+
+    def renew_once(self) -> None:
+        """One renewal round (also called by tests)."""
+        with self._inflight_lock:
+            items = [i for i in self._inflight.values() if not i.lost]
+        leased = [i for i in items if i.lease is not None]
+        results = self.leases.renew_many([i.lease for i in leased if i.lease is not None])
+        now = time.monotonic()
+        for item, ok in zip(leased, results, strict=True):
+            if ok:
+                item.renewed_at_s = now
+            else:
+                self._lose(item, "another worker holds it now or it expired")
+        self.queue.renew_pending([i.task.message_id for i in items if not i.lost])
+
+    def _expire_unrenewed(self) -> None:
+        """A lease not renewed for a whole TTL has expired in Redis: treat it as lost."""
+        now = time.monotonic()
+        with self._inflight_lock:
+            stale = [
+                i
+                for i in self._inflight.values()
+                if i.lease is not None and not i.lost and now - i.renewed_at_s > self.settings.lease_ttl_s
+            ]
+        for item in stale:
+            self._lose(item, f"not renewed for {self.settings.lease_ttl_s:.0f} s (Redis unreachable)")
+
+    def _lose(self, item: InFlight, why: str) -> None:
+        item.lost = True
+        item.task.cancelled.set()
+        self.counters.leases_lost += 1
+        logger.error(
+            "lost the lease of execution %s (task %s): %s; cancelling its handler, it will not be acked",
+            item.task.execution_id,
+            item.task.message_id,
+            why,
+        )
 
     # -- stopping -----------------------------------------------------------------------
     def _drain(self) -> None:
         unstarted = self._pool.take_unstarted()
         with self._inflight_lock:
-            for task in unstarted:
-                self._inflight.discard(task.message_id)
-        if unstarted:
-            logger.info("%d task(s) read but not started stay pending for this consumer", len(unstarted))
+            unstarted_items = [self._inflight.pop(t.message_id) for t in unstarted if t.message_id in self._inflight]
         running = self._pool.busy
         if running:
             logger.info(
@@ -345,19 +473,42 @@ class Worker:
                 running,
                 self.settings.drain_timeout_s,
             )
+        # Hand back unstarted work at once so other workers need not wait for the drain.
+        self._hand_back(unstarted_items, "read but not started")
         deadline = time.monotonic() + self.settings.drain_timeout_s
         if not self._pool.wait_idle(deadline, self._stop_now):
-            left = self._pool.running_ids()
-            logger.warning(
-                "drain ended with %d task(s) still running; left pending for redelivery: %s",
-                len(left),
-                ", ".join(left[:10]),
-            )
+            with self._inflight_lock:
+                left = [i for i in self._inflight.values() if not i.lost]
+                for item in left:
+                    item.lost = True  # a late finish must not ack: the entry is handed back
+                    item.task.cancelled.set()
+            logger.warning("drain ended with %d task(s) still running", len(left))
+            self._hand_back(left, "still running at the drain deadline")
         self._settler.close()
         if not self._settler.flush(STOP_FLUSH_TIMEOUT_S):
             logger.warning(
                 "%d ack(s) could not reach Redis before exit; those tasks will be redelivered", self._settler.backlog
             )
+
+    def _hand_back(self, items: list[InFlight], what: str) -> None:
+        """Give tasks back to the group without charging a delivery (best effort)."""
+        if not items:
+            return
+        entries = [(i.task.message_id, i.fields) for i in items]
+        releases = [(i.lease.key, i.lease.value) for i in items if i.lease is not None]
+        try:
+            self.queue.hand_back(entries, releases)
+        except Exception as exc:
+            logger.warning(
+                "could not hand back %d task(s) %s (%s: %s); they stay pending for this consumer",
+                len(items),
+                what,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        self.counters.handed_back += len(items)
+        logger.info("handed back %d task(s) %s", len(items), what)
 
     # -- visibility ---------------------------------------------------------------------
     def _on_transition(self, source: State, dest: State, trigger: str) -> None:
