@@ -290,10 +290,18 @@ def run_enqueue(args: argparse.Namespace) -> int:
 
 
 def run_diagram(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    try:
+        return _diagram(root, check=args.check)
+    except ValueError as exc:  # README.md without its diagram markers
+        print(f"plaita diagram: {exc}", file=sys.stderr)
+        return 1
+
+
+def _diagram(root: Path, *, check: bool) -> int:
     from plaita.fsm.diagram import stale_files, write_files
 
-    root = Path(args.root)
-    if args.check:
+    if check:
         stale = stale_files(root)
         for path in stale:
             print(f"stale: {path} does not match plaita/fsm/table.py; run `plaita diagram`", file=sys.stderr)

@@ -16,7 +16,8 @@ DEFAULT_BACKOFF_BASE_S = 0.1
 #: Redis returns completes within about a second.
 DEFAULT_BACKOFF_CAP_S = 1.0
 #: Delay between retries of a persistent failure (auth, ACL, WRONGTYPE): no ramp, straight
-#: to this, so an operator's fix is picked up within seconds without a busy loop.
+#: to this (never shorter than the transient cap), so an operator's fix is picked up within
+#: seconds without a busy loop.
 DEFAULT_PERSISTENT_BACKOFF_S = 5.0
 #: Fraction of the delay that jitter may remove: delay is uniform in [d·(1-j), d].
 DEFAULT_JITTER = 0.5

@@ -101,7 +101,9 @@ def splice_readme(readme: str) -> str:
     start = readme.find(README_BEGIN)
     end = readme.find(README_END)
     if start < 0 or end < start:
-        raise ValueError("README.md has no diagram markers")
+        raise ValueError(
+            f"README.md has no diagram markers ({README_BEGIN} … {README_END}); add them where the diagram goes"
+        )
     return readme[:start] + render_readme_block() + readme[end + len(README_END) :]
 
 
