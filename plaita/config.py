@@ -50,9 +50,9 @@ def redact_url(url: str) -> str:
     if parts.password is None:
         return url
     user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
+    # The raw host[:port] text: ``parts.port`` raises on a non-numeric port, and the error
+    # message for exactly that URL must still be redacted.
+    host = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
@@ -106,6 +106,15 @@ class Settings:
     consumer_prune_idle_s: float = 3600.0
     #: How often RECLAIMING also prunes idle consumers and sweeps acked residue.
     housekeeping_interval_s: float = 300.0
+    #: Registry / control identity; default ``{hostname}-{uuid8}``, new per process.
+    instance_id: str | None = None
+    #: Registry heartbeat and the control listener (``--no-registry`` turns both off).
+    registry_enabled: bool = True
+    registry_ttl_s: float = 30.0
+    heartbeat_interval_s: float = 10.0
+    #: /metrics, /healthz, /readyz port; None = off (the CLI's 0), 0 here = any free port.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)
@@ -124,6 +133,8 @@ class Settings:
             (self.reclaim_interval_s > 0, "--reclaim-interval-s must be > 0"),
             (self.lease_ttl_s >= 1, "--lease-ttl-seconds must be >= 1"),
             (0 < self.backoff_base_s <= self.backoff_cap_s, "backoff needs 0 < base <= cap"),
+            (0 < self.heartbeat_interval_s < self.registry_ttl_s, "--heartbeat-interval must be below --registry-ttl"),
+            (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be within 0..65535"),
         ]
         for ok, message in checks:
             if not ok:

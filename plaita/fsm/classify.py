@@ -69,6 +69,8 @@ REDIS_CLASS_KINDS: dict[str, ErrorKind] = {
 #: Error-reply prefixes that a plain ``ResponseError`` may carry, and their kind.
 RESPONSE_PREFIX_KINDS: dict[str, ErrorKind] = {
     "NOGROUP": T,  # stream or group gone after a restart without data: recreate the group
+    # A blocked XREADGROUP whose stream key was deleted (Redis >= 7): same cure as NOGROUP.
+    "UNBLOCKED": T,
     "LOADING": T,
     "READONLY": T,
     "TRYAGAIN": T,
