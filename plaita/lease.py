@@ -36,10 +36,24 @@ local cur = redis.call('GET', KEYS[1])
 if cur and string.sub(cur, 1, string.len(ARGV[4])) ~= ARGV[4] then
   return {0, cur}
 end
+-- Take over only a previous incarnation's lease, never one this incarnation holds (a second
+-- task of the same execution on this worker must wait like on any other worker).
+if cur and string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':' then
+  return {0, cur}
+end
 local gen = redis.call('INCR', KEYS[2])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. gen, 'PX', tonumber(ARGV[2]))
 return {1, gen}
+"""
+
+# KEYS: lease. ARGV: holder. Deletes a lease this incarnation holds under any generation.
+_RELEASE_ORPHAN = """
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':' then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
 """
 
 # KEYS: lease. ARGV: value, ttl_ms. 1 = extended, 0 = lost.
@@ -101,6 +115,7 @@ class LeaseManager:
         self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self.release_script = client.register_script(RELEASE_LUA)
+        self._release_orphan = client.register_script(_RELEASE_ORPHAN)
 
     def acquire(self, execution_id: str) -> Lease | str:
         """The lease, or the current holder's value when another live holder has it."""
@@ -122,6 +137,16 @@ class LeaseManager:
         for lease in leases:
             self._renew(keys=[lease.key], args=[lease.value, self.ttl_ms], client=pipe)
         return [int(r) == 1 for r in pipe.execute()]
+
+    def release_orphan(self, execution_id: str) -> bool:
+        """Delete this incarnation's lease of ``execution_id``, whatever its generation.
+
+        For an acquire whose reply was lost (timeout, reset): Redis may have set the lease
+        anyway, and nothing would renew or release it, so the task's entry could not be
+        reclaimed (nor the lease re-acquired by us) for a whole TTL. Call it only while no
+        task of that execution is in flight here. True if a lease was deleted.
+        """
+        return int(self._release_orphan(keys=[lease_key(execution_id)], args=[self.holder])) == 1
 
     def release(self, lease: Lease, pipe: Any = None) -> Any:
         """Compare-and-delete (optionally queued on ``pipe``)."""
