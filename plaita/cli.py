@@ -153,6 +153,12 @@ def _add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> N
         "remove group consumers with nothing pending idle longer than this",
     )
     opt("--status-file", str, None, ["PLAITA_STATUS_FILE"], "rewrite this JSON file with the worker's state")
+    opt("--instance-id", str, None, ["PLAITA_INSTANCE_ID"], "registry/control identity (default HOSTNAME-RANDOM8)")
+    opt("--registry-ttl", float, 30.0, ["PLAITA_REGISTRY_TTL"], "registry entry TTL in seconds")
+    opt("--heartbeat-interval", float, 10.0, ["PLAITA_HEARTBEAT_INTERVAL"], "registry heartbeat in seconds")
+    opt("--metrics-port", int, 0, ["PLAITA_METRICS_PORT"], "serve /metrics, /healthz, /readyz here (0 = off)")
+    opt("--metrics-host", str, "0.0.0.0", ["PLAITA_METRICS_HOST"], "address for --metrics-port")
+    p.add_argument("--no-registry", action="store_true", help="no registry heartbeat and no remote control listener")
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -166,9 +172,23 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         help="log level (env PLAITA_LOG_LEVEL; default %(default)s)",
     )
     parser.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    # The same two options after the subcommand (`plaita worker --log-level DEBUG`); SUPPRESS
+    # keeps a value given before the subcommand when none is given after it.
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="log level (env PLAITA_LOG_LEVEL; default INFO)",
+    )
+    common.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS, help="log warnings and errors only")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    w = sub.add_parser(
+    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    w = add(
         "worker",
         help="run a worker until SIGTERM/SIGINT",
         description="Consume tasks from the stream. SIGTERM/SIGINT drain and exit 0; a second "
@@ -177,7 +197,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_redis_options(w, env)
     _add_worker_options(w, env)
 
-    e = sub.add_parser(
+    e = add(
         "enqueue",
         help="add tasks to the stream",
         description="Add tasks: one JSON object as argument, or JSON lines on stdin. Prints ids.",
@@ -185,11 +205,65 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_redis_options(e, env)
     e.add_argument("body", nargs="?", help='task body, e.g. \'{"type":"start","flow_id":"f1"}\'')
 
-    d = sub.add_parser("diagram", help="regenerate diagrams/ and docs/states.md from the FSM table")
+    def admin(name: str, text: str, description: str) -> argparse.ArgumentParser:
+        a = add(name, help=text, description=description)
+        _add_redis_options(a, env)
+        a.add_argument(
+            "--consumer-group",
+            default=_env_default(env, DEFAULT_CONSUMER_GROUP, "PLAITA_CONSUMER_GROUP"),
+            help="consumer group (env PLAITA_CONSUMER_GROUP; default %(default)s)",
+        )
+        a.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return a
+
+    admin(
+        "workers",
+        "list registered workers",
+        "One row per live worker from the registry: instance, host, "
+        "state, since, in-flight, processed, failed, last error, heartbeat age.",
+    )
+    st = admin(
+        "status",
+        "queue status, or one worker's own status",
+        "Without INSTANCE: stream length, pending, lag, oldest pending age, consumers, DLQ length. "
+        "With INSTANCE: asks that worker over the control channel and prints its answer.",
+    )
+    st.add_argument("instance", nargs="?", help="worker instance id (or consumer name)")
+    st.add_argument("--dlq-key", default=_env_default(env, "", "PLAITA_DLQ_KEY"), help="DLQ stream")
+    for name, text in (
+        ("stop", "stop workers (graceful drain; --now skips it)"),
+        ("pause", "pause workers: no new reads; in-flight tasks finish"),
+        ("resume", "resume paused workers"),
+    ):
+        c = admin(name, text, f"{text[0].upper()}{text[1:]}. Target one INSTANCE (id or consumer name) or --all.")
+        c.add_argument("instance", nargs="?", help="worker instance id (or consumer name)")
+        c.add_argument("--all", action="store_true", help="every worker listening on plaita:control:all")
+        if name == "stop":
+            c.add_argument("--now", action="store_true", help="skip the drain: hand back running work at once")
+    dq = admin("dlq", "inspect and recover dead letters", "list | show ID | requeue ID... | --all | purge [--yes]")
+    dq.add_argument(
+        "--dlq-key",
+        default=_env_default(env, "", "PLAITA_DLQ_KEY"),
+        help="DLQ stream (env PLAITA_DLQ_KEY; default <queue>:dlq)",
+    )
+    dsub = dq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
+    dl = dsub.add_parser("list", help="oldest dead letters")
+    dl.add_argument("--count", type=int, default=50, help="how many (default %(default)s)")
+    dl.add_argument("--json", action="store_true", help="print JSON")
+    ds = dsub.add_parser("show", help="one dead letter, whole")
+    ds.add_argument("id", help="DLQ entry id")
+    dr = dsub.add_parser("requeue", help="put dead letters back on the stream (body kept, deliveries reset)")
+    dr.add_argument("ids", nargs="*", help="DLQ entry ids")
+    dr.add_argument("--all", action="store_true", help="requeue every dead letter")
+    dr.add_argument("--json", action="store_true", help="print JSON")
+    dp = dsub.add_parser("purge", help="delete every dead letter")
+    dp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    d = add("diagram", help="regenerate diagrams/ and docs/states.md from the FSM table")
     d.add_argument("--check", action="store_true", help="exit 1 if a generated file is stale; write nothing")
     d.add_argument("--root", default=".", help="project root (default: current directory)")
 
-    m = sub.add_parser(
+    m = add(
         "demo",
         help="watch a worker ride out a Redis freeze on a private redis-server",
         description="Starts a private redis-server (unless --redis-url), a worker, enqueues tasks, "
@@ -221,6 +295,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         lease_ttl_s=args.lease_ttl_seconds,
         status_file=args.status_file,
         consumer_prune_idle_s=args.consumer_prune_idle_s,
+        instance_id=args.instance_id,
+        registry_enabled=not args.no_registry,
+        registry_ttl_s=args.registry_ttl,
+        heartbeat_interval_s=args.heartbeat_interval,
+        metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
     )
 
 
@@ -322,6 +402,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_enqueue(args)
         if args.command == "diagram":
             return run_diagram(args)
+        if args.command in ("workers", "status", "stop", "pause", "resume", "dlq"):
+            from plaita.admin import run_admin
+
+            return run_admin(args)
         if args.command == "demo":
             from plaita.demo import run_demo
 

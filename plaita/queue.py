@@ -114,14 +114,11 @@ end
 if not last or last == '0-0' then return 0 end
 local entries = redis.call('XRANGE', KEYS[1], '-', last, 'COUNT', tonumber(ARGV[2]))
 if #entries == 0 then return 0 end
-local first_id, last_id = entries[1][1], entries[#entries][1]
-local pending = {}
-for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], first_id, last_id, #entries)) do
-  pending[p[1]] = true
-end
 local victims = {}
 for _, e in ipairs(entries) do
-  if not pending[e[1]] then table.insert(victims, e[1]) end
+  -- One exact lookup per entry: a range XPENDING with COUNT #entries can be filled by
+  -- deleted-but-pending ids lying between the live entries and miss a live pending one.
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1) == 0 then table.insert(victims, e[1]) end
 end
 if #victims == 0 then return 0 end
 return redis.call('XDEL', KEYS[1], unpack(victims))
@@ -431,7 +428,13 @@ class StreamQueue:
         pipe.xlen(self.stream)
         pipe.xlen(self.dlq_key)
         pipe.xinfo_groups(self.stream)
-        length, dlq_length, groups = pipe.execute()
+        pipe.xpending(self.stream, self.group)
+        length, dlq_length, groups, summary = pipe.execute()
+        oldest = summary.get("min") if isinstance(summary, dict) else None
+        oldest_age_s = 0.0
+        if oldest:
+            oldest_ms = int(_s(oldest).split("-", 1)[0])
+            oldest_age_s = max(0.0, time.time() - oldest_ms / 1000)
         group: dict[str, Any] = next((g for g in groups if _s(g.get("name", b"")) == self.group), {})
         return {
             "stream": self.stream,
@@ -441,6 +444,8 @@ class StreamQueue:
             "lag": group.get("lag"),
             "consumers": int(group.get("consumers", 0) or 0),
             "dlq_length": int(dlq_length),
+            "oldest_pending_id": _s(oldest) if oldest else None,
+            "oldest_pending_age_s": round(oldest_age_s, 3),
         }
 
     @staticmethod
@@ -451,3 +456,68 @@ class StreamQueue:
         if entry.fields is None:
             return None
         return raw_payload_text(entry.fields)
+
+
+class DeadLetterQueue:
+    """Operator access to the DLQ stream: list, show, requeue, purge (``plaita dlq``)."""
+
+    def __init__(self, queue: StreamQueue) -> None:
+        self.queue = queue
+        self.client = queue.client
+
+    @staticmethod
+    def _row(message_id: Any, fields: dict[Any, Any]) -> dict[str, Any]:
+        raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
+        text = _s(raw) if raw is not None else ""
+        try:
+            envelope = json.loads(text)
+        except ValueError:
+            envelope = {"reason": "unreadable DLQ envelope", "payload": text}
+        if not isinstance(envelope, dict):
+            envelope = {"reason": "unreadable DLQ envelope", "payload": envelope}
+        return {"dlq_id": _s(message_id), **envelope}
+
+    def _range(self, low: str = "-", high: str = "+", count: int | None = None) -> list[tuple[Any, dict[Any, Any]]]:
+        rows = self.client.xrange(self.queue.dlq_key, min=low, max=high, count=count)
+        return cast(list[tuple[Any, dict[Any, Any]]], rows or [])
+
+    def oldest(self, count: int) -> list[dict[str, Any]]:
+        """The oldest ``count`` dead letters."""
+        return [self._row(mid, f) for mid, f in self._range(count=count)]
+
+    def get(self, dlq_id: str) -> dict[str, Any] | None:
+        rows = self._range(dlq_id, dlq_id, 1)
+        return self._row(*rows[0]) if rows else None
+
+    def requeue(self, dlq_ids: list[str]) -> list[tuple[str, str]]:
+        """Put dead letters back on the stream as new entries (delivery count starts again),
+        keeping their body, and remove them from the DLQ, in one transaction.
+        Returns (dlq id, new stream id) pairs; unknown ids raise KeyError."""
+        rows = []
+        for dlq_id in dlq_ids:
+            row = self.get(dlq_id)
+            if row is None:
+                raise KeyError(dlq_id)
+            rows.append(row)
+        pipe = self.client.pipeline(transaction=True)
+        for row in rows:
+            body = row.get("payload")
+            payload = encode_body(body) if isinstance(body, dict) else str(body if body is not None else "")
+            pipe.xadd(self.queue.stream, {PAYLOAD_FIELD: payload, SCHEMA_FIELD: "1"})
+        pipe.xdel(self.queue.dlq_key, *dlq_ids)
+        results = pipe.execute()
+        return [(row["dlq_id"], _s(new_id)) for row, new_id in zip(rows, results[:-1], strict=True)]
+
+    def all_ids(self) -> list[str]:
+        return [_s(mid) for mid, _ in self._range()]
+
+    def length(self) -> int:
+        return int(self.client.xlen(self.queue.dlq_key))
+
+    def purge(self) -> int:
+        """Delete every dead letter; returns how many there were."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xlen(self.queue.dlq_key)
+        pipe.delete(self.queue.dlq_key)
+        count, _ = pipe.execute()
+        return int(count)

@@ -7,21 +7,22 @@ No Redis error leaves ``run()``: every one becomes ``redis_failed`` -> BACKOFF.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+from plaita import __version__
 from plaita.config import DEFAULT_MAX_PREFETCH, Settings
 from plaita.dispatch import ACK, DEAD, RETRY, Handler, HandlerPool, Outcome, Settler
 from plaita.errors import BadTaskError
 from plaita.fsm import BackoffPolicy, ErrorKind, Lifecycle, State, classify
 from plaita.lease import LEASE_PREFIX, Lease, LeaseManager
+from plaita.ops import Operations, registry_status
 from plaita.queue import Entry, StreamQueue
+from plaita.registry import host_label, new_instance_id
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Worker:
 
     def __init__(self, settings: Settings, handler: Handler, *, stream_queue: StreamQueue | None = None) -> None:
         self.settings = settings
+        self.instance_id = settings.instance_id or new_instance_id()
         self.queue = stream_queue if stream_queue is not None else StreamQueue.from_settings(settings)
         self.counters = Counters()
         self.last_error: str | None = None
@@ -104,6 +106,8 @@ class Worker:
         self._posted_failure: BaseException | None = None
         self._inflight: dict[str, InFlight] = {}
         self._inflight_lock = threading.Lock()
+        #: Executions whose lease acquire failed without an answer: Redis may hold an orphan lease.
+        self._orphan_suspects: set[str] = set()
         self._own_pending_done = False
         self._own_cursor = "0"
         self._claim_cursor = "0-0"
@@ -112,8 +116,15 @@ class Worker:
         self._outage_since_s: float | None = None
         self._outage_retries = 0
         self._group_seen = False
-        self._status_written_at_s = 0.0
+        self._counter_lock = threading.Lock()
+        self._pause_wanted: bool | None = None
+        self._last_progress_s = time.monotonic()
+        self._last_step_s = self._last_progress_s
+        self._last_failure: tuple[ErrorKind, BaseException] | None = None
+        #: No consume-loop progress for this long = stalled (not ready, no watchdog ping).
+        self.stall_after_s = max(10.0, 4 * settings.socket_timeout_s, settings.read_block_ms / 1000 * 10)
         self.started = threading.Event()
+        self.ops = Operations(self)
 
     # -- requests from other threads ----------------------------------------------------
     def request_stop(self, *, now: bool = False) -> None:
@@ -147,6 +158,7 @@ class Worker:
         self._pool.start()
         self._settler.start()
         self._renewer.start()
+        self.ops.start()
         self.lifecycle.trigger("start")
         self.started.set()
         try:
@@ -156,8 +168,8 @@ class Worker:
             self._renewer_stop.set()
             self._pool.stop()
             self._settler.close()
+            self.ops.stop()
             self.queue.close()
-            self._write_status(force=True)
         c = self.counters
         logger.info(
             "plaita worker stopped: %d completed, %d failed, %d dead-lettered (%d malformed), %d reclaimed, "
@@ -174,13 +186,20 @@ class Worker:
 
     def _step(self) -> None:
         state = self.lifecycle.state
-        self._write_status()
+        self._last_step_s = time.monotonic()
         if state is State.STOPPING:
             self._drain()
             self.lifecycle.trigger("drained")
             return
         if self._stop.is_set():
             self.lifecycle.trigger("stop_requested")
+            return
+        if self._pause_wanted is not None and self._apply_pause(state):
+            return
+        if state is State.PAUSED:
+            self._last_progress_s = time.monotonic()
+            self._wake.wait(0.5)
+            self._wake.clear()
             return
         if state is State.BACKOFF:
             self._wait_backoff()
@@ -196,13 +215,27 @@ class Worker:
                 self._reclaim()
             elif state is State.READING:
                 self._read()
+            self._last_progress_s = time.monotonic()
         except Exception as exc:
             if self._stop.is_set():
                 return  # a read cut by request_stop(); the next step fires stop_requested
             self._fail(exc, source=state.name)
 
+    def _apply_pause(self, state: State) -> bool:
+        """Turn a posted pause/resume request into its event; True if one fired."""
+        want, self._pause_wanted = self._pause_wanted, None
+        if want and self.lifecycle.may_trigger("pause_requested") and state is not State.PAUSED:
+            logger.info("paused by remote command: no new reads; %d in-flight task(s) finish", self.in_flight)
+            return self.lifecycle.trigger("pause_requested")
+        if want is False and state is State.PAUSED:
+            logger.info("resumed by remote command")
+            return self.lifecycle.trigger("resume_requested")
+        return False
+
     def _fail(self, exc: BaseException, *, source: str) -> None:
         kind = classify(exc)
+        self._last_failure = (kind, exc)
+        self.ops.metrics.redis_errors.labels(kind=kind.value, error=type(exc).__name__).inc()
         desc = f"{type(exc).__name__}: {exc}"
         self.last_error = desc[:300]
         now = time.monotonic()
@@ -259,13 +292,18 @@ class Worker:
             )
             self._outage_since_s = None
             self.last_error = None
+        self._last_failure = None
         self._settler.redis_ok()
         self.lifecycle.trigger("group_ready")
 
     def _reclaim(self) -> None:
         """One bounded pass: claim abandoned entries (idle and unleased), then housekeeping."""
+        self._release_orphan_leases()
         budget = min(self._free_slots(), RECLAIM_BATCH)
-        if budget > 0:
+        # Claim only after the one-time scan of our own pending list: a claimed entry joins that
+        # list, and the scan (from id 0) would dispatch it again once it finished but before its
+        # ack landed -- a duplicate execution. ``_read`` makes the first claim pass follow the scan.
+        if budget > 0 and self._own_pending_done:
             cursor, claimed, skipped = self.queue.claim_unleased(
                 self._claim_cursor, self.settings.claim_min_idle_ms, budget, LEASE_PREFIX
             )
@@ -274,7 +312,7 @@ class Worker:
                 logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
             for entry in claimed:
                 if self._accept(entry):
-                    self.counters.reclaimed += 1
+                    self._count("reclaimed", 1)
                     logger.info("reclaimed task %s (delivery %d)", entry.message_id, entry.delivery_count)
         now = time.monotonic()
         if now >= self._next_housekeeping_at_s:
@@ -282,6 +320,26 @@ class Worker:
             self._next_housekeeping_at_s = now + self.settings.housekeeping_interval_s
         self._next_reclaim_at_s = now + self.settings.reclaim_interval_s
         self.lifecycle.trigger("reclaim_done")
+
+    def _release_orphan_leases(self) -> None:
+        """Delete leases a lost acquire reply may have left, so their entries can be reclaimed.
+
+        Runs on the owner thread, the only one that adds in-flight tasks, so an execution with
+        no task in flight here cannot gain a live lease of ours while this runs.
+        """
+        with self._inflight_lock:
+            busy = {i.task.execution_id for i in self._inflight.values()}
+            ready = self._orphan_suspects - busy
+            self._orphan_suspects -= ready
+        try:
+            for execution_id in sorted(ready):
+                if self.leases.release_orphan(execution_id):
+                    logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
+                ready.discard(execution_id)
+        finally:
+            if ready:
+                with self._inflight_lock:
+                    self._orphan_suspects |= ready
 
     def _housekeeping(self) -> None:
         """Remove long-idle consumers with nothing pending, and acked-but-undeleted residue."""
@@ -306,6 +364,7 @@ class Worker:
             entries = self.queue.read_own_pending(self._own_cursor, free)
             if not entries:
                 self._own_pending_done = True
+                self._next_reclaim_at_s = 0.0  # the claim pass skipped until now runs at once
                 return
             self._own_cursor = entries[-1].message_id
             logger.info("resuming %d of this consumer's own pending tasks", len(entries))
@@ -340,7 +399,7 @@ class Worker:
                 max_payload_bytes=self.settings.max_payload_bytes,
             )
         except BadTaskError as exc:
-            self.counters.bad_input += 1
+            self._count("bad_input", 1)
             logger.warning("task %s is malformed (%s): moved to the DLQ", entry.message_id, exc.reason)
             self._dead_letter(entry, exc.reason, None)
             return False
@@ -353,12 +412,12 @@ class Worker:
             return False
         with self._inflight_lock:
             self._inflight[task.message_id] = InFlight(task, entry.fields)
-        self.counters.read += 1
+        self._count("read", 1)
         self._pool.submit(task)
         return True
 
     def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
-        self.counters.dead_lettered += 1
+        self._count("dead_lettered", 1)
         payload = StreamQueue.payload_for_dlq(entry, body)
         self._settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, payload))
 
@@ -374,10 +433,12 @@ class Worker:
                 exc,
                 task.message_id,
             )
+            with self._inflight_lock:
+                self._orphan_suspects.add(task.execution_id)
             self._post_failure(exc)
             return False
         if isinstance(got, str):
-            self.counters.lease_conflicts += 1
+            self._count("lease_conflicts", 1)
             logger.info(
                 "execution %s is leased by %s; task %s left pending until that lease ends",
                 task.execution_id,
@@ -405,10 +466,10 @@ class Worker:
             )
             return
         if outcome.kind == ACK:
-            self.counters.completed += 1
+            self._count("completed", 1)
         elif outcome.kind in (DEAD, RETRY):
-            self.counters.failed += 1
-            self.counters.dead_lettered += outcome.kind == DEAD
+            self._count("failed", 1)
+            self._count("dead_lettered", int(outcome.kind == DEAD))
         lease = item.lease if item is not None else None
         if lease is not None:
             outcome = Outcome(outcome.message_id, outcome.kind, outcome.dead, (lease.key, lease.value))
@@ -453,7 +514,7 @@ class Worker:
     def _lose(self, item: InFlight, why: str) -> None:
         item.lost = True
         item.task.cancelled.set()
-        self.counters.leases_lost += 1
+        self._count("leases_lost", 1)
         logger.error(
             "lost the lease of execution %s (task %s): %s; cancelling its handler, it will not be acked",
             item.task.execution_id,
@@ -507,42 +568,104 @@ class Worker:
                 exc,
             )
             return
-        self.counters.handed_back += len(items)
+        self._count("handed_back", len(items))
         logger.info("handed back %d task(s) %s", len(items), what)
 
-    # -- visibility ---------------------------------------------------------------------
+    # -- visibility and remote control ------------------------------------------------
+    def _count(self, name: str, n: int = 1) -> None:
+        if n:
+            with self._counter_lock:
+                setattr(self.counters, name, getattr(self.counters, name) + n)
+            self.ops.count(name, n)
+
+    @property
+    def in_flight(self) -> int:
+        with self._inflight_lock:
+            return len(self._inflight)
+
+    def loop_age_s(self) -> float:
+        """Seconds since the owner loop last took a step, successful or not."""
+        return time.monotonic() - self._last_step_s
+
+    def progress_age_s(self) -> float:
+        """Seconds since the consume loop last completed a step."""
+        return time.monotonic() - self._last_progress_s
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): ready only while consuming and making progress (for /readyz)."""
+        state = self.lifecycle.state
+        if state in (State.STOPPING, State.STOPPED):
+            return False, "stopping"
+        if state is State.PAUSED:
+            return False, "paused by remote command"
+        if state is State.BACKOFF or self._last_failure is not None:
+            if self._last_failure is None:
+                return False, "backoff"
+            kind, exc = self._last_failure
+            name = type(exc).__name__
+            text = f"{name}: {exc}"
+            if name in ("AuthenticationError", "AuthorizationError") or str(exc).startswith(("WRONGPASS", "NOAUTH")):
+                return False, f"auth: {text}"
+            if str(exc).startswith("NOPERM"):
+                return False, f"acl: {text}"
+            return False, f"redis {kind.value} failure: {text}"
+        if state is State.INIT:
+            return False, "starting"
+        age_s = self.progress_age_s()
+        if age_s > self.stall_after_s:
+            return False, f"stalled: no consume-loop progress for {age_s:.0f} s"
+        return True, f"ok: {state.name}"
+
+    def request_pause(self) -> None:
+        self._pause_wanted = True
+        self._wake.set()
+
+    def request_resume(self) -> None:
+        self._pause_wanted = False
+        self._wake.set()
+
+    def on_command(self, name: str, command: dict[str, Any]) -> dict[str, Any] | None:
+        """A control command (on the control thread): post it; answer ``status``."""
+        if name == "stop":
+            self.request_stop(now=bool(command.get("now")) or command.get("graceful") is False)
+        elif name == "pause":
+            self.request_pause()
+        elif name == "resume":
+            self.request_resume()
+        return {"command": name, "accepted": True, "status": self.status()}
+
     def _on_transition(self, source: State, dest: State, trigger: str) -> None:
-        level = logging.INFO if dest in (State.STOPPING, State.STOPPED) else logging.DEBUG
+        level = logging.INFO if dest in (State.STOPPING, State.STOPPED, State.PAUSED) else logging.DEBUG
         logger.log(level, "state %s -> %s (%s)", source.name, dest.name, trigger)
-        self._write_status(force=True)
+        self.ops.on_transition(source, dest)
 
     def status(self) -> dict[str, Any]:
-        """What the worker is doing now (for the status file and, later, the registry)."""
+        """What the worker is doing now: the status file, the registry entry, the status reply."""
+        state = self.lifecycle.state
+        with self._counter_lock:
+            counters = asdict(self.counters)
+        ready, reason = self.readiness()
         return {
+            "instance_id": self.instance_id,
+            "service_type": "flow_worker",
+            "host": host_label(),
             "pid": os.getpid(),
+            "version": __version__,
             "consumer": self.settings.consumer_name,
             "stream": self.settings.queue_name,
-            "state": self.lifecycle.state.name,
+            "group": self.settings.consumer_group,
+            "status": registry_status(state),
+            "state": state.name,
+            "state_since": round(time.time() - self.lifecycle.seconds_in_state(), 3),
             "state_for_s": round(self.lifecycle.seconds_in_state(), 3),
-            "in_flight": self._pool.busy,
+            "ready": ready,
+            "ready_reason": reason,
+            "in_flight": self.in_flight,
             "unsettled": self._settler.backlog,
+            "processed": counters["completed"],
+            "failed": counters["failed"],
+            "dead_lettered": counters["dead_lettered"],
             "last_error": self.last_error,
-            "counters": asdict(self.counters),
+            "counters": counters,
             "time": time.time(),
         }
-
-    def _write_status(self, *, force: bool = False) -> None:
-        path = self.settings.status_file
-        if not path:
-            return
-        now = time.monotonic()
-        if not force and now - self._status_written_at_s < STATUS_EVERY_S:
-            return
-        self._status_written_at_s = now
-        target = Path(path)
-        tmp = target.with_name(target.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(self.status()), encoding="utf-8")
-            tmp.replace(target)
-        except OSError as exc:
-            logger.debug("could not write status file %s: %s", path, exc)

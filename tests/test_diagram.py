@@ -175,7 +175,10 @@ class TestEdges:
                 drawn.append((m["src"], m["dst"], *_parse_label(m["attr"])))
         assert len(drawn) == len(set(drawn))
         assert set(drawn) == _machine_edges()
-        assert noops == [("STOPPING", "STOPPING", "stop_requested (no-op)")]
+        assert sorted(noops) == [
+            ("PAUSED", "PAUSED", "pause_requested (no-op)"),
+            ("STOPPING", "STOPPING", "stop_requested (no-op)"),
+        ]
 
     def test_states_md_lists_every_state_trigger_and_edge(self) -> None:
         """docs/states.md documents every state, every trigger and every table row."""

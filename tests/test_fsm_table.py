@@ -48,6 +48,13 @@ EXPECTED: dict[tuple[State, str], State | _NoOp] = {
     # A fresh BackoffPolicy has nothing armed, so backoff_due holds; the not-due case is below.
     (S.BACKOFF, "backoff_elapsed"): S.ENSURE_GROUP,
     (S.BACKOFF, "stop_requested"): S.STOPPING,
+    (S.ENSURE_GROUP, "pause_requested"): S.PAUSED,
+    (S.RECLAIMING, "pause_requested"): S.PAUSED,
+    (S.READING, "pause_requested"): S.PAUSED,
+    (S.BACKOFF, "pause_requested"): S.PAUSED,
+    (S.PAUSED, "pause_requested"): NOOP,
+    (S.PAUSED, "resume_requested"): S.ENSURE_GROUP,
+    (S.PAUSED, "stop_requested"): S.STOPPING,
     (S.STOPPING, "stop_requested"): NOOP,
     (S.STOPPING, "drained"): S.STOPPED,
 }
@@ -60,6 +67,8 @@ EXPECTED_TRIGGERS = [
     "reclaim_due",
     "redis_failed",
     "backoff_elapsed",
+    "pause_requested",
+    "resume_requested",
     "stop_requested",
     "drained",
 ]
@@ -180,7 +189,11 @@ class TestTableRules:
         """From BACKOFF the only ways out are backoff_elapsed (guarded) to ENSURE_GROUP and stop_requested."""
         machine = Lifecycle().machine
         out = {(name, t.dest) for name in triggers() for t in machine.get_transitions(trigger=name, source=S.BACKOFF)}
-        assert out == {("backoff_elapsed", "ENSURE_GROUP"), ("stop_requested", "STOPPING")}
+        assert out == {
+            ("backoff_elapsed", "ENSURE_GROUP"),
+            ("stop_requested", "STOPPING"),
+            ("pause_requested", "PAUSED"),
+        }
         (guarded,) = machine.get_transitions(trigger="backoff_elapsed", source=S.BACKOFF)
         assert [c.func for c in guarded.conditions] == ["backoff_due"]
 

@@ -42,6 +42,8 @@ class Lifecycle:
     ) -> None:
         self.backoff = backoff if backoff is not None else BackoffPolicy()
         self.entered_at_s = time.monotonic()
+        #: How long the state before the current one lasted (for metrics).
+        self.previous_state_duration_s = 0.0
         self.last_failure_persistent = False
         self._listener = listener
         self.machine = build_machine(self, initial=initial)
@@ -61,7 +63,9 @@ class Lifecycle:
         transition = event.transition
         if transition is None or transition.dest is None:
             return  # internal no-op (stopping twice): nothing changed
-        self.entered_at_s = time.monotonic()
+        now = time.monotonic()
+        self.previous_state_duration_s = now - self.entered_at_s
+        self.entered_at_s = now
         if self._listener is not None:
             self._listener(State[transition.source], State[transition.dest], event.event.name)
 

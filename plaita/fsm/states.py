@@ -13,6 +13,7 @@ class State(enum.Enum):
     RECLAIMING = "RECLAIMING"
     READING = "READING"
     BACKOFF = "BACKOFF"
+    PAUSED = "PAUSED"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
 

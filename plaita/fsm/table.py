@@ -17,7 +17,9 @@ S = State
 
 #: Every non-terminal state accepts ``stop_requested``; listed explicitly because
 #: ``source="*"`` would also create a STOPPING -> STOPPING self-loop.
-_STOPPABLE: Final = [S.INIT, S.ENSURE_GROUP, S.RECLAIMING, S.READING, S.BACKOFF]
+_STOPPABLE: Final = [S.INIT, S.ENSURE_GROUP, S.RECLAIMING, S.READING, S.BACKOFF, S.PAUSED]
+#: States a remote ``pause`` can interrupt (the owner is between Redis calls in each).
+_PAUSABLE: Final = [S.ENSURE_GROUP, S.RECLAIMING, S.READING, S.BACKOFF]
 
 TRANSITIONS: list[TransitionConfigDict] = [
     {"trigger": "start", "source": S.INIT, "dest": S.ENSURE_GROUP},
@@ -36,6 +38,10 @@ TRANSITIONS: list[TransitionConfigDict] = [
         "dest": S.ENSURE_GROUP,
         "conditions": "backoff_due",
     },
+    # Remote pause: stop reading, let in-flight work finish; resume re-checks the group first.
+    {"trigger": "pause_requested", "source": _PAUSABLE, "dest": S.PAUSED},
+    {"trigger": "pause_requested", "source": S.PAUSED, "dest": None},
+    {"trigger": "resume_requested", "source": S.PAUSED, "dest": S.ENSURE_GROUP},
     {"trigger": "stop_requested", "source": _STOPPABLE, "dest": S.STOPPING},
     # Stopping twice is a no-op: an internal transition (dest None) runs no enter/exit callbacks.
     {"trigger": "stop_requested", "source": S.STOPPING, "dest": None},
@@ -50,6 +56,8 @@ TRIGGER_DOCS: Final[dict[str, str]] = {
     "reclaim_due": "the reclaim interval elapsed while reading",
     "redis_failed": "any Redis error (transient or persistent) at a call site of the active states",
     "backoff_elapsed": "the owner polls; it fires only once the backoff delay has passed",
+    "pause_requested": "a remote `pause` command (control channel); pausing twice is a no-op",
+    "resume_requested": "a remote `resume` command while paused",
     "stop_requested": "SIGTERM/SIGINT or a remote stop; posted by other threads, fired by the owner",
     "drained": "in-flight work finished or the drain timeout passed; unfinished work is left pending",
 }
@@ -62,6 +70,7 @@ STATE_DOCS: Final[dict[State, str]] = {
     S.RECLAIMING: "claiming entries idle longer than `--claim-min-idle-ms` (XAUTOCLAIM, following the cursor)",
     S.READING: "XREADGROUP with a bounded BLOCK: first this consumer's own pending entries (id 0), then `>`",
     S.BACKOFF: "waiting `min(cap, base·2^attempt)` with jitter on the monotonic clock; stop interrupts it",
+    S.PAUSED: "remote pause: no reads or claims; in-flight tasks finish and are acked; heartbeat and control stay up",
     S.STOPPING: "no more reads; in-flight tasks drain up to `--drain-timeout-s`",
     S.STOPPED: "terminal: the process exits 0",
 }

@@ -1,0 +1,140 @@
+"""Remote control over pub/sub: ``plaita:control:{instance}`` and ``plaita:control:all``.
+
+Commands are JSON ``{"command": "stop"|"pause"|"resume"|"status", "now": bool,
+"reply_to": key, "request_id": str}``. The listener only posts requests to the worker (the
+owner thread turns them into FSM events). It reconnects forever with backoff and never dies:
+the original's listener ended for good on its first Redis error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from plaita.fsm import BackoffPolicy
+
+logger = logging.getLogger(__name__)
+
+#: Channel prefix; the per-instance channel is this plus the instance id.
+CONTROL_PREFIX = "plaita:control:"
+#: Channel every worker listens to.
+CONTROL_ALL = "plaita:control:all"
+#: Reply lists expire after this many seconds if nobody reads them.
+REPLY_TTL_S = 60
+#: Commands a worker understands.
+COMMANDS = ("stop", "pause", "resume", "status")
+
+
+def control_channel(instance_id: str) -> str:
+    return f"{CONTROL_PREFIX}{instance_id}"
+
+
+class ControlListener:
+    """Subscribes to this worker's channels and dispatches commands, forever."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        instance_id: str,
+        on_command: Callable[[str, dict[str, Any]], dict[str, Any] | None],
+    ) -> None:
+        self.client = client
+        self.instance_id = instance_id
+        self.channels = [control_channel(instance_id), CONTROL_ALL]
+        self._on_command = on_command
+        self._stop = threading.Event()
+        self._backoff = BackoffPolicy(base_s=0.1, cap_s=2.0, persistent_s=5.0)
+        self.connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plaita-control", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end. Not joined: it is a daemon, and waiting for its next poll
+        would only slow an idle worker's exit."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        failing_since: float | None = None
+        while not self._stop.is_set():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            try:
+                pubsub.subscribe(*self.channels)
+                self.connected.set()
+                if failing_since is not None:
+                    logger.info("control channel re-subscribed after %.1f s", time.monotonic() - failing_since)
+                    failing_since = None
+                self._backoff.reset()
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is not None and message.get("type") == "message":
+                        self._handle(message.get("data"))
+            except Exception as exc:  # any failure: reconnect with backoff, never end the thread
+                self.connected.clear()
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    logger.warning(
+                        "control channel lost (%s: %s); re-subscribing with backoff", type(exc).__name__, exc
+                    )
+                self._stop.wait(self._backoff.schedule())
+            finally:
+                try:
+                    pubsub.close()
+                except Exception:  # closing a broken connection may fail too; nothing to do
+                    logger.debug("closing the control pubsub failed", exc_info=True)
+
+    def _handle(self, data: Any) -> None:
+        try:
+            text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
+            command = json.loads(text)
+            if not isinstance(command, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            logger.warning("ignored a malformed control message (%s)", exc)
+            return
+        name = str(command.get("command", ""))
+        if name not in COMMANDS:
+            logger.warning("ignored unknown control command %r (known: %s)", name, ", ".join(COMMANDS))
+            return
+        logger.info("control command %r received", name)
+        try:
+            answer = self._on_command(name, command)
+        except Exception:  # a bug in a command handler must not end the listener
+            logger.exception("control command %r failed", name)
+            return
+        reply_to = command.get("reply_to")
+        if answer is not None and isinstance(reply_to, str) and reply_to:
+            answer = {**answer, "request_id": command.get("request_id"), "instance_id": self.instance_id}
+            try:
+                pipe = self.client.pipeline(transaction=True)
+                pipe.rpush(reply_to, json.dumps(answer))
+                pipe.expire(reply_to, REPLY_TTL_S)
+                pipe.execute()
+            except redis.RedisError as exc:
+                logger.warning("could not send the %r reply (%s)", name, exc)
+
+
+def send_command(
+    client: redis.Redis,
+    target: str,
+    command: str,
+    *,
+    now: bool = False,
+    reply_to: str | None = None,
+    request_id: str | None = None,
+) -> int:
+    """Publish ``command`` to one instance (or ``all``); returns how many workers received it."""
+    channel = CONTROL_ALL if target == "all" else control_channel(target)
+    message: dict[str, Any] = {"command": command, "now": now, "graceful": not now, "timestamp": time.time()}
+    if reply_to:
+        message["reply_to"] = reply_to
+        message["request_id"] = request_id
+    return int(client.publish(channel, json.dumps(message)))

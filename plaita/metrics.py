@@ -1,0 +1,126 @@
+"""Prometheus metrics and health endpoints (``/metrics``, ``/healthz``, ``/readyz``).
+
+Queue gauges are sampled by the worker's monitor thread, never on scrape, so a scrape during
+a Redis outage answers at once with the last known values.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from plaita.fsm import State
+
+logger = logging.getLogger(__name__)
+
+Readiness = Callable[[], tuple[bool, str]]
+
+
+class Metrics:
+    """Every metric of one worker, in a registry of its own (prefix ``plaita_``)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.up = Gauge("plaita_worker_up", "1 while the worker process runs", registry=r)
+        self.state = Gauge("plaita_worker_state", "1 for the current lifecycle state", ["state"], registry=r)
+        self.transitions = Counter(
+            "plaita_worker_transitions", "Lifecycle transitions", ["from_state", "to_state"], registry=r
+        )
+        self.backoff_seconds = Counter("plaita_worker_backoff_seconds", "Seconds spent in BACKOFF", registry=r)
+        self.redis_errors = Counter(
+            "plaita_redis_errors", "Redis errors by kind and class", ["kind", "error"], registry=r
+        )
+        self.tasks = Counter("plaita_tasks", "Tasks by outcome", ["outcome"], registry=r)
+        self.in_flight = Gauge("plaita_worker_in_flight", "Tasks read and not yet settled", registry=r)
+        self.handler_seconds = Histogram(
+            "plaita_handler_duration_seconds",
+            "Handler run time",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
+            registry=r,
+        )
+        self.queue_length = Gauge("plaita_queue_stream_length", "Entries in the stream (XLEN)", registry=r)
+        self.queue_pending = Gauge("plaita_queue_pending", "Entries delivered and not acked (group PEL)", registry=r)
+        self.queue_lag = Gauge("plaita_queue_lag", "Entries not yet delivered to the group", registry=r)
+        self.oldest_pending_age = Gauge(
+            "plaita_queue_oldest_pending_age_seconds", "Age of the oldest pending entry", registry=r
+        )
+        self.dlq_length = Gauge("plaita_queue_dlq_length", "Entries in the dead-letter stream", registry=r)
+        self.up.set(1)
+        for s in State:
+            self.state.labels(state=s.name).set(0)
+
+    def on_transition(self, source: State, dest: State, seconds_in_source: float) -> None:
+        self.state.labels(state=source.name).set(0)
+        self.state.labels(state=dest.name).set(1)
+        self.transitions.labels(from_state=source.name, to_state=dest.name).inc()
+        if source is State.BACKOFF:
+            self.backoff_seconds.inc(seconds_in_source)
+
+    def set_queue(self, stats: dict[str, Any]) -> None:
+        self.queue_length.set(stats.get("length", 0))
+        self.queue_pending.set(stats.get("pending", 0))
+        lag = stats.get("lag")
+        if lag is not None:
+            self.queue_lag.set(lag)
+        self.oldest_pending_age.set(stats.get("oldest_pending_age_s", 0.0))
+        self.dlq_length.set(stats.get("dlq_length", 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthServer:
+    """A small HTTP server: /metrics, /healthz (process up), /readyz (consuming or 503 + reason)."""
+
+    def __init__(self, host: str, port: int, metrics: Metrics, readiness: Readiness) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer._serve(self)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                logger.debug("http: " + format, *args)
+
+        self._metrics = metrics
+        self._readiness = readiness
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        # A short poll interval keeps shutdown() (and so an idle worker's exit) fast.
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="plaita-http", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def _serve(self, req: BaseHTTPRequestHandler) -> None:
+        path = req.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(req, 200, self._metrics.render(), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._send(req, 200, b"ok\n", "text/plain; charset=utf-8")
+        elif path == "/readyz":
+            ready, reason = self._readiness()
+            self._send(req, 200 if ready else 503, f"{reason}\n".encode(), "text/plain; charset=utf-8")
+        else:
+            self._send(req, 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
+
+    @staticmethod
+    def _send(req: BaseHTTPRequestHandler, code: int, body: bytes, content_type: str) -> None:
+        req.send_response(code)
+        req.send_header("Content-Type", content_type)
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        req.wfile.write(body)

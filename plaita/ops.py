@@ -1,0 +1,159 @@
+"""What an operator sees and steers: status file, registry heartbeat, remote control,
+Prometheus metrics, /healthz and /readyz, and systemd notifications.
+
+Kept apart from the worker's consume loop: everything here runs on its own threads, talks to
+Redis only through its own calls that may fail freely, and never fires FSM triggers (control
+commands become requests the owner thread turns into events).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+
+from plaita import sdnotify
+from plaita.control import ControlListener
+from plaita.fsm import State
+from plaita.metrics import HealthServer, Metrics
+from plaita.registry import Registry
+
+if TYPE_CHECKING:
+    from plaita.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+#: How often the status file is rewritten at most.
+STATUS_EVERY_S = 1.0
+#: How often queue gauges (XLEN, pending, lag, oldest pending, DLQ) are sampled.
+QUEUE_SAMPLE_EVERY_S = 5.0
+#: Registry ``status`` for each lifecycle state (the original's vocabulary).
+REGISTRY_STATUS = {
+    State.INIT: "starting",
+    State.ENSURE_GROUP: "running",
+    State.RECLAIMING: "running",
+    State.READING: "running",
+    State.BACKOFF: "running",
+    State.PAUSED: "paused",
+    State.STOPPING: "draining",
+    State.STOPPED: "stopped",
+}
+
+
+class Operations:
+    """The operator-facing side of one worker."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        settings = worker.settings
+        self.metrics = Metrics()
+        client = worker.queue.client
+        self.registry: Registry | None = None
+        self.control: ControlListener | None = None
+        if settings.registry_enabled:
+            self.registry = Registry(
+                client,
+                instance_id=worker.instance_id,
+                snapshot=worker.status,
+                ttl_s=settings.registry_ttl_s,
+                interval_s=settings.heartbeat_interval_s,
+            )
+            self.control = ControlListener(client, instance_id=worker.instance_id, on_command=worker.on_command)
+        self.http: HealthServer | None = None
+        if settings.metrics_port is not None:
+            self.http = HealthServer(settings.metrics_host, settings.metrics_port, self.metrics, worker.readiness)
+        self._status_written_at_s = 0.0
+        self._stop = threading.Event()
+        self._monitor = threading.Thread(target=self._monitor_loop, name="plaita-monitor", daemon=True)
+        self._ready_sent = False
+
+    def start(self) -> None:
+        if self.http is not None:
+            self.http.start()
+            logger.info(
+                "metrics on http://%s:%d/metrics (/healthz, /readyz)", self.worker.settings.metrics_host, self.http.port
+            )
+        if self.registry is not None:
+            self.registry.start()
+        if self.control is not None:
+            self.control.start()
+        self._monitor.start()
+
+    def stop(self) -> None:
+        """Unregister and stop every thread (best effort, bounded)."""
+        sdnotify.notify("STOPPING=1")
+        self._stop.set()
+        if self.control is not None:
+            self.control.stop()
+        if self.registry is not None:
+            self.registry.stop()
+        if self.http is not None:
+            self.http.stop()
+        self.metrics.up.set(0)
+        self.write_status(force=True)
+
+    # -- events from the worker --------------------------------------------------------
+    def on_transition(self, source: State, dest: State) -> None:
+        self.metrics.on_transition(source, dest, self.worker.lifecycle.previous_state_duration_s)
+        if self.registry is not None:
+            self.registry.beat_soon()
+        if dest is State.READING and not self._ready_sent:
+            self._ready_sent = sdnotify.notify("READY=1")
+        sdnotify.notify(f"STATUS={dest.name}")
+        self.write_status(force=True)
+
+    def count(self, outcome: str, n: int = 1) -> None:
+        self.metrics.tasks.labels(outcome=outcome).inc(n)
+
+    # -- periodic work -----------------------------------------------------------------
+    def _monitor_loop(self) -> None:
+        watchdog_s = sdnotify.watchdog_interval_s()
+        next_sample = 0.0
+        tick_s = min(1.0, watchdog_s) if watchdog_s else 1.0
+        while not self._stop.wait(tick_s):
+            self.write_status()
+            self.metrics.in_flight.set(self.worker.in_flight)
+            # Tie the systemd watchdog to the owner loop turning (reading, or retrying in
+            # BACKOFF), not to process liveness: a wedged loop gets restarted, an outage does not.
+            if watchdog_s and self.worker.loop_age_s() < self.worker.stall_after_s:
+                sdnotify.notify("WATCHDOG=1")
+            now = time.monotonic()
+            if self.http is not None and now >= next_sample:
+                next_sample = now + QUEUE_SAMPLE_EVERY_S
+                self._sample_queue()
+
+    def _sample_queue(self) -> None:
+        try:
+            stats = self.worker.queue.stream_stats()
+        except redis.RedisError as exc:
+            logger.debug("queue sampling failed: %s", exc)
+            return
+        self.metrics.set_queue(stats)
+
+    def write_status(self, *, force: bool = False) -> None:
+        path = self.worker.settings.status_file
+        if not path:
+            return
+        now = time.monotonic()
+        if not force and now - self._status_written_at_s < STATUS_EVERY_S:
+            return
+        self._status_written_at_s = now
+        target = Path(path)
+        tmp = target.with_name(f"{target.name}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.worker.status()), encoding="utf-8")
+            tmp.replace(target)
+        except OSError as exc:
+            logger.debug("could not write status file %s: %s", path, exc)
+
+
+def registry_status(state: State) -> str:
+    return REGISTRY_STATUS[state]
+
+
+__all__ = ["Operations", "registry_status"]

@@ -1,0 +1,141 @@
+"""Worker registry: a TTL'd JSON key per worker, refreshed by a heartbeat thread.
+
+``plaita:registry:flow_worker:{instance}`` (TTL 30 s, heartbeat 10 s, as the original). The
+heartbeat survives outages: a failed beat is logged once and retried; the next successful
+one re-creates the key. On stop the entry is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+logger = logging.getLogger(__name__)
+
+#: Key prefix of registry entries (compatible with the original plaita).
+REGISTRY_PREFIX = "plaita:registry:flow_worker:"
+#: Seconds a registry entry lives without a heartbeat.
+DEFAULT_REGISTRY_TTL_S = 30.0
+#: Seconds between heartbeats.
+DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
+
+
+def new_instance_id() -> str:
+    """``{hostname}-{uuid8}``: unique per process, as the original."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def host_label() -> str:
+    """``hostname/ip`` for the registry entry."""
+    name = socket.gethostname()
+    try:
+        ip = socket.gethostbyname(name)
+    except OSError:
+        ip = "?"
+    return f"{name}/{ip}"
+
+
+def registry_key(instance_id: str) -> str:
+    return f"{REGISTRY_PREFIX}{instance_id}"
+
+
+class Registry:
+    """Keeps this worker's registry entry alive while the worker runs."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        instance_id: str,
+        snapshot: Callable[[], dict[str, Any]],
+        ttl_s: float = DEFAULT_REGISTRY_TTL_S,
+        interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
+        on_beat: Callable[[], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.instance_id = instance_id
+        self.key = registry_key(instance_id)
+        self._snapshot = snapshot
+        self.ttl_s = ttl_s
+        self.interval_s = interval_s
+        self._on_beat = on_beat
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._failing = False
+        self.registered = False
+        self.last_beat_at: float | None = None
+        self._thread = threading.Thread(target=self._run, name="plaita-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def beat_soon(self) -> None:
+        """Publish a fresh entry now (a state change happened)."""
+        self._wake.set()
+
+    def beat(self) -> bool:
+        """Write the entry once; False (logged once per outage) when Redis is unreachable."""
+        entry = self._snapshot()
+        entry["last_heartbeat"] = time.time()
+        try:
+            self.client.set(self.key, json.dumps(entry), px=int(self.ttl_s * 1000))
+        except redis.RedisError as exc:
+            if not self._failing:
+                logger.warning("registry heartbeat failed (%s: %s); retrying", type(exc).__name__, exc)
+            self._failing = True
+            self.registered = False
+            return False
+        if self._failing:
+            logger.info("registry heartbeat restored; %s registered again", self.instance_id)
+        self._failing = False
+        self.registered = True
+        self.last_beat_at = time.time()
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.beat()
+            if self._on_beat is not None:
+                self._on_beat()
+            # Retry faster while failing so the entry is back soon after Redis is.
+            self._wake.wait(self.interval_s if not self._failing else min(self.interval_s, 1.0))
+            self._wake.clear()
+
+    def stop(self) -> None:
+        """Stop beating and remove the entry (best effort)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(2.0)
+        try:
+            self.client.delete(self.key)
+        except redis.RedisError as exc:
+            logger.debug("could not remove registry entry %s: %s (it expires in %.0f s)", self.key, exc, self.ttl_s)
+        self.registered = False
+
+
+def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every registry entry, sorted by instance id (SCAN, never KEYS)."""
+    keys = sorted(client.scan_iter(match=f"{REGISTRY_PREFIX}*", count=500))
+    if not keys:
+        return []
+    entries = []
+    for key, raw in zip(keys, client.mget(keys), strict=True):
+        if raw is None:
+            continue
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            entry.setdefault("instance_id", name[len(REGISTRY_PREFIX) :])
+            entries.append(entry)
+    return entries
