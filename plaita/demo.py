@@ -1,0 +1,526 @@
+"""``plaita demo``: watch a worker ride out a Redis freeze, then count every execution.
+
+Without ``--redis-url`` the demo starts a private redis-server (free loopback port, temp
+dir), runs ``plaita worker`` as a subprocess (handler ``plaita.demo:demo_handler``,
+concurrency 4), enqueues the tasks, freezes Redis with SIGSTOP once about a third are done,
+thaws it after ``--freeze-s`` and prints a tally: completed, lost, duplicate executions,
+unexpected worker exits, how long Redis was frozen and how long work took to resume.
+With ``--redis-url`` it uses that server without freezing it, on a stream of its own
+(``plaita:demo:<random>``) whose keys it deletes at the end; it never flushes anything.
+
+Exit code: 0 when nothing was lost and the worker never exited on its own, else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from plaita._redis_server import PrivateRedis, RedisServerError
+from plaita.config import redact_url, validate_redis_url
+from plaita.lease import fence_key, lease_key
+from plaita.registry import registry_key
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, Task, encode_body
+
+#: Environment variable naming the file ``demo_handler`` appends one line per execution to.
+DEMO_LOG_ENV = "PLAITA_DEMO_LOG"
+#: Seconds each demo task sleeps in its handler.
+TASK_SLEEP_S = 0.02
+#: Handler threads of the demo worker.
+CONCURRENCY = 4
+#: The demo gives up (and says so) after this long, plus the freeze.
+TIME_LIMIT_S = 120.0
+#: Longest wait for the worker subprocess to report READING.
+WORKER_START_TIMEOUT_S = 20.0
+#: Drain time passed to the worker; the demo stops it only once every task is done.
+WORKER_DRAIN_S = 5.0
+#: A worker that exits on its own is restarted at most this many times (each exit is counted).
+MAX_RESTARTS = 3
+#: Progress refresh: ~5 times a second on a terminal, once a second otherwise.
+TTY_REFRESH_S = 0.2
+PLAIN_REFRESH_S = 1.0
+#: Main loop tick.
+TICK_S = 0.05
+#: Longest freeze the demo accepts (the server is SIGSTOPped for this long).
+MAX_FREEZE_S = 60.0
+
+
+class DemoError(Exception):
+    """Raised when the demo cannot go on; the message says why."""
+
+
+def demo_handler(task: Task) -> None:
+    """Sleep ``params.sleep_s`` (cancel-aware), then append ``<monotonic> <message id>`` to $PLAITA_DEMO_LOG.
+
+    One O_APPEND write per completed execution, so the demo counts duplicates and losses
+    exactly. A task whose lease was lost (``task.cancelled``) stops and records nothing.
+    """
+    params = task.body.get("params")
+    sleep_s = float(params.get("sleep_s", TASK_SLEEP_S)) if isinstance(params, dict) else TASK_SLEEP_S
+    if task.cancelled.wait(sleep_s):
+        return
+    line = f"{time.monotonic():.6f} {task.message_id} {task.delivery_count}\n"
+    fd = os.open(os.environ[DEMO_LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class ExecutionLog:
+    """Reads the handler's append-only log incrementally."""
+
+    path: Path
+    offset: int = 0
+    executions: int = 0
+    times_by_id: dict[str, list[float]] = field(default_factory=dict)
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1  # only whole lines
+        self.offset += end
+        for raw in chunk[:end].decode("utf-8", "replace").splitlines():
+            parts = raw.split()
+            if len(parts) >= 2:
+                self.executions += 1
+                self.times_by_id.setdefault(parts[1], []).append(float(parts[0]))
+
+    @property
+    def unique(self) -> int:
+        return len(self.times_by_id)
+
+    def first_after(self, t: float) -> float | None:
+        later = [x for times in self.times_by_id.values() for x in times if x > t]
+        return min(later) if later else None
+
+
+class WorkerProcess:
+    """``python -m plaita worker`` in its own session (a terminal Ctrl-C reaches only the demo)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], stderr_path: Path) -> None:
+        self._stderr = open(stderr_path, "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=self._stderr, env=env, start_new_session=True
+        )
+
+    def exited(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, timeout_s: float) -> tuple[int, float]:
+        """SIGTERM, wait ``timeout_s`` (then SIGKILL); returns (exit code, seconds to exit)."""
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return int(self.proc.returncode), time.monotonic() - started
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)
+        finally:
+            self._stderr.close()
+
+
+@dataclass
+class Freeze:
+    """When Redis was frozen and thawed (monotonic seconds), and at what progress."""
+
+    started_at: float | None = None
+    ended_at: float | None = None
+    at_done: int = 0
+
+    @property
+    def seconds(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        end = self.ended_at if self.ended_at is not None else time.monotonic()
+        return end - self.started_at
+
+
+class Demo:
+    """One demo run; ``cleanup()`` undoes everything it started, whatever happened."""
+
+    def __init__(self, tasks: int, freeze_s: float, redis_url: str | None, out: TextIO) -> None:
+        self.tasks = tasks
+        self.freeze_s = freeze_s
+        self.external_url = redis_url
+        self.out = out
+        self.tty = out.isatty()
+        self.token = secrets.token_hex(4)
+        self.stream = f"plaita:demo:{self.token}"
+        self.group = "plaita-demo"
+        self.consumer = f"demo-{self.token}"
+        self.dir = Path(tempfile.mkdtemp(prefix="plaita-demo-"))
+        self.log = ExecutionLog(self.dir / "executions.log")
+        self.status_path = self.dir / "worker-status.json"
+        self.stderr_path = self.dir / "worker.log"
+        self.server: PrivateRedis | None = None
+        self.url = ""
+        self.client: redis.Redis | None = None
+        self.worker: WorkerProcess | None = None
+        self.unexpected_exits: list[int] = []
+        self.freeze = Freeze()
+        self.instance_ids: set[str] = set()
+        self.started_at = time.monotonic()
+        self._last_line_len = 0
+
+    # -- output -------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        if self.tty and self._last_line_len:
+            self.out.write("\n")
+            self._last_line_len = 0
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def progress(self) -> None:
+        elapsed = time.monotonic() - self.started_at
+        redis_text = "ok"
+        if self.freeze.started_at is not None and self.freeze.ended_at is None:
+            redis_text = f"FROZEN {self.freeze.seconds:4.1f}/{self.freeze_s:g} s"
+        elif self.freeze.ended_at is not None:
+            redis_text = f"thawed (frozen {self.freeze.seconds:.1f} s)"
+        line = (
+            f"[{elapsed:5.1f} s] done {self.log.unique:>{len(str(self.tasks))}}/{self.tasks}"
+            f" | worker {self.worker_state():<12} | redis {redis_text}"
+        )
+        if self.tty:
+            pad = max(0, self._last_line_len - len(line))
+            self.out.write("\r" + line + " " * pad)
+            self._last_line_len = len(line)
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    # -- worker -------------------------------------------------------------------------
+    def worker_status(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.status_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict):
+            return {}
+        if data.get("instance_id"):
+            self.instance_ids.add(str(data["instance_id"]))
+        return data
+
+    def worker_state(self) -> str:
+        if self.worker is not None and self.worker.exited() is not None:
+            return "EXITED"
+        return str(self.worker_status().get("state") or "starting")
+
+    def start_worker(self) -> None:
+        self.status_path.unlink(missing_ok=True)
+        args = [
+            sys.executable, "-m", "plaita", "--log-level", "WARNING", "worker",
+            "--redis-url", self.url, "--queue-name", self.stream, "--consumer-group", self.group,
+            "--consumer-name", self.consumer, "--handler", "plaita.demo:demo_handler",
+            "--concurrency", str(CONCURRENCY), "--drain-timeout-s", str(WORKER_DRAIN_S),
+            "--status-file", str(self.status_path),
+        ]  # fmt: skip
+        env = dict(os.environ)
+        env[DEMO_LOG_ENV] = str(self.log.path)
+        self.worker = WorkerProcess(args, env, self.stderr_path)
+
+    def wait_reading(self, deadline: float) -> None:
+        limit = min(deadline, time.monotonic() + WORKER_START_TIMEOUT_S)
+        while time.monotonic() < limit:
+            if self.worker is not None and self.worker.exited() is not None:
+                raise DemoError(f"the worker exited with code {self.worker.exited()} while starting")
+            if self.worker_state() == "READING":
+                return
+            time.sleep(TICK_S)
+        raise DemoError(f"the worker did not reach READING within {WORKER_START_TIMEOUT_S:g} s")
+
+    def record_exit(self) -> bool:
+        """Count an exit nobody asked for; True if the worker has exited."""
+        if self.worker is None or self.worker.exited() is None:
+            return False
+        code = self.worker.exited()
+        assert code is not None
+        self.unexpected_exits.append(code)
+        self.say(f"!! the worker exited on its own with code {code}")
+        self.worker.close()
+        self.worker = None
+        return True
+
+    def check_worker(self) -> None:
+        """Count an unrequested exit and restart the worker (bounded) so the run can finish."""
+        if not self.record_exit():
+            return
+        if len(self.unexpected_exits) > MAX_RESTARTS:
+            raise DemoError(f"the worker exited {len(self.unexpected_exits)} times; giving up")
+        self.say("   restarting it so the tally can finish")
+        self.start_worker()
+
+    # -- redis --------------------------------------------------------------------------
+    def connect(self) -> None:
+        if self.external_url is None:
+            self.say("starting a private redis-server on a free loopback port ...")
+            self.server = PrivateRedis().start()
+            self.url = self.server.url
+            self.say(
+                f"  redis-server {self.url} (temp dir {self.server.dir}); it will be frozen for {self.freeze_s:g} s"
+            )
+        else:
+            validate_redis_url(self.external_url)
+            self.url = self.external_url
+            self.say(
+                f"using Redis at {redact_url(self.url)}: NO freeze (the demo only freezes a server it started); "
+                f"stream {self.stream}, deleted at the end"
+            )
+        self.client = redis.Redis.from_url(
+            self.url, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            self.client.ping()
+        except redis.RedisError as exc:
+            raise DemoError(f"Redis at {redact_url(self.url)} is not reachable: {type(exc).__name__}: {exc}") from None
+
+    def execution_id(self, i: int) -> str:
+        return f"demo-{self.token}-{i}"
+
+    def enqueue(self) -> None:
+        assert self.client is not None
+        pipe = self.client.pipeline(transaction=False)
+        for i in range(self.tasks):
+            body = {
+                "type": "start",
+                "flow_id": "demo",
+                "execution_id": self.execution_id(i),
+                "params": {"n": i, "sleep_s": TASK_SLEEP_S},
+            }
+            pipe.xadd(self.stream, {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: "1"})
+        pipe.execute()
+
+    def settled(self) -> bool:
+        """True when the stream is empty and nothing is pending (every ack reached Redis)."""
+        assert self.client is not None
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xlen(self.stream)
+            pipe.xpending(self.stream, self.group)
+            length, pending = pipe.execute()
+        except redis.RedisError:
+            return False
+        return int(length) == 0 and int(pending.get("pending", 0) or 0) == 0
+
+    def maybe_freeze(self) -> None:
+        if self.server is None or self.freeze_s <= 0:
+            return
+        now = time.monotonic()
+        if self.freeze.started_at is None and self.log.unique >= max(1, self.tasks // 3):
+            self.freeze.at_done = self.log.unique
+            self.server.freeze()
+            self.freeze.started_at = now
+            self.say(f"-- {self.log.unique}/{self.tasks} done: freezing Redis (SIGSTOP) for {self.freeze_s:g} s")
+        elif (
+            self.freeze.ended_at is None
+            and self.freeze.started_at is not None
+            and now - self.freeze.started_at >= self.freeze_s
+        ):
+            self.server.thaw()
+            self.freeze.ended_at = time.monotonic()
+            self.say(f"-- thawed Redis (SIGCONT) after {self.freeze.seconds:.1f} s")
+
+    # -- the run ------------------------------------------------------------------------
+    def run(self) -> int:
+        deadline = self.started_at + TIME_LIMIT_S + self.freeze_s
+        self.connect()
+        self.start_worker()
+        self.wait_reading(deadline)
+        self.say(f"worker running (concurrency {CONCURRENCY}); enqueueing {self.tasks} tasks of {TASK_SLEEP_S:g} s")
+        self.enqueue()
+        refresh_s = TTY_REFRESH_S if self.tty else PLAIN_REFRESH_S
+        next_refresh = 0.0
+        gave_up = False
+        while True:
+            now = time.monotonic()
+            self.log.poll()
+            self.check_worker()
+            self.maybe_freeze()
+            if now >= next_refresh:
+                self.progress()
+                next_refresh = now + refresh_s
+            frozen = self.freeze.started_at is not None and self.freeze.ended_at is None
+            if not frozen and self.log.unique >= self.tasks and self.settled():
+                break
+            if now >= deadline:
+                gave_up = True
+                break
+            time.sleep(TICK_S)
+        self.progress()
+        if gave_up:
+            self.say(
+                f"!! gave up after {TIME_LIMIT_S + self.freeze_s:g} s: {self.log.unique}/{self.tasks} tasks "
+                f"completed, worker {self.worker_state()}"
+            )
+        stop_code, stop_s = self.stop_worker()
+        self.log.poll()
+        return self.tally(stop_code, stop_s, gave_up)
+
+    def stop_worker(self) -> tuple[int | None, float]:
+        self.record_exit()
+        if self.worker is None:
+            return None, 0.0
+        code, seconds = self.worker.stop(WORKER_DRAIN_S + 5)
+        self.worker_status()
+        self.worker.close()
+        self.worker = None
+        return code, seconds
+
+    def tally(self, stop_code: int | None, stop_s: float, gave_up: bool) -> int:
+        lost = self.tasks - self.log.unique
+        duplicates = self.log.executions - self.log.unique
+        rows: list[tuple[str, str]] = [
+            ("tasks enqueued", str(self.tasks)),
+            ("completed", f"{self.log.unique} distinct tasks ({self.log.executions} handler executions)"),
+            ("lost", str(lost)),
+            ("duplicates", f"{duplicates} (executions beyond one per task)"),
+            ("worker exits", f"{len(self.unexpected_exits)} unexpected"
+             + (f" (codes {', '.join(map(str, self.unexpected_exits))})" if self.unexpected_exits else "")),
+            ("worker stop", f"SIGTERM -> exit {stop_code} in {stop_s:.2f} s"),
+        ]  # fmt: skip
+        if self.server is None:
+            rows.append(("Redis frozen", "not frozen (--redis-url: the demo never freezes a server it did not start)"))
+        elif self.freeze.started_at is None:
+            rows.append(("Redis frozen", "never (the run ended before the freeze point)"))
+        else:
+            rows.append(
+                ("Redis frozen", f"{self.freeze.seconds:.2f} s (SIGSTOP at {self.freeze.at_done}/{self.tasks} done)")
+            )
+            first = self.log.first_after(self.freeze.ended_at) if self.freeze.ended_at is not None else None
+            recovery = "no task completed after the thaw" if first is None else (
+                f"{first - (self.freeze.ended_at or 0.0):.2f} s from SIGCONT to the next completed task"
+            )  # fmt: skip
+            rows.append(("recovery", recovery))
+            last = max((t for times in self.log.times_by_id.values() for t in times), default=None)
+            if last is not None and self.freeze.ended_at is not None and last > self.freeze.ended_at:
+                rows.append(("last task done", f"{last - self.freeze.ended_at:.2f} s after SIGCONT"))
+        ok = lost == 0 and not self.unexpected_exits and not gave_up and stop_code == 0
+        rows.append(("result", "PASS: nothing lost, the worker never exited" if ok else "FAIL"))
+        self.say("")
+        self.say("plaita demo: tally")
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            self.say(f"  {key:<{width}}  {value}")
+        notes = self.worker_log_lines()
+        if notes:
+            self.say("")
+            self.say("worker log (warnings and errors):")
+            for line in notes:
+                self.say(f"  {line}")
+        return 0 if ok else 1
+
+    def worker_log_lines(self, most: int = 8) -> list[str]:
+        try:
+            lines = self.stderr_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return []
+        lines = [ln for ln in lines if ln.strip()]
+        if len(lines) > most:
+            return [*lines[: most // 2], f"... ({len(lines) - most} more lines)", *lines[-(most // 2) :]]
+        return lines
+
+    # -- cleanup ------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        """Stop the worker, thaw and stop the private server, delete demo keys, remove the temp dir."""
+        if self.server is not None:
+            self.server.thaw()
+        if self.worker is not None:
+            with contextlib.suppress(Exception):
+                self.worker.stop(WORKER_DRAIN_S + 5)
+            self.worker.close()
+            self.worker = None
+        if self.client is not None:
+            if self.server is None:
+                self.delete_demo_keys()
+            self.client.close()
+            self.client = None
+        if self.server is not None:
+            self.server.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def delete_demo_keys(self) -> None:
+        """On a server the demo does not own: delete exactly the keys this run created."""
+        assert self.client is not None
+        self.worker_status()
+        keys = [self.stream, f"{self.stream}:dlq", *(registry_key(i) for i in self.instance_ids)]
+        for i in range(self.tasks):
+            keys += [lease_key(self.execution_id(i)), fence_key(self.execution_id(i))]
+        try:
+            for lo in range(0, len(keys), 500):
+                self.client.delete(*keys[lo : lo + 500])
+        except redis.RedisError as exc:
+            self.say(f"!! could not delete the demo keys ({type(exc).__name__}: {exc}); stream {self.stream}")
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Entry point of ``plaita demo`` (``args.redis_url``, ``args.tasks``, ``args.freeze_s``)."""
+    tasks = int(args.tasks)
+    freeze_s = float(args.freeze_s)
+    if not 1 <= tasks <= 100_000:
+        print("plaita demo: error: --tasks must be within 1..100000", file=sys.stderr)
+        return 2
+    if not 0 <= freeze_s <= MAX_FREEZE_S:
+        print(f"plaita demo: error: --freeze-s must be within 0..{MAX_FREEZE_S:g}", file=sys.stderr)
+        return 2
+    redis_url = str(args.redis_url) if args.redis_url else None
+    if redis_url is not None:
+        validate_redis_url(redis_url)  # ConfigError -> exit 2 in cli.main
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+    demo: Demo | None = None
+    try:
+        demo = Demo(tasks, freeze_s, redis_url, sys.stdout)
+        return demo.run()
+    except DemoError as exc:
+        print(f"\nplaita demo: {exc}", file=sys.stderr)
+        if demo is not None:
+            for line in demo.worker_log_lines():
+                print(f"  worker: {line}", file=sys.stderr)
+        return 1
+    except RedisServerError as exc:
+        print(f"plaita demo: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nplaita demo: interrupted; stopping the worker and Redis and removing temp files", file=sys.stderr)
+        return 130
+    finally:
+        if demo is not None:
+            demo.cleanup()
+        if on_main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
