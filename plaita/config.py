@@ -38,7 +38,10 @@ DEFAULT_LEASE_TTL_S = 120.0
 #: Highest task ``schema_version`` this build understands.
 TASK_SCHEMA_VERSION = 1
 #: Most tasks read ahead of free handler threads when handlers are fast (see ``prefetch``).
-DEFAULT_MAX_PREFETCH = 128
+DEFAULT_MAX_PREFETCH = 256
+#: Most entries asked for in one XREADGROUP: with a prefetch of two reads, the next read
+#: overlaps the handling of the previous one.
+READ_BATCH_MAX = 128
 
 
 def redact_url(url: str) -> str:

@@ -29,12 +29,14 @@ Handler = Callable[[Task], object]
 MAX_UNSETTLED = 50_000
 #: Most outcomes settled in one MULTI/EXEC.
 SETTLE_BATCH = 500
+#: A task slower than this reports its outcome at once instead of with its chunk.
+_REPORT_EVERY_S = 0.05
 #: Exponential moving average weight for handler duration.
 _EWMA_ALPHA = 0.2
 
 
 #: Outcome kinds.
-ACK, DEAD, RETRY, SKIP = "ack", "dead", "retry", "skip"
+ACK, DEAD, RETRY = "ack", "dead", "retry"
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Outcome:
     """What to do with a message once its handler returned.
 
     ``ack``: done, XACK + XDEL. ``dead``: move to the DLQ. ``retry``: the handler failed; leave
-    it pending for redelivery. ``skip``: not run (its execution is leased elsewhere). ``release``
+    it pending for redelivery. ``release``
     is a lease (key, value) to release in the same transaction as the ack.
     """
 
@@ -57,8 +59,17 @@ class Outcome:
         return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, payload))
 
 
+Done = tuple[Task, Outcome, float]
+
+
 class HandlerPool:
-    """Runs tasks on daemon threads; reports each finished task through ``on_done``."""
+    """Runs tasks on daemon threads; reports finished tasks through ``on_done`` in chunks.
+
+    A read batch is handed over in chunks (one per thread at most), not task by task: with
+    fast handlers the per-task queue, lock and wake-up costs would dominate. A thread runs its
+    chunk in order and checks before each task whether the pool is stopping; the tasks it has
+    not started then count as unstarted (``take_unstarted``) and are handed back.
+    """
 
     def __init__(
         self,
@@ -66,31 +77,36 @@ class HandlerPool:
         *,
         concurrency: int,
         max_deliveries: int,
-        on_done: Callable[[Task, Outcome, float], None],
-        prepare: Callable[[Task], bool] | None = None,
+        on_done: Callable[[list[Done]], None],
     ) -> None:
         self._handler = handler
         self._max_deliveries = max_deliveries
         self._on_done = on_done
-        self._prepare = prepare
-        self._work: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._concurrency = concurrency
+        self._work: queue.SimpleQueue[list[Task] | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"plaita-handler-{i}", daemon=True) for i in range(concurrency)
         ]
         self._lock = threading.Lock()
         self._queued = 0
         self._running: set[str] = set()
-        self._idle = threading.Condition(self._lock)
+        self._stopping = False
+        self._leftovers: list[Task] = []
         self.mean_duration_s: float | None = None
 
     def start(self) -> None:
         for t in self._threads:
             t.start()
 
-    def submit(self, task: Task) -> None:
+    def submit(self, tasks: list[Task]) -> None:
+        """Queue tasks, split into at most ``concurrency`` chunks."""
+        if not tasks:
+            return
         with self._lock:
-            self._queued += 1
-        self._work.put(task)
+            self._queued += len(tasks)
+        size = -(-len(tasks) // self._concurrency)  # ceil
+        for start in range(0, len(tasks), size):
+            self._work.put(tasks[start : start + size])
 
     @property
     def busy(self) -> int:
@@ -103,29 +119,32 @@ class HandlerPool:
             return sorted(self._running)
 
     def take_unstarted(self) -> list[Task]:
-        """Remove and return every task not yet picked up by a handler thread."""
+        """Stop starting tasks; remove and return every task no handler has started."""
         taken: list[Task] = []
+        with self._lock:
+            self._stopping = True
+            taken.extend(self._leftovers)
+            self._leftovers.clear()
         while True:
             try:
-                item = self._work.get_nowait()
+                chunk = self._work.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
-                taken.append(item)
+            if chunk is not None:
+                taken.extend(chunk)
         with self._lock:
             self._queued -= len(taken)
-            self._idle.notify_all()
         return taken
 
     def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
         """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
-        with self._idle:
-            while self._queued + len(self._running) > 0:
-                remaining = deadline_s - time.monotonic()
-                if remaining <= 0 or abort.is_set():
-                    return False
-                self._idle.wait(min(remaining, 0.05))
-            return True
+        while True:
+            with self._lock:
+                if self._queued + len(self._running) - len(self._leftovers) <= 0:
+                    return True
+            if deadline_s - time.monotonic() <= 0 or abort.is_set():
+                return False
+            abort.wait(0.02)
 
     def stop(self) -> None:
         """Ask idle threads to exit; running handlers are not interrupted (threads are daemons)."""
@@ -134,24 +153,32 @@ class HandlerPool:
 
     def _run(self) -> None:
         while True:
-            task = self._work.get()
-            if task is None:
+            chunk = self._work.get()
+            if chunk is None:
                 return
-            with self._lock:
-                self._queued -= 1
-                self._running.add(task.message_id)
-            started = time.monotonic()
-            if self._prepare is None or self._prepare(task):
+            done: list[Done] = []
+            for index, task in enumerate(chunk):
+                with self._lock:
+                    if self._stopping:
+                        # Not started: hand it back with the rest of the chunk.
+                        self._leftovers.extend(chunk[index:])
+                        break
+                    self._queued -= 1
+                    self._running.add(task.message_id)
+                started = time.monotonic()
                 outcome = self._call(task)
-            else:
-                outcome = Outcome(task.message_id, SKIP)
-            duration = time.monotonic() - started
-            with self._lock:
-                self._running.discard(task.message_id)
-                m = self.mean_duration_s
-                self.mean_duration_s = duration if m is None else m + _EWMA_ALPHA * (duration - m)
-                self._idle.notify_all()
-            self._on_done(task, outcome, duration)
+                duration = time.monotonic() - started
+                with self._lock:
+                    self._running.discard(task.message_id)
+                    m = self.mean_duration_s
+                    self.mean_duration_s = duration if m is None else m + _EWMA_ALPHA * (duration - m)
+                done.append((task, outcome, duration))
+                if duration > _REPORT_EVERY_S:
+                    # A slow task reports at once: its ack must not wait for the rest of the chunk.
+                    self._on_done(done)
+                    done = []
+            if done:
+                self._on_done(done)
 
     def _call(self, task: Task) -> Outcome:
         """Run the handler and say what to do with its message."""
@@ -193,6 +220,8 @@ class Settler:
         self._healthy = True
         self._closed = False
         self._dropped = 0
+        self._batch: list[Outcome] = []
+        self._idle_waiting = False
         self._thread = threading.Thread(target=self._run, name="plaita-settler", daemon=True)
         self.settled = 0
         self.dead_lettered = 0
@@ -200,8 +229,12 @@ class Settler:
     def start(self) -> None:
         self._thread.start()
 
+    def put_many(self, outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            self.put(outcome)
+
     def put(self, outcome: Outcome) -> None:
-        if outcome.kind in (RETRY, SKIP) and outcome.release is None:
+        if outcome.kind == RETRY and outcome.release is None:
             return  # nothing to tell Redis: the entry simply stays pending
         with self._cond:
             if self._closed:
@@ -214,7 +247,13 @@ class Settler:
                         "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
                     )
             self._pending.append(outcome)
-            self._cond.notify_all()
+            if self._idle_waiting:  # wake the settler only when it sleeps: a notify per task is costly
+                self._cond.notify_all()
+
+    def unsettled_ids(self) -> set[str]:
+        """Ids whose outcome is queued or being sent right now."""
+        with self._cond:
+            return {o.message_id for o in self._pending} | {o.message_id for o in self._batch}
 
     @property
     def backlog(self) -> int:
@@ -251,9 +290,12 @@ class Settler:
             while not self._pending or not self._healthy:
                 if self._closed:
                     return None
+                self._idle_waiting = True
                 self._cond.wait(0.5)
+                self._idle_waiting = False
             batch = [self._pending.popleft() for _ in range(min(SETTLE_BATCH, len(self._pending)))]
             self._busy = True
+            self._batch = batch
             return batch
 
     def _run(self) -> None:
@@ -272,11 +314,13 @@ class Settler:
                     self._pending.extendleft(reversed(batch))
                     self._healthy = False
                     self._busy = False
+                    self._batch = []
                     self._cond.notify_all()
                 self._on_failure(exc)
                 continue
             with self._cond:
                 self._busy = False
+                self._batch = []
                 self.settled += len(acks)
                 self.dead_lettered += len(dead)
                 self._cond.notify_all()

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.client import Pipeline
+
+from plaita import lua
 
 logger = logging.getLogger(__name__)
 
@@ -29,23 +32,41 @@ FENCE_PREFIX = "plaita:execution:fence:"
 #: Fencing counters outlive any lease: 7 days, as the original.
 FENCE_TTL_S = 7 * 24 * 3600
 
-# KEYS: lease, fence. ARGV: holder, ttl_ms, fence_ttl_s, takeover_prefix.
-# Returns {1, generation} when acquired, {0, current_value} when another holder has it.
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, string.len(ARGV[4])) ~= ARGV[4] then
-  return {0, cur}
+# KEYS: lease, fence (pairs, one per execution). ARGV: holder, ttl_ms, fence_ttl_s, takeover_prefix.
+# For each pair: {1, generation} when acquired, {0, current_value} when another holder has it.
+# One call per read batch: a per-task EVALSHA costs a client round of packing and parsing each.
+ACQUIRE_MANY = lua.Lua("""
+local out = {}
+for i = 1, #KEYS, 2 do
+  local cur = redis.call('GET', KEYS[i])
+  if cur and (string.sub(cur, 1, string.len(ARGV[4])) ~= ARGV[4]
+      -- Take over only a previous incarnation's lease, never one this incarnation holds (a
+      -- second task of the same execution on this worker must wait like on any other worker).
+      or string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':') then
+    table.insert(out, 0)
+    table.insert(out, cur)
+  else
+    local gen = redis.call('INCR', KEYS[i + 1])
+    redis.call('EXPIRE', KEYS[i + 1], tonumber(ARGV[3]))
+    redis.call('SET', KEYS[i], ARGV[1] .. ':' .. gen, 'PX', tonumber(ARGV[2]))
+    table.insert(out, 1)
+    table.insert(out, gen)
+  end
 end
--- Take over only a previous incarnation's lease, never one this incarnation holds (a second
--- task of the same execution on this worker must wait like on any other worker).
-if cur and string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':' then
-  return {0, cur}
+return out
+""")
+
+# KEYS: lease keys. ARGV: the value each must still hold. Compare-and-delete each; returns count.
+RELEASE_MANY = lua.Lua("""
+local n = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[i] then
+    n = n + redis.call('DEL', KEYS[i])
+  end
 end
-local gen = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. gen, 'PX', tonumber(ARGV[2]))
-return {1, gen}
-"""
+return n
+""")
+
 
 # KEYS: lease. ARGV: holder. Deletes a lease this incarnation holds under any generation.
 _RELEASE_ORPHAN = """
@@ -66,12 +87,12 @@ return 0
 
 # KEYS: lease. ARGV: value. 1 = released, 0 = not ours (anymore). Also queued by
 # StreamQueue inside its settle and hand-back transactions.
-RELEASE_LUA = """
+RELEASE = lua.Lua("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
-"""
+""")
 
 # KEYS: lease, fence, target. ARGV: generation, value.
 # Writes only while the lease is held by exactly this generation and no newer one exists.
@@ -112,22 +133,35 @@ class LeaseManager:
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.takeover_prefix = f"worker:{consumer}@"
         self.holder = f"{self.takeover_prefix}{uuid.uuid4().hex[:12]}"
-        self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
-        self.release_script = client.register_script(RELEASE_LUA)
+        self.release_script = client.register_script(RELEASE.source)
         self._release_orphan = client.register_script(_RELEASE_ORPHAN)
 
     def acquire(self, execution_id: str) -> Lease | str:
         """The lease, or the current holder's value when another live holder has it."""
-        key = lease_key(execution_id)
-        ok, value = self._acquire(
-            keys=[key, fence_key(execution_id)],
-            args=[self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix],
-        )
-        if int(ok) != 1:
-            return value.decode() if isinstance(value, bytes) else str(value)
-        generation = int(value)
-        return Lease(execution_id, key, f"{self.holder}:{generation}", generation)
+        return self.acquire_many([execution_id])[0]
+
+    def acquire_many(self, execution_ids: list[str]) -> list[Lease | str]:
+        """``acquire`` for a whole read batch in one pipelined round trip (in order)."""
+        if not execution_ids:
+            return []
+        keys = [k for execution_id in execution_ids for k in (lease_key(execution_id), fence_key(execution_id))]
+        args = [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
+
+        def build(pipe: Pipeline) -> None:
+            ACQUIRE_MANY.queue(pipe, keys, args)
+
+        # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
+        [flat] = lua.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
+        replies = list(zip(flat[0::2], flat[1::2], strict=True))
+        out: list[Lease | str] = []
+        for execution_id, (ok, value) in zip(execution_ids, replies, strict=True):
+            if int(ok) != 1:
+                out.append(value.decode() if isinstance(value, bytes) else str(value))
+            else:
+                generation = int(value)
+                out.append(Lease(execution_id, lease_key(execution_id), f"{self.holder}:{generation}", generation))
+        return out
 
     def renew_many(self, leases: list[Lease]) -> list[bool]:
         """Compare-and-extend every lease in one round trip; False = lost."""

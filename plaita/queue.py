@@ -18,16 +18,22 @@ from typing import Any, cast
 
 import redis
 from redis.backoff import NoBackoff
+from redis.client import Pipeline
 from redis.retry import Retry
 
+from plaita import lua
 from plaita.config import Settings
-from plaita.lease import RELEASE_LUA
+from plaita.lease import RELEASE, RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
 
 logger = logging.getLogger(__name__)
 
 #: Seconds to wait for a TCP connection before counting the attempt as a transient failure.
 CONNECT_TIMEOUT_S = 2.0
+
+
+def _raw_reply(response: Any, **_options: Any) -> Any:
+    return response
 
 
 def _s(value: bytes | str) -> str:
@@ -56,7 +62,7 @@ for _, p in ipairs(pend) do
         local ok, body = pcall(cjson.decode, f[i + 1])
         if ok and type(body) == 'table' then
           local e = body['execution_id']
-          if (type(e) == 'string' and e ~= '') or type(e) == 'number' then exec_id = tostring(e) end
+          if type(e) == 'string' and e ~= '' then exec_id = e end
         end
       end
     end
@@ -75,6 +81,16 @@ local nxt = '0-0'
 if last and (#pend >= scan or #claimed >= want) then nxt = last end
 return {nxt, claimed, skipped}
 """
+
+# KEYS: dlq, stream. ARGV: group, dlq max len, source id, envelope JSON.
+# XADD first: if it fails (WRONGTYPE, OOM) the script stops there and the source stays pending.
+DEAD_LETTER = lua.Lua("""
+redis.call('XADD', KEYS[1], '*', 'payload', ARGV[4])
+redis.call('XTRIM', KEYS[1], 'MAXLEN', tonumber(ARGV[2]))
+redis.call('XACK', KEYS[2], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[2], ARGV[3])
+return 1
+""")
 
 # KEYS: stream. ARGV: group, me, id... Claims (JUSTID) only ids still pending for me.
 _RENEW_OWN = """
@@ -174,6 +190,8 @@ class StreamQueue:
         self.client = client
         # Blocking reads get their own pool so interrupt() can cut exactly them.
         self.read_client = read_client if read_client is not None else client
+        if self.read_client is not client:
+            self.read_client.set_response_callback("XREADGROUP", _raw_reply)
         self.stream = stream
         self.group = group
         self.consumer = consumer
@@ -183,8 +201,10 @@ class StreamQueue:
         self._prune_script = client.register_script(_PRUNE_CONSUMERS)
         self._sweep_script = client.register_script(_SWEEP_RESIDUE)
         self._renew_script = client.register_script(_RENEW_OWN)
+        # hand_back is not safe to run twice (it re-adds entries), so it keeps redis-py's Script,
+        # which loads before executing; the hot settle path uses bare EVALSHA (plaita.lua).
+        self._release_script = client.register_script(RELEASE.source)
         self._xnack: bool | None = None
-        self._release_script = client.register_script(RELEASE_LUA)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamQueue:
@@ -225,12 +245,27 @@ class StreamQueue:
         return [_s(i) for i in pipe.execute()]
 
     # -- consume ----------------------------------------------------------------------
-    def _parse_read(self, reply: Any) -> list[Entry]:
+    @staticmethod
+    def _parse_read(reply: Any) -> list[Entry]:
+        """Entries from a raw XREADGROUP reply (RESP2 list or RESP3 map; flat field lists).
+
+        The read client skips redis-py's reply callback (``_raw_reply``): building its dicts
+        costs more per entry than the rest of the read.
+        """
+        if not reply:
+            return []
+        streams = reply.values() if isinstance(reply, dict) else (items for _name, items in reply)
         entries: list[Entry] = []
-        for _stream, items in reply or []:
-            for message_id, fields in items:
-                decoded = None if not fields else {_s(k): v for k, v in fields.items()}
-                entries.append(Entry(_s(message_id), decoded))
+        for items in streams:
+            for message_id, flat in items:
+                if not flat:
+                    entries.append(Entry(_s(message_id), None))
+                    continue
+                if isinstance(flat, dict):  # a client with redis-py's callback (tests' shared client)
+                    fields = {_s(k): v for k, v in flat.items()}
+                else:
+                    fields = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+                entries.append(Entry(_s(message_id), fields))
         return entries
 
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
@@ -285,32 +320,44 @@ class StreamQueue:
     def settle(self, acks: list[str], dead: list[DeadLetter], releases: list[tuple[str, str]] | None = None) -> None:
         """Ack (XACK + XDEL), dead-letter and release leases in one MULTI/EXEC round trip.
 
-        Atomic, so a DLQ copy never exists without its source being acked, or the reverse, and
-        a lease is never released before its task's ack (no window for a second delivery).
+        Atomic, so a lease is never released before its task's ack (no window for a second
+        delivery). Each dead letter is one Lua call that adds the DLQ copy first and acks its
+        source only if that succeeded: MULTI does not roll back, so a failing XADD (say the DLQ
+        key holds another type) must not be followed by the ack, or the task would be lost.
         ``releases`` are (lease key, value) pairs, released only if still held with that value.
         """
         if not acks and not dead and not releases:
             return
-        pipe = self.client.pipeline(transaction=True)
-        for d in dead:
-            envelope = {
-                "reason": d.reason,
-                "source_stream": self.stream,
-                "source_id": d.message_id,
-                "delivery_count": d.delivery_count,
-                "dead_lettered_at": time.time(),
-                "payload": d.payload,
-            }
-            pipe.xadd(self.dlq_key, {PAYLOAD_FIELD: json.dumps(envelope, ensure_ascii=False)})
-        if dead:
-            pipe.xtrim(self.dlq_key, maxlen=self.dlq_max_len, approximate=False)
-        ids = acks + [d.message_id for d in dead]
-        if ids:
-            pipe.xack(self.stream, self.group, *ids)
-            pipe.xdel(self.stream, *ids)
-        for key, value in releases or []:
-            self._release_script(keys=[key], args=[value], client=pipe)
-        pipe.execute()
+        now = time.time()
+        envelopes = [
+            json.dumps(
+                {
+                    "reason": d.reason,
+                    "source_stream": self.stream,
+                    "source_id": d.message_id,
+                    "delivery_count": d.delivery_count,
+                    "dead_lettered_at": now,
+                    "payload": d.payload,
+                },
+                ensure_ascii=False,
+            )
+            for d in dead
+        ]
+
+        # Safe to run twice (see plaita.lua): XACK/XDEL and compare-and-delete are idempotent,
+        # and a NOSCRIPT reply means no dead-letter script ran.
+        def build(pipe: Pipeline) -> None:
+            for d, envelope in zip(dead, envelopes, strict=True):
+                DEAD_LETTER.queue(
+                    pipe, [self.dlq_key, self.stream], [self.group, self.dlq_max_len, d.message_id, envelope]
+                )
+            if acks:
+                pipe.xack(self.stream, self.group, *acks)
+                pipe.xdel(self.stream, *acks)
+            if releases:
+                RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
+
+        lua.execute(self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True)
 
     def ack(self, *ids: str) -> None:
         """XACK + XDEL (one round trip)."""

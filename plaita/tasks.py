@@ -18,8 +18,45 @@ logger = logging.getLogger(__name__)
 PAYLOAD_FIELD = "payload"
 #: Stream entry field holding the body's schema version.
 SCHEMA_FIELD = "schema_version"
+#: One shared decoder: ``json.loads`` re-detects the encoding of bytes on every call.
+_DECODER = json.JSONDecoder()
 #: Task types a flow worker runs.
 TASK_TYPES = frozenset({"start", "resume"})
+
+
+class CancelFlag:
+    """A cheap cancel flag with ``threading.Event``'s reading API (``is_set``, ``wait``).
+
+    Most tasks are never cancelled and never wait, so the Event (several µs to build) is only
+    created when a handler first waits on the flag.
+    """
+
+    __slots__ = ("_event", "_flag")
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._event: threading.Event | None = None
+
+    def set(self) -> None:
+        with CancelFlag._lock:
+            self._flag = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until set or ``timeout``; True if set (like ``Event.wait``)."""
+        with CancelFlag._lock:
+            if self._flag:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
 
 @dataclass
@@ -31,7 +68,7 @@ class Task:
     delivery_count: int
     #: Set when the worker lost this task's lease (outage longer than the TTL, or a successor
     #: took over): the handler should stop and must not write results.
-    cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    cancelled: CancelFlag = field(default_factory=CancelFlag, repr=False)
     #: Fencing generation of the execution lease; writers refuse older generations.
     fencing_token: int = 0
 
@@ -39,7 +76,7 @@ class Task:
     def execution_id(self) -> str:
         """The body's ``execution_id``, else the message id."""
         value = self.body.get("execution_id")
-        return str(value) if value else self.message_id
+        return value if isinstance(value, str) and value else self.message_id
 
 
 def validate_body(body: Any) -> dict[str, Any]:
@@ -51,7 +88,11 @@ def validate_body(body: Any) -> dict[str, Any]:
         raise BadTaskError("payload has no 'type' field (expected 'start' or 'resume')")
     if task_type not in TASK_TYPES:
         raise BadTaskError(f"unknown task type {task_type!r} (expected 'start' or 'resume')")
-    if task_type == "resume" and not body.get("execution_id"):
+    execution_id = body.get("execution_id")
+    if execution_id is not None and not (isinstance(execution_id, str) and execution_id):
+        # Leases are keyed by it, in Python and in Lua alike: only a string is unambiguous.
+        raise BadTaskError(f"'execution_id' must be a non-empty string (got {execution_id!r})")
+    if task_type == "resume" and not execution_id:
         raise BadTaskError("resume task has no 'execution_id'")
     return body
 
@@ -90,7 +131,7 @@ def parse_entry(
     if version > TASK_SCHEMA_VERSION:
         raise BadTaskError(f"unsupported schema_version={version} (this build understands <= {TASK_SCHEMA_VERSION})")
     try:
-        body = json.loads(raw)
+        body = _DECODER.decode(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadTaskError(f"payload is not valid JSON: {exc}") from None
     return Task(message_id, validate_body(body), delivery_count)

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from plaita import __version__
-from plaita.config import DEFAULT_MAX_PREFETCH, Settings
-from plaita.dispatch import ACK, DEAD, RETRY, Handler, HandlerPool, Outcome, Settler
+from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
+from plaita.dispatch import ACK, DEAD, Done, Handler, HandlerPool, Outcome, Settler
 from plaita.errors import BadTaskError
 from plaita.fsm import BackoffPolicy, ErrorKind, Lifecycle, State, classify
 from plaita.lease import LEASE_PREFIX, Lease, LeaseManager
@@ -50,6 +50,10 @@ class InFlight:
     lease: Lease | None = None
     renewed_at_s: float = 0.0
     lost: bool = False
+    #: When it was read (monotonic); a task without execution_id gets its lease lazily.
+    read_at_s: float = 0.0
+    #: Its outcome went to the settler, which may release the lease any moment now.
+    settling: bool = False
 
 
 @dataclass
@@ -88,8 +92,7 @@ class Worker:
             handler,
             concurrency=settings.concurrency,
             max_deliveries=settings.max_deliveries,
-            on_done=self._on_task_done,
-            prepare=self._prepare,
+            on_done=self._on_tasks_done,
         )
         self.leases = LeaseManager(self.queue.client, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
         # Renew often enough that neither the lease (ttl) nor the entry's idle time
@@ -292,6 +295,12 @@ class Worker:
             )
             self._outage_since_s = None
             self.last_error = None
+            # A read sent just before the outage may have been executed by Redis with its reply
+            # lost: those entries sit in our pending list. Re-scan it now instead of leaving them
+            # to a reclaim after claim_min_idle_ms. Work still running or awaiting its ack holds
+            # its lease, so the scan skips it (a lease of this incarnation is never taken over).
+            if self._own_pending_done:
+                self._own_pending_done, self._own_cursor = False, "0"
         self._last_failure = None
         self._settler.redis_ok()
         self.lifecycle.trigger("group_ready")
@@ -310,10 +319,13 @@ class Worker:
             self._claim_cursor = cursor
             if skipped:
                 logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
-            for entry in claimed:
-                if self._accept(entry):
-                    self._count("reclaimed", 1)
-                    logger.info("reclaimed task %s (delivery %d)", entry.message_id, entry.delivery_count)
+            if claimed:
+                logger.info(
+                    "reclaimed %d abandoned task(s): %s",
+                    len(claimed),
+                    ", ".join(f"{e.message_id} (delivery {e.delivery_count})" for e in claimed[:10]),
+                )
+                self._count("reclaimed", self._accept(claimed))
         now = time.monotonic()
         if now >= self._next_housekeeping_at_s:
             self._housekeeping()
@@ -360,19 +372,26 @@ class Worker:
             self._slot_freed.clear()
             return
         if not self._own_pending_done:
-            # A restarted worker with a stable name resumes its own pending entries at once.
-            entries = self.queue.read_own_pending(self._own_cursor, free)
-            if not entries:
+            # A restarted worker with a stable name resumes its own pending entries at once. After
+            # an outage the same scan finds entries whose read reply was lost. Work of ours still
+            # running or awaiting its ack is skipped: the snapshot is taken *before* the read, and
+            # an id is always in one of the two sets until its ack lands (put before forget).
+            with self._inflight_lock:
+                ours = set(self._inflight)
+            ours |= self._settler.unsettled_ids()
+            page = self.queue.read_own_pending(self._own_cursor, free)
+            if not page:
                 self._own_pending_done = True
                 self._next_reclaim_at_s = 0.0  # the claim pass skipped until now runs at once
                 return
-            self._own_cursor = entries[-1].message_id
-            logger.info("resuming %d of this consumer's own pending tasks", len(entries))
+            self._own_cursor = page[-1].message_id
+            entries = [e for e in page if e.message_id not in ours]
+            if entries:
+                logger.info("resuming %d of this consumer's own pending tasks", len(entries))
         else:
             entries = self.queue.read_new(free, self.settings.read_block_ms)
         self.lifecycle.backoff.reset()
-        for entry in entries:
-            self._accept(entry)
+        self._accept(entries)
 
     def _free_slots(self) -> int:
         prefetch = self.settings.prefetch
@@ -381,16 +400,69 @@ class Worker:
             prefetch = DEFAULT_MAX_PREFETCH if mean is not None and mean < FAST_HANDLER_S else 0
         with self._inflight_lock:
             busy = len(self._inflight)
-        return self.settings.concurrency + prefetch - busy
+        return min(READ_BATCH_MAX, self.settings.concurrency + prefetch - busy)
 
-    def _accept(self, entry: Entry) -> bool:
-        """Dispatch one entry; malformed ones go straight to the DLQ. True if dispatched."""
+    def _accept(self, entries: list[Entry]) -> int:
+        """Dispatch a read batch: malformed entries go straight to the DLQ, the rest start.
+
+        A task of an execution (body ``execution_id``) starts only once it holds that
+        execution's lease (one round trip for the batch), so a start and a resume of the same
+        execution never run at once. A task without one is keyed by its own message id, which
+        no other entry shares: it starts at once and takes its lease only if it is still running
+        at the first renewal (``renew_once``). Until then its idle time, reset by the read, is
+        below ``claim_min_idle_ms``, so no reclaim can take it: the same protection, without a
+        Lua call per short task. Returns how many started.
+        """
+        eager: list[tuple[Task, Entry]] = []
+        started: list[Task] = []
+        now = time.monotonic()
+        for entry in entries:
+            task = self._parse(entry)
+            if task is None:
+                continue
+            if "execution_id" in task.body:
+                eager.append((task, entry))
+                continue
+            assert entry.fields is not None
+            with self._inflight_lock:
+                self._inflight[task.message_id] = InFlight(task, entry.fields, None, now, read_at_s=now)
+            started.append(task)
+        try:
+            leases = self.leases.acquire_many([t.execution_id for t, _ in eager])
+        except Exception:
+            # Redis may have set some of these leases anyway: released as orphans after the
+            # outage; the entries stay in our pending list and are re-read then.
+            with self._inflight_lock:
+                self._orphan_suspects.update(t.execution_id for t, _ in eager)
+            self._pool.submit(started)
+            raise
+        for (task, entry), got in zip(eager, leases, strict=True):
+            if isinstance(got, str):
+                self._count("lease_conflicts", 1)
+                logger.info(
+                    "execution %s is leased by %s; task %s left pending until that lease ends",
+                    task.execution_id,
+                    got,
+                    task.message_id,
+                )
+                continue
+            task.fencing_token = got.generation
+            assert entry.fields is not None
+            with self._inflight_lock:
+                self._inflight[task.message_id] = InFlight(task, entry.fields, got, now, read_at_s=now)
+            started.append(task)
+        self._pool.submit(started)
+        self._count("read", len(started))
+        return len(started)
+
+    def _parse(self, entry: Entry) -> Task | None:
+        """The entry as a runnable task, or None (dead-lettered, deleted, or already running)."""
         if entry.fields is None:
             self._settler.put(Outcome(entry.message_id))  # deleted from the stream: clear the PEL
-            return False
+            return None
         with self._inflight_lock:
             if entry.message_id in self._inflight:
-                return False  # already running here (our own idle entry came back by reclaim)
+                return None  # already running here (our own idle entry came back)
         try:
             task = parse_entry(
                 entry.message_id,
@@ -402,78 +474,57 @@ class Worker:
             self._count("bad_input", 1)
             logger.warning("task %s is malformed (%s): moved to the DLQ", entry.message_id, exc.reason)
             self._dead_letter(entry, exc.reason, None)
-            return False
+            return None
         if task.delivery_count > self.settings.max_deliveries:
-            reason = "max_deliveries"
             logger.error(
                 "task %s was delivered %d times without success: moved to the DLQ", task.message_id, task.delivery_count
             )
-            self._dead_letter(entry, reason, task.body)
-            return False
-        with self._inflight_lock:
-            self._inflight[task.message_id] = InFlight(task, entry.fields)
-        self._count("read", 1)
-        self._pool.submit(task)
-        return True
+            self._dead_letter(entry, "max_deliveries", task.body)
+            return None
+        return task
 
     def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
         self._count("dead_lettered", 1)
         payload = StreamQueue.payload_for_dlq(entry, body)
         self._settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, payload))
 
-    def _prepare(self, task: Task) -> bool:
-        """On a handler thread, before the handler: take the execution lease or skip the task."""
-        try:
-            got = self.leases.acquire(task.execution_id)
-        except Exception as exc:
-            logger.warning(
-                "could not take the lease of execution %s (%s: %s); task %s left pending",
-                task.execution_id,
-                type(exc).__name__,
-                exc,
-                task.message_id,
-            )
-            with self._inflight_lock:
-                self._orphan_suspects.add(task.execution_id)
-            self._post_failure(exc)
-            return False
-        if isinstance(got, str):
-            self._count("lease_conflicts", 1)
-            logger.info(
-                "execution %s is leased by %s; task %s left pending until that lease ends",
-                task.execution_id,
-                got,
-                task.message_id,
-            )
-            return False
-        task.fencing_token = got.generation
+    def _on_tasks_done(self, done: list[Done]) -> None:
+        """Called on a handler thread with the tasks it finished (a chunk, in order)."""
+        histogram = self.ops.metrics.handler_seconds
         with self._inflight_lock:
-            item = self._inflight.get(task.message_id)
-            if item is not None:
-                item.lease, item.renewed_at_s = got, time.monotonic()
-        return True
-
-    def _on_task_done(self, task: Task, outcome: Outcome, duration_s: float) -> None:
-        """Called on a handler thread when a handler returned (or was skipped)."""
+            items = [self._inflight.get(task.message_id) for task, _, _ in done]
+            for item in items:
+                if item is not None:
+                    item.settling = True  # before the settler can release its lease
+        outcomes: list[Outcome] = []
+        counts = {"completed": 0, "failed": 0, "dead_lettered": 0}
+        for (task, outcome, duration_s), item in zip(done, items, strict=True):
+            histogram.observe(duration_s)
+            if item is not None and item.lost:
+                # A successor may own this entry now: acking or releasing would touch its delivery.
+                logger.warning(
+                    "task %s finished after it was handed back or lost its lease; not acked (its successor decides)",
+                    task.message_id,
+                )
+                continue
+            if outcome.kind == ACK:
+                counts["completed"] += 1
+            else:
+                counts["failed"] += 1
+                counts["dead_lettered"] += outcome.kind == DEAD
+            lease = item.lease if item is not None else None
+            if lease is not None:
+                outcome = Outcome(outcome.message_id, outcome.kind, outcome.dead, (lease.key, lease.value))
+            outcomes.append(outcome)
+        for name, n in counts.items():
+            self._count(name, n)
+        # Settler first, then out of the in-flight map: at every instant the id is in one of the
+        # two, so no scan of our own pending list can mistake finished work for abandoned work.
+        self._settler.put_many(outcomes)
         with self._inflight_lock:
-            item = self._inflight.pop(task.message_id, None)
+            for task, _, _ in done:
+                self._inflight.pop(task.message_id, None)
         self._slot_freed.set()
-        if item is not None and item.lost:
-            # A successor may own this entry now: acking or releasing would touch its delivery.
-            logger.warning(
-                "task %s finished after it was handed back or lost its lease; not acked (its successor decides)",
-                task.message_id,
-            )
-            return
-        if outcome.kind == ACK:
-            self._count("completed", 1)
-        elif outcome.kind in (DEAD, RETRY):
-            self._count("failed", 1)
-            self._count("dead_lettered", int(outcome.kind == DEAD))
-        lease = item.lease if item is not None else None
-        if lease is not None:
-            outcome = Outcome(outcome.message_id, outcome.kind, outcome.dead, (lease.key, lease.value))
-        self._settler.put(outcome)
 
     # -- keeping leases alive -----------------------------------------------------------
     def _renew_loop(self) -> None:
@@ -487,15 +538,24 @@ class Worker:
 
     def renew_once(self) -> None:
         """One renewal round (also called by tests)."""
+        now = time.monotonic()
         with self._inflight_lock:
             items = [i for i in self._inflight.values() if not i.lost]
-        leased = [i for i in items if i.lease is not None]
+        # Tasks without an execution id take their lease once they outlive a renewal interval.
+        lazy = [i for i in items if i.lease is None and now - i.read_at_s >= self.renew_interval_s]
+        for item, got in zip(lazy, self.leases.acquire_many([i.task.execution_id for i in lazy]), strict=True):
+            if isinstance(got, str):
+                self._lose(item, f"its message is leased by {got}")
+            else:
+                item.task.fencing_token, item.lease, item.renewed_at_s = got.generation, got, now
+        fresh = {id(i) for i in lazy}  # just acquired: nothing to extend yet
+        leased = [i for i in items if i.lease is not None and id(i) not in fresh]
         results = self.leases.renew_many([i.lease for i in leased if i.lease is not None])
         now = time.monotonic()
         for item, ok in zip(leased, results, strict=True):
             if ok:
                 item.renewed_at_s = now
-            else:
+            elif not item.settling:  # a settling task's lease was released with its ack: not lost
                 self._lose(item, "another worker holds it now or it expired")
         self.queue.renew_pending([i.task.message_id for i in items if not i.lost])
 
@@ -506,7 +566,10 @@ class Worker:
             stale = [
                 i
                 for i in self._inflight.values()
-                if i.lease is not None and not i.lost and now - i.renewed_at_s > self.settings.lease_ttl_s
+                if i.lease is not None
+                and not i.lost
+                and not i.settling
+                and now - i.renewed_at_s > self.settings.lease_ttl_s
             ]
         for item in stale:
             self._lose(item, f"not renewed for {self.settings.lease_ttl_s:.0f} s (Redis unreachable)")
@@ -537,7 +600,13 @@ class Worker:
         # Hand back unstarted work at once so other workers need not wait for the drain.
         self._hand_back(unstarted_items, "read but not started")
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        if not self._pool.wait_idle(deadline, self._stop_now):
+        idle = self._pool.wait_idle(deadline, self._stop_now)
+        # The rest of a chunk a handler thread declined once stopping began: unstarted too.
+        late = self._pool.take_unstarted()
+        with self._inflight_lock:
+            late_items = [self._inflight.pop(t.message_id) for t in late if t.message_id in self._inflight]
+        self._hand_back(late_items, "read but not started")
+        if not idle:
             with self._inflight_lock:
                 left = [i for i in self._inflight.values() if not i.lost]
                 for item in left:

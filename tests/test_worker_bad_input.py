@@ -67,6 +67,8 @@ MALFORMED = [
                  id="unknown-type"),
     pytest.param({"payload": '{"type": "resume"}'}, "resume task has no 'execution_id'", '{"type": "resume"}',
                  id="resume-without-execution-id"),
+    pytest.param({"payload": '{"type": "start", "execution_id": 12}'}, "'execution_id' must be a non-empty string",
+                 '{"type": "start", "execution_id": 12}', id="numeric-execution-id"),
     pytest.param({"payload": json.dumps(GOOD_BODY), "schema_version": "2"}, "unsupported schema_version=2",
                  json.dumps(GOOD_BODY), id="schema-version-2"),
     pytest.param({"payload": json.dumps(OVERSIZED_BODY), "schema_version": "1"},
