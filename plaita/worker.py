@@ -19,7 +19,8 @@ from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
 from plaita.dispatch import ACK, DEAD, Done, Handler, HandlerPool, Outcome, Settler
 from plaita.errors import BadTaskError
 from plaita.fsm import BackoffPolicy, ErrorKind, Lifecycle, State, classify
-from plaita.lease import LEASE_PREFIX, Lease, LeaseManager
+from plaita.keeper import InFlight, InFlightTable, LeaseKeeper
+from plaita.lease import LEASE_PREFIX, LeaseManager
 from plaita.ops import Operations, registry_status
 from plaita.queue import Entry, StreamQueue
 from plaita.registry import host_label, new_instance_id
@@ -39,21 +40,6 @@ STATUS_EVERY_S = 1.0
 RESIDUE_SWEEP_BATCH = 256
 #: Longest wait for the hand-back transaction while stopping.
 HAND_BACK_TIMEOUT_S = 1.0
-
-
-@dataclass
-class InFlight:
-    """A task read by this worker and not yet settled."""
-
-    task: Task
-    fields: dict[str, bytes]
-    lease: Lease | None = None
-    renewed_at_s: float = 0.0
-    lost: bool = False
-    #: When it was read (monotonic); a task without execution_id gets its lease lazily.
-    read_at_s: float = 0.0
-    #: Its outcome went to the settler, which may release the lease any moment now.
-    settling: bool = False
 
 
 @dataclass
@@ -95,11 +81,15 @@ class Worker:
             on_done=self._on_tasks_done,
         )
         self.leases = LeaseManager(self.queue.client, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
-        # Renew often enough that neither the lease (ttl) nor the entry's idle time
-        # (claim_min_idle_ms) can run out between two renewals.
-        self.renew_interval_s = max(0.05, min(settings.lease_ttl_s, settings.claim_min_idle_ms / 1000) / 3)
-        self._renewer = threading.Thread(target=self._renew_loop, name="plaita-renewer", daemon=True)
-        self._renewer_stop = threading.Event()
+        self._inflight = InFlightTable()
+        self.keeper = LeaseKeeper(
+            self._inflight,
+            self.leases,
+            self.queue,
+            ttl_s=settings.lease_ttl_s,
+            claim_min_idle_ms=settings.claim_min_idle_ms,
+            on_lost=lambda _item: self._count("leases_lost", 1),
+        )
         self._settler = Settler(self.queue, on_failure=self._post_failure)
         self._stop = threading.Event()
         self._stop_now = threading.Event()
@@ -107,10 +97,6 @@ class Worker:
         self._slot_freed = threading.Event()
         self._failure_lock = threading.Lock()
         self._posted_failure: BaseException | None = None
-        self._inflight: dict[str, InFlight] = {}
-        self._inflight_lock = threading.Lock()
-        #: Executions whose lease acquire failed without an answer: Redis may hold an orphan lease.
-        self._orphan_suspects: set[str] = set()
         self._own_pending_done = False
         self._own_cursor = "0"
         self._claim_cursor = "0-0"
@@ -160,7 +146,7 @@ class Worker:
         logger.info("plaita worker starting: %s", self.settings.describe())
         self._pool.start()
         self._settler.start()
-        self._renewer.start()
+        self.keeper.start()
         self.ops.start()
         self.lifecycle.trigger("start")
         self.started.set()
@@ -168,7 +154,7 @@ class Worker:
             while self.lifecycle.state is not State.STOPPED:
                 self._step()
         finally:
-            self._renewer_stop.set()
+            self.keeper.stop()
             self._pool.stop()
             self._settler.close()
             self.ops.stop()
@@ -307,7 +293,7 @@ class Worker:
 
     def _reclaim(self) -> None:
         """One bounded pass: claim abandoned entries (idle and unleased), then housekeeping."""
-        self._release_orphan_leases()
+        self.keeper.release_orphans()
         budget = min(self._free_slots(), RECLAIM_BATCH)
         # Claim only after the one-time scan of our own pending list: a claimed entry joins that
         # list, and the scan (from id 0) would dispatch it again once it finished but before its
@@ -333,26 +319,6 @@ class Worker:
         self._next_reclaim_at_s = now + self.settings.reclaim_interval_s
         self.lifecycle.trigger("reclaim_done")
 
-    def _release_orphan_leases(self) -> None:
-        """Delete leases a lost acquire reply may have left, so their entries can be reclaimed.
-
-        Runs on the owner thread, the only one that adds in-flight tasks, so an execution with
-        no task in flight here cannot gain a live lease of ours while this runs.
-        """
-        with self._inflight_lock:
-            busy = {i.task.execution_id for i in self._inflight.values()}
-            ready = self._orphan_suspects - busy
-            self._orphan_suspects -= ready
-        try:
-            for execution_id in sorted(ready):
-                if self.leases.release_orphan(execution_id):
-                    logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
-                ready.discard(execution_id)
-        finally:
-            if ready:
-                with self._inflight_lock:
-                    self._orphan_suspects |= ready
-
     def _housekeeping(self) -> None:
         """Remove long-idle consumers with nothing pending, and acked-but-undeleted residue."""
         removed = self.queue.prune_consumers(int(self.settings.consumer_prune_idle_s * 1000))
@@ -376,9 +342,7 @@ class Worker:
             # an outage the same scan finds entries whose read reply was lost. Work of ours still
             # running or awaiting its ack is skipped: the snapshot is taken *before* the read, and
             # an id is always in one of the two sets until its ack lands (put before forget).
-            with self._inflight_lock:
-                ours = set(self._inflight)
-            ours |= self._settler.unsettled_ids()
+            ours = self._inflight.ids() | self._settler.unsettled_ids()
             page = self.queue.read_own_pending(self._own_cursor, free)
             if not page:
                 self._own_pending_done = True
@@ -398,8 +362,7 @@ class Worker:
         if prefetch is None:
             mean = self._pool.mean_duration_s
             prefetch = DEFAULT_MAX_PREFETCH if mean is not None and mean < FAST_HANDLER_S else 0
-        with self._inflight_lock:
-            busy = len(self._inflight)
+        busy = len(self._inflight)
         return min(READ_BATCH_MAX, self.settings.concurrency + prefetch - busy)
 
     def _accept(self, entries: list[Entry]) -> int:
@@ -409,7 +372,7 @@ class Worker:
         execution's lease (one round trip for the batch), so a start and a resume of the same
         execution never run at once. A task without one is keyed by its own message id, which
         no other entry shares: it starts at once and takes its lease only if it is still running
-        at the first renewal (``renew_once``). Until then its idle time, reset by the read, is
+        at the first renewal (``LeaseKeeper.renew_once``). Until then its idle time, reset by the read, is
         below ``claim_min_idle_ms``, so no reclaim can take it: the same protection, without a
         Lua call per short task. Returns how many started.
         """
@@ -424,16 +387,14 @@ class Worker:
                 eager.append((task, entry))
                 continue
             assert entry.fields is not None
-            with self._inflight_lock:
-                self._inflight[task.message_id] = InFlight(task, entry.fields, None, now, read_at_s=now)
+            self._inflight.add(InFlight(task, entry.fields, None, now, read_at_s=now))
             started.append(task)
         try:
             leases = self.leases.acquire_many([t.execution_id for t, _ in eager])
         except Exception:
             # Redis may have set some of these leases anyway: released as orphans after the
             # outage; the entries stay in our pending list and are re-read then.
-            with self._inflight_lock:
-                self._orphan_suspects.update(t.execution_id for t, _ in eager)
+            self._inflight.suspect_orphans(t.execution_id for t, _ in eager)
             self._pool.submit(started)
             raise
         for (task, entry), got in zip(eager, leases, strict=True):
@@ -448,8 +409,7 @@ class Worker:
                 continue
             task.fencing_token = got.generation
             assert entry.fields is not None
-            with self._inflight_lock:
-                self._inflight[task.message_id] = InFlight(task, entry.fields, got, now, read_at_s=now)
+            self._inflight.add(InFlight(task, entry.fields, got, now, read_at_s=now))
             started.append(task)
         self._pool.submit(started)
         self._count("read", len(started))
@@ -460,9 +420,8 @@ class Worker:
         if entry.fields is None:
             self._settler.put(Outcome(entry.message_id))  # deleted from the stream: clear the PEL
             return None
-        with self._inflight_lock:
-            if entry.message_id in self._inflight:
-                return None  # already running here (our own idle entry came back)
+        if entry.message_id in self._inflight:
+            return None  # already running here (our own idle entry came back)
         try:
             task = parse_entry(
                 entry.message_id,
@@ -491,11 +450,8 @@ class Worker:
     def _on_tasks_done(self, done: list[Done]) -> None:
         """Called on a handler thread with the tasks it finished (a chunk, in order)."""
         histogram = self.ops.metrics.handler_seconds
-        with self._inflight_lock:
-            items = [self._inflight.get(task.message_id) for task, _, _ in done]
-            for item in items:
-                if item is not None:
-                    item.settling = True  # before the settler can release its lease
+        # Marked settling before the settler can release their leases (see LeaseKeeper).
+        items = self._inflight.begin_settling(task.message_id for task, _, _ in done)
         outcomes: list[Outcome] = []
         counts = {"completed": 0, "failed": 0, "dead_lettered": 0}
         for (task, outcome, duration_s), item in zip(done, items, strict=True):
@@ -521,75 +477,13 @@ class Worker:
         # Settler first, then out of the in-flight map: at every instant the id is in one of the
         # two, so no scan of our own pending list can mistake finished work for abandoned work.
         self._settler.put_many(outcomes)
-        with self._inflight_lock:
-            for task, _, _ in done:
-                self._inflight.pop(task.message_id, None)
+        self._inflight.pop(task.message_id for task, _, _ in done)
         self._slot_freed.set()
-
-    # -- keeping leases alive -----------------------------------------------------------
-    def _renew_loop(self) -> None:
-        """Every renew interval: extend our leases and reset our entries' idle time."""
-        while not self._renewer_stop.wait(self.renew_interval_s):
-            try:
-                self.renew_once()
-            except Exception as exc:
-                logger.debug("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
-            self._expire_unrenewed()
-
-    def renew_once(self) -> None:
-        """One renewal round (also called by tests)."""
-        now = time.monotonic()
-        with self._inflight_lock:
-            items = [i for i in self._inflight.values() if not i.lost]
-        # Tasks without an execution id take their lease once they outlive a renewal interval.
-        lazy = [i for i in items if i.lease is None and now - i.read_at_s >= self.renew_interval_s]
-        for item, got in zip(lazy, self.leases.acquire_many([i.task.execution_id for i in lazy]), strict=True):
-            if isinstance(got, str):
-                self._lose(item, f"its message is leased by {got}")
-            else:
-                item.task.fencing_token, item.lease, item.renewed_at_s = got.generation, got, now
-        fresh = {id(i) for i in lazy}  # just acquired: nothing to extend yet
-        leased = [i for i in items if i.lease is not None and id(i) not in fresh]
-        results = self.leases.renew_many([i.lease for i in leased if i.lease is not None])
-        now = time.monotonic()
-        for item, ok in zip(leased, results, strict=True):
-            if ok:
-                item.renewed_at_s = now
-            elif not item.settling:  # a settling task's lease was released with its ack: not lost
-                self._lose(item, "another worker holds it now or it expired")
-        self.queue.renew_pending([i.task.message_id for i in items if not i.lost])
-
-    def _expire_unrenewed(self) -> None:
-        """A lease not renewed for a whole TTL has expired in Redis: treat it as lost."""
-        now = time.monotonic()
-        with self._inflight_lock:
-            stale = [
-                i
-                for i in self._inflight.values()
-                if i.lease is not None
-                and not i.lost
-                and not i.settling
-                and now - i.renewed_at_s > self.settings.lease_ttl_s
-            ]
-        for item in stale:
-            self._lose(item, f"not renewed for {self.settings.lease_ttl_s:.0f} s (Redis unreachable)")
-
-    def _lose(self, item: InFlight, why: str) -> None:
-        item.lost = True
-        item.task.cancelled.set()
-        self._count("leases_lost", 1)
-        logger.error(
-            "lost the lease of execution %s (task %s): %s; cancelling its handler, it will not be acked",
-            item.task.execution_id,
-            item.task.message_id,
-            why,
-        )
 
     # -- stopping -----------------------------------------------------------------------
     def _drain(self) -> None:
         unstarted = self._pool.take_unstarted()
-        with self._inflight_lock:
-            unstarted_items = [self._inflight.pop(t.message_id) for t in unstarted if t.message_id in self._inflight]
+        unstarted_items = self._inflight.pop(t.message_id for t in unstarted)
         running = self._pool.busy
         if running:
             logger.info(
@@ -603,15 +497,10 @@ class Worker:
         idle = self._pool.wait_idle(deadline, self._stop_now)
         # The rest of a chunk a handler thread declined once stopping began: unstarted too.
         late = self._pool.take_unstarted()
-        with self._inflight_lock:
-            late_items = [self._inflight.pop(t.message_id) for t in late if t.message_id in self._inflight]
+        late_items = self._inflight.pop(t.message_id for t in late)
         self._hand_back(late_items, "read but not started")
         if not idle:
-            with self._inflight_lock:
-                left = [i for i in self._inflight.values() if not i.lost]
-                for item in left:
-                    item.lost = True  # a late finish must not ack: the entry is handed back
-                    item.task.cancelled.set()
+            left = self._inflight.abandon_all()  # a late finish must not ack: handed back
             logger.warning("drain ended with %d task(s) still running", len(left))
             self._hand_back(left, "still running at the drain deadline")
         self._settler.close()
@@ -649,8 +538,7 @@ class Worker:
 
     @property
     def in_flight(self) -> int:
-        with self._inflight_lock:
-            return len(self._inflight)
+        return len(self._inflight)
 
     def loop_age_s(self) -> float:
         """Seconds since the owner loop last took a step, successful or not."""

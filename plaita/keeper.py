@@ -1,0 +1,199 @@
+"""Keeping this worker's tasks visibly alive (design.md §6).
+
+``InFlightTable`` is every task read and not yet settled. ``LeaseKeeper`` is the renewer
+thread: every interval it extends the leases of those tasks (compare-and-extend), resets
+their entries' idle time (XCLAIM JUSTID to ourselves), takes the lazy lease of a long task
+keyed by its message id, and declares a lease lost when Redis says another holder has it or
+when it could not be renewed for a whole TTL. A lost task's handler is cancelled and its
+outcome is never acked. It also releases orphan leases: ones a lost acquire reply may have
+set after an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from plaita.lease import Lease, LeaseManager
+from plaita.queue import StreamQueue
+from plaita.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    """A task read by this worker and not yet settled."""
+
+    task: Task
+    fields: dict[str, bytes]
+    lease: Lease | None = None
+    renewed_at_s: float = 0.0
+    lost: bool = False
+    #: When it was read (monotonic); a task without execution_id gets its lease lazily.
+    read_at_s: float = 0.0
+    #: Its outcome went to the settler, which may release the lease any moment now.
+    settling: bool = False
+
+
+class InFlightTable:
+    """Thread-safe map of message id -> InFlight."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[str, InFlight] = {}
+        #: Executions whose lease acquire failed without an answer: Redis may hold an orphan lease.
+        self._orphan_suspects: set[str] = set()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def __contains__(self, message_id: object) -> bool:
+        with self._lock:
+            return message_id in self._items
+
+    def add(self, item: InFlight) -> None:
+        with self._lock:
+            self._items[item.task.message_id] = item
+
+    def ids(self) -> set[str]:
+        with self._lock:
+            return set(self._items)
+
+    def live(self) -> list[InFlight]:
+        """Items whose lease is not lost."""
+        with self._lock:
+            return [i for i in self._items.values() if not i.lost]
+
+    def begin_settling(self, message_ids: Iterable[str]) -> list[InFlight | None]:
+        """Look items up and mark them settling (before their outcome reaches the settler)."""
+        with self._lock:
+            items = [self._items.get(mid) for mid in message_ids]
+            for item in items:
+                if item is not None:
+                    item.settling = True
+            return items
+
+    def pop(self, message_ids: Iterable[str]) -> list[InFlight]:
+        with self._lock:
+            return [item for mid in message_ids if (item := self._items.pop(mid, None)) is not None]
+
+    def abandon_all(self) -> list[InFlight]:
+        """Mark every live item lost (its late finish must not ack) and cancel it; returns them."""
+        with self._lock:
+            left = [i for i in self._items.values() if not i.lost]
+            for item in left:
+                item.lost = True
+                item.task.cancelled.set()
+            return left
+
+    def suspect_orphans(self, execution_ids: Iterable[str]) -> None:
+        with self._lock:
+            self._orphan_suspects.update(execution_ids)
+
+    def take_orphan_suspects(self) -> set[str]:
+        """Suspects with no task of theirs in flight here (only those are safe to release)."""
+        with self._lock:
+            busy = {i.task.execution_id for i in self._items.values()}
+            ready = self._orphan_suspects - busy
+            self._orphan_suspects -= ready
+            return ready
+
+
+class LeaseKeeper:
+    """The renewer thread of one worker."""
+
+    def __init__(
+        self,
+        table: InFlightTable,
+        leases: LeaseManager,
+        stream_queue: StreamQueue,
+        *,
+        ttl_s: float,
+        claim_min_idle_ms: int,
+        on_lost: Callable[[InFlight], None],
+    ) -> None:
+        self.table = table
+        self.leases = leases
+        self.queue = stream_queue
+        self.ttl_s = ttl_s
+        # Renew often enough that neither the lease (ttl) nor the entry's idle time
+        # (claim_min_idle_ms) can run out between two renewals.
+        self.interval_s = max(0.05, min(ttl_s, claim_min_idle_ms / 1000) / 3)
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plaita-renewer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.renew_once()
+            except Exception as exc:
+                logger.debug("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
+            self.expire_unrenewed()
+
+    def renew_once(self) -> None:
+        """One renewal round (also called by tests)."""
+        now = time.monotonic()
+        items = self.table.live()
+        # Tasks without an execution id take their lease once they outlive a renewal interval.
+        lazy = [i for i in items if i.lease is None and now - i.read_at_s >= self.interval_s]
+        for item, got in zip(lazy, self.leases.acquire_many([i.task.execution_id for i in lazy]), strict=True):
+            if isinstance(got, str):
+                self.lose(item, f"its message is leased by {got}")
+            else:
+                item.task.fencing_token, item.lease, item.renewed_at_s = got.generation, got, now
+        fresh = {id(i) for i in lazy}  # just acquired: nothing to extend yet
+        leased = [i for i in items if i.lease is not None and id(i) not in fresh]
+        results = self.leases.renew_many([i.lease for i in leased if i.lease is not None])
+        now = time.monotonic()
+        for item, ok in zip(leased, results, strict=True):
+            if ok:
+                item.renewed_at_s = now
+            elif not item.settling:  # a settling task's lease was released with its ack: not lost
+                self.lose(item, "another worker holds it now or it expired")
+        self.queue.renew_pending([i.task.message_id for i in items if not i.lost])
+
+    def expire_unrenewed(self) -> None:
+        """A lease not renewed for a whole TTL has expired in Redis: treat it as lost."""
+        now = time.monotonic()
+        for item in self.table.live():
+            if item.lease is not None and not item.settling and now - item.renewed_at_s > self.ttl_s:
+                self.lose(item, f"not renewed for {self.ttl_s:.0f} s (Redis unreachable)")
+
+    def lose(self, item: InFlight, why: str) -> None:
+        item.lost = True
+        item.task.cancelled.set()
+        self._on_lost(item)
+        logger.error(
+            "lost the lease of execution %s (task %s): %s; cancelling its handler, it will not be acked",
+            item.task.execution_id,
+            item.task.message_id,
+            why,
+        )
+
+    def release_orphans(self) -> None:
+        """Delete leases a lost acquire reply may have left, so their entries can be reclaimed.
+
+        Call it on the owner thread, the only one that adds in-flight tasks, so an execution
+        with no task in flight here cannot gain a live lease of ours meanwhile.
+        """
+        ready = self.table.take_orphan_suspects()
+        try:
+            for execution_id in sorted(ready):
+                if self.leases.release_orphan(execution_id):
+                    logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
+                ready.discard(execution_id)
+        finally:
+            if ready:
+                self.table.suspect_orphans(ready)
