@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import uuid
@@ -23,6 +24,8 @@ from plaita.registry import list_workers, registry_key
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0
+#: A stream entry id as Redis prints it (``ms-seq``; a bare ``ms`` is accepted too).
+STREAM_ID = re.compile(r"\d+(-\d+)?")
 
 
 class AdminError(Exception):
@@ -128,14 +131,46 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"{key:>14}: {status[key]}")
             print(f"{'counters':>14}: {json.dumps(status.get('counters', {}))}")
         return 0
-    stats = q.stream_stats()
+    stats = _stream_stats(q)
     if args.json:
         _emit(args, stats, None, [])
         return 0
     print(f"stream {stats['stream']}  group {stats['group']}")
     for key in ("length", "pending", "lag", "consumers", "oldest_pending_id", "oldest_pending_age_s", "dlq_length"):
         print(f"{key:>22}: {stats.get(key)}")
+    if stats.get("note"):
+        print(f"{'note':>22}: {stats['note']}")
     return 0
+
+
+def _stream_stats(q: StreamQueue) -> dict[str, Any]:
+    """``stream_stats``, or zeros when the stream or its group does not exist yet (no worker ran)."""
+    try:
+        return q.stream_stats()
+    except redis.ResponseError as exc:
+        if "no such key" not in str(exc) and "NOGROUP" not in str(exc):
+            raise
+    exists = bool(q.client.exists(q.stream))
+    groups = q.client.xinfo_groups(q.stream) if exists else []
+    group = next((g for g in groups if str(g.get("name", b""), "utf-8", "replace") == q.group), None)
+    return {
+        "stream": q.stream,
+        "group": q.group,
+        "length": int(q.client.xlen(q.stream)) if exists else 0,
+        "pending": int(group.get("pending", 0) or 0) if group else 0,
+        "lag": group.get("lag") if group else None,
+        "consumers": int(group.get("consumers", 0) or 0) if group else 0,
+        "dlq_length": int(q.client.xlen(q.dlq_key)),
+        "oldest_pending_id": None,
+        "oldest_pending_age_s": 0.0,
+        "note": "stream does not exist yet" if not exists else f"group {q.group!r} does not exist yet",
+    }
+
+
+def _check_ids(ids: Sequence[str]) -> None:
+    for dlq_id in ids:
+        if not STREAM_ID.fullmatch(dlq_id):
+            raise AdminError(f"{dlq_id!r} is not a stream entry id (like 1717171717171-0; see `plaita dlq list`)")
 
 
 def cmd_control(args: argparse.Namespace) -> int:
@@ -168,6 +203,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         _emit(args, rows, table, ["dlq_id", "source_id", "deliveries", "age", "reason"])
         return 0
     if action == "show":
+        _check_ids([args.id])
         row = dlq.get(args.id)
         if row is None:
             raise AdminError(f"no dead letter with id {args.id!r} in {dlq.queue.dlq_key}")
@@ -175,6 +211,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         return 0
     if action == "requeue":
         ids = dlq.all_ids() if args.all else list(args.ids)
+        _check_ids(ids)
         if not ids:
             raise AdminError("nothing to requeue: give DLQ ids or --all (see `plaita dlq list`)")
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from plaita.fsm import BackoffPolicy
+from plaita.fsm import BackoffPolicy, ErrorKind, classify
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ CONTROL_ALL = "plaita:control:all"
 REPLY_TTL_S = 60
 #: Commands a worker understands.
 COMMANDS = ("stop", "pause", "resume", "status")
+#: Longest wait for one pub/sub message; bounds how long the thread outlives ``stop()``.
+POLL_S = 0.5
 
 
 def control_channel(instance_id: str) -> str:
@@ -36,7 +38,12 @@ def control_channel(instance_id: str) -> str:
 
 
 class ControlListener:
-    """Subscribes to this worker's channels and dispatches commands, forever."""
+    """Subscribes to this worker's channels and dispatches commands, forever.
+
+    Give it a client of its own (``close_client=True``): a pub/sub connection borrowed from
+    the worker's pool is torn down under the listener whenever that pool is closed or reset
+    (shutdown), which used to surface as a bogus ``TypeError`` from ``select``.
+    """
 
     def __init__(
         self,
@@ -44,14 +51,17 @@ class ControlListener:
         *,
         instance_id: str,
         on_command: Callable[[str, dict[str, Any]], dict[str, Any] | None],
+        close_client: bool = False,
     ) -> None:
         self.client = client
+        self._close_client = close_client
         self.instance_id = instance_id
         self.channels = [control_channel(instance_id), CONTROL_ALL]
         self._on_command = on_command
         self._stop = threading.Event()
         self._backoff = BackoffPolicy(base_s=0.1, cap_s=2.0, persistent_s=5.0)
         self.connected = threading.Event()
+        self._failing_since: float | None = None
         self._thread = threading.Thread(target=self._run, name="plaita-control", daemon=True)
 
     def start(self) -> None:
@@ -63,33 +73,59 @@ class ControlListener:
         self._stop.set()
 
     def _run(self) -> None:
-        failing_since: float | None = None
-        while not self._stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-            try:
-                pubsub.subscribe(*self.channels)
-                self.connected.set()
-                if failing_since is not None:
-                    logger.info("control channel re-subscribed after %.1f s", time.monotonic() - failing_since)
-                    failing_since = None
-                self._backoff.reset()
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=0.5)
-                    if message is not None and message.get("type") == "message":
-                        self._handle(message.get("data"))
-            except Exception as exc:  # any failure: reconnect with backoff, never end the thread
-                self.connected.clear()
-                if failing_since is None:
-                    failing_since = time.monotonic()
-                    logger.warning(
-                        "control channel lost (%s: %s); re-subscribing with backoff", type(exc).__name__, exc
-                    )
-                self._stop.wait(self._backoff.schedule())
-            finally:
+        try:
+            while not self._stop.is_set():
+                # Every message, confirmations included: the listener counts as subscribed only
+                # once Redis confirmed both channels (SUBSCRIBE itself does not wait for a reply).
+                pubsub = self.client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
                 try:
-                    pubsub.close()
-                except Exception:  # closing a broken connection may fail too; nothing to do
-                    logger.debug("closing the control pubsub failed", exc_info=True)
+                    self._listen(pubsub)
+                except Exception as exc:  # any failure: reconnect with backoff, never end the thread
+                    self.connected.clear()
+                    if self._stop.is_set():
+                        return  # our own shutdown tore the connection down: nothing to report
+                    if self._failing_since is None:
+                        self._failing_since = time.monotonic()
+                        logger.warning(
+                            "control channel unavailable (%s: %s); re-subscribing with backoff until Redis answers",
+                            type(exc).__name__,
+                            exc,
+                        )
+                    self._stop.wait(self._backoff.schedule(persistent=classify(exc) is ErrorKind.PERSISTENT))
+                finally:
+                    try:
+                        pubsub.close()
+                    except Exception:  # closing a broken connection may fail too; nothing to do
+                        logger.debug("closing the control pubsub failed", exc_info=True)
+        finally:
+            self.connected.clear()
+            if self._close_client:
+                try:
+                    self.client.close()
+                except Exception:  # best effort on the way out
+                    logger.debug("closing the control client failed", exc_info=True)
+
+    def _listen(self, pubsub: Any) -> None:
+        """Subscribe and dispatch commands until stopped; raises on any connection failure."""
+        pubsub.subscribe(*self.channels)
+        confirmed = 0
+        while not self._stop.is_set():
+            message = pubsub.get_message(timeout=POLL_S)
+            if message is None:
+                continue
+            kind = message.get("type")
+            if kind == "message":
+                self._handle(message.get("data"))
+            elif kind == "subscribe":
+                confirmed += 1
+                if confirmed == len(self.channels):
+                    self.connected.set()
+                    self._backoff.reset()
+                    if self._failing_since is not None:
+                        logger.info(
+                            "control channel re-subscribed after %.1f s", time.monotonic() - self._failing_since
+                        )
+                        self._failing_since = None
 
     def _handle(self, data: Any) -> None:
         try:

@@ -62,13 +62,18 @@ class Outcome:
 Done = tuple[Task, Outcome, float]
 
 
+def _stream_order(message_id: str) -> tuple[int, int]:
+    ms, _, seq = message_id.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
+
+
 class HandlerPool:
     """Runs tasks on daemon threads; reports finished tasks through ``on_done`` in chunks.
 
     A read batch is handed over in chunks (one per thread at most), not task by task: with
-    fast handlers the per-task queue, lock and wake-up costs would dominate. A thread runs its
-    chunk in order and checks before each task whether the pool is stopping; the tasks it has
-    not started then count as unstarted (``take_unstarted``) and are handed back.
+    fast handlers the per-task queue, lock and wake-up costs would dominate. A chunk stays
+    shared while a thread works through it, so ``take_unstarted`` can take back every task
+    no thread has started yet, wherever it is, and hand them back in stream order.
     """
 
     def __init__(
@@ -83,15 +88,14 @@ class HandlerPool:
         self._max_deliveries = max_deliveries
         self._on_done = on_done
         self._concurrency = concurrency
-        self._work: queue.SimpleQueue[list[Task] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[collections.deque[Task] | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"plaita-handler-{i}", daemon=True) for i in range(concurrency)
         ]
         self._lock = threading.Lock()
         self._queued = 0
         self._running: set[str] = set()
-        self._stopping = False
-        self._leftovers: list[Task] = []
+        self._chunks: list[collections.deque[Task]] = []  # every chunk not yet worked through
         self.mean_duration_s: float | None = None
 
     def start(self) -> None:
@@ -102,11 +106,13 @@ class HandlerPool:
         """Queue tasks, split into at most ``concurrency`` chunks."""
         if not tasks:
             return
+        size = -(-len(tasks) // self._concurrency)  # ceil
+        chunks = [collections.deque(tasks[start : start + size]) for start in range(0, len(tasks), size)]
         with self._lock:
             self._queued += len(tasks)
-        size = -(-len(tasks) // self._concurrency)  # ceil
-        for start in range(0, len(tasks), size):
-            self._work.put(tasks[start : start + size])
+            self._chunks.extend(chunks)
+        for chunk in chunks:
+            self._work.put(chunk)
 
     @property
     def busy(self) -> int:
@@ -119,29 +125,20 @@ class HandlerPool:
             return sorted(self._running)
 
     def take_unstarted(self) -> list[Task]:
-        """Stop starting tasks; remove and return every task no handler has started."""
-        taken: list[Task] = []
+        """Remove and return every task no handler has started, in stream order."""
         with self._lock:
-            self._stopping = True
-            taken.extend(self._leftovers)
-            self._leftovers.clear()
-        while True:
-            try:
-                chunk = self._work.get_nowait()
-            except queue.Empty:
-                break
-            if chunk is not None:
-                taken.extend(chunk)
-        with self._lock:
+            taken = [task for chunk in self._chunks for task in chunk]
+            for chunk in self._chunks:
+                chunk.clear()  # a thread working on it finds it empty and moves on
+            self._chunks.clear()
             self._queued -= len(taken)
-        return taken
+        return sorted(taken, key=lambda t: _stream_order(t.message_id))
 
     def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
         """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
         while True:
-            with self._lock:
-                if self._queued + len(self._running) - len(self._leftovers) <= 0:
-                    return True
+            if self.busy <= 0:
+                return True
             if deadline_s - time.monotonic() <= 0 or abort.is_set():
                 return False
             abort.wait(0.02)
@@ -157,12 +154,13 @@ class HandlerPool:
             if chunk is None:
                 return
             done: list[Done] = []
-            for index, task in enumerate(chunk):
+            while True:
                 with self._lock:
-                    if self._stopping:
-                        # Not started: hand it back with the rest of the chunk.
-                        self._leftovers.extend(chunk[index:])
+                    if not chunk:
+                        # By identity: deques compare equal by content, and empty ones are all equal.
+                        self._chunks = [c for c in self._chunks if c is not chunk]
                         break
+                    task = chunk.popleft()
                     self._queued -= 1
                     self._running.add(task.message_id)
                 started = time.monotonic()

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -21,6 +21,7 @@ from plaita import sdnotify
 from plaita.control import ControlListener
 from plaita.fsm import State
 from plaita.metrics import HealthServer, Metrics
+from plaita.queue import make_client
 from plaita.registry import Registry
 
 if TYPE_CHECKING:
@@ -63,7 +64,16 @@ class Operations:
                 ttl_s=settings.registry_ttl_s,
                 interval_s=settings.heartbeat_interval_s,
             )
-            self.control = ControlListener(client, instance_id=worker.instance_id, on_command=worker.on_command)
+            # The listener gets a client (so a pool) of its own: closing or resetting the worker's
+            # pool must never tear its pub/sub connection down under it.
+            control_client = make_client(
+                settings.redis_url,
+                socket_timeout_s=settings.socket_timeout_s,
+                client_name=f"plaita-control:{settings.consumer_name}".replace(" ", "_"),
+            )
+            self.control = ControlListener(
+                control_client, instance_id=worker.instance_id, on_command=worker.on_command, close_client=True
+            )
         self.http: HealthServer | None = None
         if settings.metrics_port is not None:
             self.http = HealthServer(settings.metrics_host, settings.metrics_port, self.metrics, worker.readiness)
@@ -71,6 +81,7 @@ class Operations:
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="plaita-monitor", daemon=True)
         self._ready_sent = False
+        self._task_counters: dict[str, Any] = {}
 
     def start(self) -> None:
         if self.http is not None:
@@ -108,7 +119,10 @@ class Operations:
         self.write_status(force=True)
 
     def count(self, outcome: str, n: int = 1) -> None:
-        self.metrics.tasks.labels(outcome=outcome).inc(n)
+        child = self._task_counters.get(outcome)
+        if child is None:  # labels() costs a lock and a dict build: look each child up once
+            child = self._task_counters[outcome] = self.metrics.tasks.labels(outcome=outcome)
+        child.inc(n)
 
     # -- periodic work -----------------------------------------------------------------
     def _monitor_loop(self) -> None:

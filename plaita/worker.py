@@ -38,6 +38,8 @@ STOP_FLUSH_TIMEOUT_S = 1.0
 STATUS_EVERY_S = 1.0
 #: Entries examined per residue sweep (original #43: 256 per pass).
 RESIDUE_SWEEP_BATCH = 256
+#: Below this claim threshold every task takes its lease before it starts (see _accept).
+LAZY_LEASE_MIN_IDLE_MS = 1000
 #: Longest wait for the hand-back transaction while stopping.
 HAND_BACK_TIMEOUT_S = 1.0
 
@@ -82,6 +84,9 @@ class Worker:
         )
         self.leases = LeaseManager(self.queue.client, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
         self._inflight = InFlightTable()
+        #: Lazy message-id leases rely on idle time < claim_min_idle_ms until the first renewal
+        #: (at most 2/3 of it); with a threshold this short, take every lease eagerly instead.
+        self._eager_leases = settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
         self.keeper = LeaseKeeper(
             self._inflight,
             self.leases,
@@ -244,8 +249,8 @@ class Worker:
                 self._outage_retries += 1
             if kind is ErrorKind.PERSISTENT:
                 logger.error(
-                    "Redis refused %s: %s. This will not fix itself: check credentials, ACL and key types. "
-                    "Retrying every %.0f s.",
+                    "Redis refused %s (%s); this will not fix itself: check credentials, ACL and key types "
+                    "(retrying every %.0f s)",
                     source,
                     desc,
                     self.settings.persistent_backoff_s,
@@ -299,10 +304,14 @@ class Worker:
         # list, and the scan (from id 0) would dispatch it again once it finished but before its
         # ack landed -- a duplicate execution. ``_read`` makes the first claim pass follow the scan.
         if budget > 0 and self._own_pending_done:
+            ours = self._ours()
             cursor, claimed, skipped = self.queue.claim_unleased(
                 self._claim_cursor, self.settings.claim_min_idle_ms, budget, LEASE_PREFIX
             )
             self._claim_cursor = cursor
+            # Our own finished work whose ack is still queued (say, across an outage) may look
+            # abandoned: claimed back to us is harmless, running it again is not.
+            claimed = [e for e in claimed if e.message_id not in ours]
             if skipped:
                 logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
             if claimed:
@@ -342,7 +351,7 @@ class Worker:
             # an outage the same scan finds entries whose read reply was lost. Work of ours still
             # running or awaiting its ack is skipped: the snapshot is taken *before* the read, and
             # an id is always in one of the two sets until its ack lands (put before forget).
-            ours = self._inflight.ids() | self._settler.unsettled_ids()
+            ours = self._ours()
             page = self.queue.read_own_pending(self._own_cursor, free)
             if not page:
                 self._own_pending_done = True
@@ -356,6 +365,12 @@ class Worker:
             entries = self.queue.read_new(free, self.settings.read_block_ms)
         self.lifecycle.backoff.reset()
         self._accept(entries)
+
+    def _ours(self) -> set[str]:
+        """Ids of work still running here or awaiting its ack. Take it *before* reading: an id
+        is in one of the two sets until its ack lands (the outcome is queued before the task
+        leaves the in-flight table), so nothing read afterwards can slip between them."""
+        return self._inflight.ids() | self._settler.unsettled_ids()
 
     def _free_slots(self) -> int:
         prefetch = self.settings.prefetch
@@ -383,7 +398,7 @@ class Worker:
             task = self._parse(entry)
             if task is None:
                 continue
-            if "execution_id" in task.body:
+            if self._eager_leases or "execution_id" in task.body:
                 eager.append((task, entry))
                 continue
             assert entry.fields is not None
@@ -495,10 +510,6 @@ class Worker:
         self._hand_back(unstarted_items, "read but not started")
         deadline = time.monotonic() + self.settings.drain_timeout_s
         idle = self._pool.wait_idle(deadline, self._stop_now)
-        # The rest of a chunk a handler thread declined once stopping began: unstarted too.
-        late = self._pool.take_unstarted()
-        late_items = self._inflight.pop(t.message_id for t in late)
-        self._hand_back(late_items, "read but not started")
         if not idle:
             left = self._inflight.abandon_all()  # a late finish must not ack: handed back
             logger.warning("drain ended with %d task(s) still running", len(left))
@@ -566,8 +577,8 @@ class Worker:
             if str(exc).startswith("NOPERM"):
                 return False, f"acl: {text}"
             return False, f"redis {kind.value} failure: {text}"
-        if state is State.INIT:
-            return False, "starting"
+        if state is State.INIT or not self._group_seen:
+            return False, "starting: consumer group not confirmed yet"
         age_s = self.progress_age_s()
         if age_s > self.stall_after_s:
             return False, f"stalled: no consume-loop progress for {age_s:.0f} s"

@@ -1,0 +1,39 @@
+"""The smallest Redis ACLs plaita needs (docs/operations.md quotes these strings verbatim).
+
+``WORKER_ACL_RULES`` lets ``plaita worker`` run its whole cycle: consume, ack, dead-letter,
+leases (Lua), reclaim, housekeeping, hand-back, registry heartbeat and remote control.
+``ADMIN_ACL_RULES`` covers the operator commands (``plaita workers | status | stop | pause |
+resume | dlq | enqueue``). Both confine keys and channels to the ``plaita:`` prefix; widen
+``~plaita:*`` if ``--queue-name`` or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0
+(``command|subcommand`` rules). tests/test_ops_security.py proves both suffice.
+"""
+
+from __future__ import annotations
+
+#: Rules for the worker's user: ``ACL SETUSER plaita-worker on >PASSWORD <rules>``.
+WORKER_ACL_RULES = (
+    "resetkeys ~plaita:* resetchannels &plaita:* -@all "
+    "+xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xtrim +xclaim "
+    "+xpending +xinfo|groups +xinfo|consumers +xrange +xlen "
+    "+evalsha +script|load +script|exists "
+    "+get +set +del +exists +incr +expire +pexpire +rpush "
+    "+multi +exec +subscribe +client|setname +info"
+)
+
+#: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.
+ADMIN_ACL_RULES = (
+    "resetkeys ~plaita:* resetchannels &plaita:* -@all "
+    "+scan +mget +exists +xlen +xinfo|groups +xpending +xrange +xadd +xdel +del "
+    "+multi +exec +publish +blpop"
+)
+
+#: The worker's rules under the name the issue uses.
+MINIMAL_ACL_RULES = WORKER_ACL_RULES
+
+
+def setuser_command(user: str, password: str, rules: str = WORKER_ACL_RULES) -> list[str]:
+    """``["ACL", "SETUSER", user, "reset", "on", ">password", *rules]`` for ``execute_command``."""
+    return ["ACL", "SETUSER", user, "reset", "on", f">{password}", *rules.split()]
+
+
+__all__ = ["ADMIN_ACL_RULES", "MINIMAL_ACL_RULES", "WORKER_ACL_RULES", "setuser_command"]
