@@ -227,24 +227,27 @@ class Settler:
     def start(self) -> None:
         self._thread.start()
 
-    def put_many(self, outcomes: list[Outcome]) -> None:
-        for outcome in outcomes:
-            self.put(outcome)
-
     def put(self, outcome: Outcome) -> None:
-        if outcome.kind == RETRY and outcome.release is None:
-            return  # nothing to tell Redis: the entry simply stays pending
+        self.put_many([outcome])
+
+    def put_many(self, outcomes: list[Outcome]) -> None:
+        """Queue outcomes for the next batch (one lock round for all of them)."""
+        # A failed task without a lease to release leaves nothing to tell Redis: it stays pending.
+        wanted = [o for o in outcomes if o.kind != RETRY or o.release is not None]
+        if not wanted:
+            return
         with self._cond:
             if self._closed:
                 return  # after the drain deadline nothing more is acked: it stays pending
-            if len(self._pending) >= MAX_UNSETTLED:
+            overflow = len(self._pending) + len(wanted) - MAX_UNSETTLED
+            for _ in range(min(max(0, overflow), len(self._pending))):
                 self._pending.popleft()
                 self._dropped += 1
                 if self._dropped == 1 or self._dropped % 1000 == 0:
                     logger.warning(
                         "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
                     )
-            self._pending.append(outcome)
+            self._pending.extend(wanted)
             if self._idle_waiting:  # wake the settler only when it sleeps: a notify per task is costly
                 self._cond.notify_all()
 
