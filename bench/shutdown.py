@@ -1,17 +1,18 @@
-"""Idle SIGTERM shutdown latency of ``plaita worker`` subprocesses."""
+"""Idle SIGTERM shutdown latency of ``plaita worker`` subprocesses: a new worker per trial."""
 
 from __future__ import annotations
 
 import signal
-import statistics
 import subprocess
 import time
 from dataclasses import dataclass
 
-from bench.common import WorkerProcess
+from bench.common import Progress, WorkerProcess, median, percentile
 
 #: A trial whose worker has not exited this long after SIGTERM counts as failed (then SIGKILL).
 EXIT_TIMEOUT_S = 10.0
+#: SIGTERM lands this long after READING: spread over the 500 ms BLOCK window.
+SETTLE_STEPS_S = (0.05, 0.15, 0.25, 0.35, 0.45)
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,11 @@ class ShutdownResult:
 
     @property
     def median_s(self) -> float:
-        return statistics.median(self.latencies_s)
+        return median(self.latencies_s)
+
+    @property
+    def p95_s(self) -> float:
+        return percentile(self.latencies_s, 95)
 
 
 def one_trial(url: str, stream: str, settle_s: float) -> tuple[float, int]:
@@ -47,9 +52,12 @@ def one_trial(url: str, stream: str, settle_s: float) -> tuple[float, int]:
 def run(url: str, trials: int) -> ShutdownResult:
     latencies: list[float] = []
     codes: list[int] = []
+    progress = Progress("idle SIGTERM -> exit", trials)
     for i in range(trials):
-        # Spread the signal over the 500 ms BLOCK window: 0.05, 0.15, ... s after READING.
-        latency, code = one_trial(url, "bench:shutdown", settle_s=0.05 + (i % 5) * 0.1)
+        latency, code = one_trial(url, "bench:shutdown", SETTLE_STEPS_S[i % len(SETTLE_STEPS_S)])
         latencies.append(latency)
         codes.append(code)
-    return ShutdownResult(latencies, codes)
+        progress.step(note=f"{latency * 1000:.0f} ms, exit {code}")
+    result = ShutdownResult(latencies, codes)
+    progress.finish(f"max {result.max_s * 1000:.0f} ms, median {result.median_s * 1000:.0f} ms")
+    return result

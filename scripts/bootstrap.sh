@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian machine: redis-server (apt), a Python >= 3.11 virtual
-# environment in .venv/, and plaita installed in it with its dev tools. Fast when already done.
+# environment in .venv/, and plaita installed in it with its dev tools and the bench extras
+# (matplotlib). Fast when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,7 +42,7 @@ fi
 stamp=.venv/.plaita-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -c 'import plaita' 2>/dev/null; then
-  echo "bootstrap: installing plaita and its dev tools into .venv" >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  echo "bootstrap: installing plaita, its dev tools and the bench extras (matplotlib) into .venv" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,bench]'
   echo "$want" > "$stamp"
 fi

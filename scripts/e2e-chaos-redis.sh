@@ -7,7 +7,11 @@
 #                 lives, the consumer group survived and a new task completes
 #   4. shutdown   SIGTERM: the worker exits 0
 # Prints PASS/FAIL per step; exits 0 when all pass, 1 otherwise. Cleans up on any exit.
-# Usage: scripts/e2e-chaos-redis.sh [--matrix]
+# --matrix: every fault (freeze 5 s, kill -9 + restart with / without data, proxy blackhole 5 s,
+#   proxy connection resets) x (idle, under load, during drain), one private server per cell;
+#   prints a table, writes docs/chaos-matrix.md; exits 0 when no cell had an unexpected worker
+#   exit or a lost task, else 1. Extra arguments go to `python -m bench.matrix` (see its --help).
+# Usage: scripts/e2e-chaos-redis.sh [--matrix [ARGS...]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,10 +22,14 @@ TASK_TIMEOUT_S=30
 case "${1:-}" in
   "") ;;
   --matrix)
-    echo "e2e-chaos-redis: --matrix: not implemented yet (issue 6)" >&2
-    exit 1 ;;
+    shift
+    if [ ! -x .venv/bin/python ]; then
+      echo "e2e-chaos-redis: $PWD/.venv is missing; run ./scripts/bootstrap.sh first" >&2
+      exit 1
+    fi
+    exec .venv/bin/python -m bench.matrix "$@" ;;
   -h|--help)
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
     exit 0 ;;
   *)
     echo "e2e-chaos-redis: unknown argument '$1' (see --help)" >&2
