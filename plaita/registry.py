@@ -100,6 +100,12 @@ class Registry:
         self.last_beat_at = time.time()
         return True
 
+    def _delete(self) -> None:
+        try:
+            self.client.delete(self.key)
+        except redis.RedisError as exc:
+            logger.debug("could not remove registry entry %s: %s (it expires in %.0f s)", self.key, exc, self.ttl_s)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self.beat()
@@ -109,15 +115,22 @@ class Registry:
             self._wake.wait(self.interval_s if not self._failing else min(self.interval_s, 1.0))
             self._wake.clear()
 
-    def stop(self) -> None:
-        """Stop beating and remove the entry (best effort)."""
+    def stop(self, timeout_s: float = 0.5) -> None:
+        """Stop beating and remove the entry, waiting at most ``timeout_s`` (best effort).
+
+        Stopping must stay fast when Redis is unreachable: the delete runs on its own daemon
+        thread and is abandoned after the timeout (the entry then expires with its TTL); when
+        the last heartbeat already failed it is not even tried.
+        """
         self._stop.set()
         self._wake.set()
-        self._thread.join(2.0)
-        try:
-            self.client.delete(self.key)
-        except redis.RedisError as exc:
-            logger.debug("could not remove registry entry %s: %s (it expires in %.0f s)", self.key, exc, self.ttl_s)
+        self._thread.join(timeout_s)
+        if self._failing:
+            logger.debug("registry entry %s left to expire (Redis unreachable)", self.key)
+        else:
+            remover = threading.Thread(target=self._delete, name="plaita-unregister", daemon=True)
+            remover.start()
+            remover.join(timeout_s)
         self.registered = False
 
 

@@ -515,7 +515,9 @@ class Worker:
             logger.warning("drain ended with %d task(s) still running", len(left))
             self._hand_back(left, "still running at the drain deadline")
         self._settler.close()
-        if not self._settler.flush(STOP_FLUSH_TIMEOUT_S):
+        # Bounded by what is left of the drain, so a frozen Redis cannot stretch the exit.
+        flush_s = max(0.25, min(STOP_FLUSH_TIMEOUT_S, deadline - time.monotonic()))
+        if not self._settler.flush(flush_s):
             logger.warning(
                 "%d ack(s) could not reach Redis before exit; those tasks will be redelivered", self._settler.backlog
             )
