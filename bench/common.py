@@ -20,6 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from plaita._redis_server import stop_process
+from plaita.ops import read_status_file
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -135,14 +138,7 @@ class Subprocess:
 
     def terminate(self, timeout_s: float = 10.0) -> int:
         """SIGTERM and wait; SIGKILL past ``timeout_s``. Returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return int(self.proc.returncode)
+        return stop_process(self.proc, timeout_s)
 
     def kill9(self) -> None:
         if self.proc.poll() is None:
@@ -209,11 +205,7 @@ class WorkerProcess(Subprocess):
         self._status_dir = status_dir
 
     def status(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self.status_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_status_file(self.status_path)
 
     def state(self) -> str | None:
         st = self.status()

@@ -114,3 +114,15 @@ class PrivateRedis:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """SIGTERM, wait ``timeout_s``, then SIGKILL; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return int(proc.returncode)

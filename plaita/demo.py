@@ -34,7 +34,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from plaita._redis_server import PrivateRedis, RedisServerError
+from plaita._redis_server import PrivateRedis, RedisServerError, stop_process
 from plaita.config import redact_url, validate_redis_url
 from plaita.lease import fence_key, lease_key
 from plaita.registry import registry_key
@@ -133,14 +133,8 @@ class WorkerProcess:
     def stop(self, timeout_s: float) -> tuple[int, float]:
         """SIGTERM, wait ``timeout_s`` (then SIGKILL); returns (exit code, seconds to exit)."""
         started = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return int(self.proc.returncode), time.monotonic() - started
+        code = stop_process(self.proc, timeout_s)
+        return code, time.monotonic() - started
 
     def close(self) -> None:
         try:

@@ -166,8 +166,17 @@ class Operations:
             logger.debug("could not write status file %s: %s", path, exc)
 
 
+def read_status_file(path: str | Path) -> dict[str, Any] | None:
+    """The JSON a worker keeps at ``--status-file``, or None while absent or half written."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def registry_status(state: State) -> str:
     return REGISTRY_STATUS[state]
 
 
-__all__ = ["Operations", "registry_status"]
+__all__ = ["Operations", "read_status_file", "registry_status"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 import redis
 
+from plaita.ops import read_status_file
 from plaita.queue import StreamQueue
 from tests.support.handlers import read_log
 from tests.support.proxy import FaultProxy
@@ -74,11 +74,7 @@ class WorkerProcess:
 
     # -- observation ------------------------------------------------------------------
     def status(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self.status_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_status_file(self.status_file)
 
     def state(self) -> str | None:
         st = self.status()
@@ -267,8 +263,13 @@ class TestServerFreeze:
         counts = worker.wait_all_done(range(200), 30)
         wait_settled(worker, private_redis)
         dupes = duplicates(counts)
-        report("freeze", frozen_s=round(thawed_at - frozen_at, 2), reading_again_after_s=round(recovered_s, 2),
-               duplicates=dupes, states=sorted(seen))
+        report(
+            "freeze",
+            frozen_s=round(thawed_at - frozen_at, 2),
+            reading_again_after_s=round(recovered_s, 2),
+            duplicates=dupes,
+            states=sorted(seen),
+        )
         assert dupes <= IN_FLIGHT_MAX, counts.most_common(10)
         assert_one_log_pair_per_outage(worker)
         finish(worker)
@@ -347,8 +348,12 @@ class TestNetworkFaults:
         counts = worker.wait_all_done(range(80), 30)
         all_done_s = time.monotonic() - restored_at
         wait_settled(worker, private_redis)
-        report("blackhole", all_done_after_restore_s=round(all_done_s, 2), duplicates=duplicates(counts),
-               proxy_connections_accepted=proxy.accepted)
+        report(
+            "blackhole",
+            all_done_after_restore_s=round(all_done_s, 2),
+            duplicates=duplicates(counts),
+            proxy_connections_accepted=proxy.accepted,
+        )
         assert duplicates(counts) <= IN_FLIGHT_MAX, counts.most_common(10)
         assert_one_log_pair_per_outage(worker)
         finish(worker)
@@ -388,4 +393,3 @@ class TestNetworkFaults:
         assert 1 <= outages <= resets
         assert duplicates(counts) <= IN_FLIGHT_MAX * resets, counts.most_common(10)
         finish(worker)
-

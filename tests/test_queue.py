@@ -138,10 +138,7 @@ class TestReclaim:
         assert (cursor, claimed) == ("0-0", [])
         assert rclient.xpending(STREAM, GROUP)["consumers"] == [{"name": "busy:0", "pending": 1}]
 
-
-    def test_claim_unleased_follows_the_cursor_and_skips_leased(
-        self, q: StreamQueue, rclient: redis.Redis
-    ) -> None:
+    def test_claim_unleased_follows_the_cursor_and_skips_leased(self, q: StreamQueue, rclient: redis.Redis) -> None:
         """The worker's reclaim step claims one unleased entry per call, skips a leased one, ends at '0-0'."""
         q.ensure_group()
         ids = q.enqueue_many([body(1), body(2), body(3)])

@@ -63,16 +63,33 @@ MALFORMED = [
     pytest.param({"payload": "[1, 2]"}, "not a JSON object (got list)", "[1, 2]", id="json-array"),
     pytest.param({"payload": '"x"'}, "not a JSON object (got str)", '"x"', id="json-string"),
     pytest.param({"payload": '{"flow_id": "f"}'}, "no 'type' field", '{"flow_id": "f"}', id="missing-type"),
-    pytest.param({"payload": '{"type": "explode"}'}, "unknown task type 'explode'", '{"type": "explode"}',
-                 id="unknown-type"),
-    pytest.param({"payload": '{"type": "resume"}'}, "resume task has no 'execution_id'", '{"type": "resume"}',
-                 id="resume-without-execution-id"),
-    pytest.param({"payload": '{"type": "start", "execution_id": 12}'}, "'execution_id' must be a non-empty string",
-                 '{"type": "start", "execution_id": 12}', id="numeric-execution-id"),
-    pytest.param({"payload": json.dumps(GOOD_BODY), "schema_version": "2"}, "unsupported schema_version=2",
-                 json.dumps(GOOD_BODY), id="schema-version-2"),
-    pytest.param({"payload": json.dumps(OVERSIZED_BODY), "schema_version": "1"},
-                 f"over the {MAX_PAYLOAD_BYTES}-byte limit", json.dumps(OVERSIZED_BODY), id="oversized"),
+    pytest.param(
+        {"payload": '{"type": "explode"}'}, "unknown task type 'explode'", '{"type": "explode"}', id="unknown-type"
+    ),
+    pytest.param(
+        {"payload": '{"type": "resume"}'},
+        "resume task has no 'execution_id'",
+        '{"type": "resume"}',
+        id="resume-without-execution-id",
+    ),
+    pytest.param(
+        {"payload": '{"type": "start", "execution_id": 12}'},
+        "'execution_id' must be a non-empty string",
+        '{"type": "start", "execution_id": 12}',
+        id="numeric-execution-id",
+    ),
+    pytest.param(
+        {"payload": json.dumps(GOOD_BODY), "schema_version": "2"},
+        "unsupported schema_version=2",
+        json.dumps(GOOD_BODY),
+        id="schema-version-2",
+    ),
+    pytest.param(
+        {"payload": json.dumps(OVERSIZED_BODY), "schema_version": "1"},
+        f"over the {MAX_PAYLOAD_BYTES}-byte limit",
+        json.dumps(OVERSIZED_BODY),
+        id="oversized",
+    ),
 ]
 
 
@@ -145,9 +162,7 @@ class TestFailingHandlers:
         assert envelope["delivery_count"] == 1
         assert envelope["payload"] == body
 
-    def test_always_failing_task_runs_max_deliveries_times_then_dlq(
-        self, redis_url: str, rclient: redis.Redis
-    ) -> None:
+    def test_always_failing_task_runs_max_deliveries_times_then_dlq(self, redis_url: str, rclient: redis.Redis) -> None:
         """A handler that always raises RuntimeError runs exactly 3 times (deliveries 1, 2, 3), then DLQ."""
         body = {"type": "start", "flow_id": "f", "params": {"n": 6, "fail": True}}
         with running_worker(redis_url, max_deliveries=3, claim_min_idle_ms=0, reclaim_interval_s=0.05) as rw:

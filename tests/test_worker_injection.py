@@ -64,9 +64,7 @@ def snapshot(rclient: redis.Redis) -> Callable[[], dict[str, Any]]:
 
 
 def records(caplog: pytest.LogCaptureFixture, level: int, text: str) -> list[logging.LogRecord]:
-    return [
-        r for r in caplog.records if r.name == "plaita.worker" and r.levelno == level and text in r.getMessage()
-    ]
+    return [r for r in caplog.records if r.name == "plaita.worker" and r.levelno == level and text in r.getMessage()]
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -99,7 +97,10 @@ class TestTransientAtEachCallSite:
 
     @pytest.mark.parametrize("make_exc", TRANSIENT_ERRORS)
     def test_ensure_group(
-        self, make_exc: Callable[[], BaseException], redis_url: str, rclient: redis.Redis,
+        self,
+        make_exc: Callable[[], BaseException],
+        redis_url: str,
+        rclient: redis.Redis,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         """A failing XGROUP CREATE on start backs off, retries, then consumes old and new tasks once."""
@@ -119,7 +120,10 @@ class TestTransientAtEachCallSite:
 
     @pytest.mark.parametrize("make_exc", TRANSIENT_ERRORS)
     def test_read_new(
-        self, make_exc: Callable[[], BaseException], redis_url: str, rclient: redis.Redis,
+        self,
+        make_exc: Callable[[], BaseException],
+        redis_url: str,
+        rclient: redis.Redis,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         """A failing XREADGROUP > (before the server saw it) backs off and consumes everything once."""
@@ -136,7 +140,10 @@ class TestTransientAtEachCallSite:
 
     @pytest.mark.parametrize("make_exc", TRANSIENT_ERRORS)
     def test_read_reply_lost(
-        self, make_exc: Callable[[], BaseException], redis_url: str, rclient: redis.Redis,
+        self,
+        make_exc: Callable[[], BaseException],
+        redis_url: str,
+        rclient: redis.Redis,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         """A read whose reply is lost acks nothing: the entry stays pending and is run once later."""
@@ -155,7 +162,10 @@ class TestTransientAtEachCallSite:
 
     @pytest.mark.parametrize("make_exc", TRANSIENT_ERRORS)
     def test_autoclaim(
-        self, make_exc: Callable[[], BaseException], redis_url: str, rclient: redis.Redis,
+        self,
+        make_exc: Callable[[], BaseException],
+        redis_url: str,
+        rclient: redis.Redis,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         """A failing XAUTOCLAIM on the start-up reclaim pass backs off, then claims the idle entry once."""
@@ -179,7 +189,10 @@ class TestTransientAtEachCallSite:
 
     @pytest.mark.parametrize("make_exc", TRANSIENT_ERRORS)
     def test_ack(
-        self, make_exc: Callable[[], BaseException], redis_url: str, rclient: redis.Redis,
+        self,
+        make_exc: Callable[[], BaseException],
+        redis_url: str,
+        rclient: redis.Redis,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         """A failing XACK keeps the finished task, retries the ack after recovery, never re-runs it."""
@@ -248,7 +261,10 @@ class TestPersistentErrors:
         ],
     )
     def test_ensure_group_refused_twice(
-        self, make_exc: Callable[[], BaseException], redis_url: str, rclient: redis.Redis,
+        self,
+        make_exc: Callable[[], BaseException],
+        redis_url: str,
+        rclient: redis.Redis,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         """Two refused XGROUP CREATEs: two error logs, two backoffs, then normal consumption."""
@@ -284,8 +300,7 @@ class TestGroupLost:
 
             def reader_blocked() -> bool:
                 return any(
-                    c.get("name") == READ_CLIENT_NAME and "b" in str(c.get("flags"))
-                    for c in rclient.client_list()
+                    c.get("name") == READ_CLIENT_NAME and "b" in str(c.get("flags")) for c in rclient.client_list()
                 )
 
             wait_for(reader_blocked, 5.0, "the worker blocked in XREADGROUP")

@@ -95,9 +95,7 @@ class TestDrain:
         assert rclient.xpending(STREAM, GROUP)["pending"] == 0
         assert rclient.xlen(STREAM) == 0
 
-    def test_drain_timeout_leaves_the_task_unacked(
-        self, redis_url: str, rclient: redis.Redis, tmp_path: Path
-    ) -> None:
+    def test_drain_timeout_leaves_the_task_unacked(self, redis_url: str, rclient: redis.Redis, tmp_path: Path) -> None:
         """A 30 s task and --drain-timeout-s 0.5: exit 0 after about 0.5 s; the task is not acked."""
         with worker_process(
             redis_url, tmp_path, "--handler", "tests.support.handlers:record", "--drain-timeout-s", "0.5"

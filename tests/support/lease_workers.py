@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from plaita.config import Settings
+from plaita.ops import read_status_file
 from plaita.queue import StreamQueue
 from plaita.tasks import Task
 from plaita.worker import Worker
@@ -90,11 +91,7 @@ class WorkerProc:
     started_at_s: float
 
     def status(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.status_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return read_status_file(self.status_file) or {}
 
     def counters(self) -> dict[str, int]:
         return dict(self.status().get("counters") or {})

@@ -24,6 +24,7 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from plaita.ops import read_status_file
 from tests.support.handlers import read_log
 from tests.support.redis_server import free_port
 
@@ -181,11 +182,7 @@ class OpsWorker:
 
     # -- files --------------------------------------------------------------------------
     def status(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self.status_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_status_file(self.status_file)
 
     def wait_state(self, state: str, timeout_s: float = 10.0) -> None:
         def reached() -> bool:

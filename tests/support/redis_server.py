@@ -40,8 +40,14 @@ def redis_server_binary() -> str:
 class RedisServer:
     """One redis-server process owned by the caller."""
 
-    def __init__(self, *, port: int | None = None, workdir: str | None = None, persist: bool = True,
-                 extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        workdir: str | None = None,
+        persist: bool = True,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="plaita-redis-"))
@@ -61,8 +67,19 @@ class RedisServer:
         if persist is not None:
             self.persist = persist
         args = [
-            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-            "--save", "", "--daemonize", "no", "--logfile", str(self.dir / "redis.log"),
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.dir / "redis.log"),
         ]
         if self.persist:
             args += ["--appendonly", "yes", "--appendfsync", "always"]

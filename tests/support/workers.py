@@ -7,7 +7,6 @@ real server. Nothing here imitates Redis semantics.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from redis.retry import Retry
 from plaita.config import Settings
 from plaita.errors import BadTaskError
 from plaita.fsm import State
+from plaita.ops import read_status_file
 from plaita.queue import StreamQueue
 from plaita.tasks import Task
 from plaita.worker import Worker
@@ -392,11 +392,7 @@ class WorkerProcess:
     stderr_file: Path
 
     def status(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self.status_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_status_file(self.status_file)
 
     def wait_state(self, state: str, timeout_s: float = 10.0) -> None:
         def reached() -> bool:
@@ -433,8 +429,19 @@ def worker_process(url: str, tmp_path: Path, *args: str, name: str = "w") -> Ite
     stderr_file = tmp_path / f"{name}.stderr"
     log_path = tmp_path / f"{name}.log"
     cmd = [
-        sys.executable, "-m", "plaita", "worker", "--redis-url", url, "--queue-name", "plaita:test:queue",
-        "--consumer-name", f"{name}-host:0", "--status-file", str(status_file), *args,
+        sys.executable,
+        "-m",
+        "plaita",
+        "worker",
+        "--redis-url",
+        url,
+        "--queue-name",
+        "plaita:test:queue",
+        "--consumer-name",
+        f"{name}-host:0",
+        "--status-file",
+        str(status_file),
+        *args,
     ]
     with open(stderr_file, "wb") as err:
         proc = subprocess.Popen(
@@ -452,8 +459,13 @@ def run_cli(*args: str, timeout_s: float = 20.0) -> subprocess.CompletedProcess[
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
-        [sys.executable, "-m", "plaita", *args], cwd=str(ROOT), env=env, capture_output=True, text=True,
-        timeout=timeout_s, check=False,
+        [sys.executable, "-m", "plaita", *args],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
 
 
