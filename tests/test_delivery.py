@@ -309,7 +309,10 @@ class TestHandBack:
         with inproc_worker(s, probe) as w:
             ids = [enqueue(bclient, body(i, execution_id=f"hb-{i}", sleep_s=0.8 if i == 0 else 0)) for i in range(6)]
             probe.wait(lambda runs: len(runs) == 1, 5.0, "the first task running")
-            wait_for(lambda: pending_count(bclient) == 6, 5.0, "all 6 read by the worker")
+            # Accepted by the worker, not merely delivered: a read whose reply is still on its way
+            # when the stop cuts it leaves entries pending for this consumer, unknown to it.
+            wait_for(lambda: w.worker.counters.read == 6, 5.0, "all 6 accepted by the worker")
+            assert pending_count(bclient) == 6
             w.stop()
             assert w.worker.counters.handed_back == 5
             assert w.worker.counters.completed == 1
