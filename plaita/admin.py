@@ -41,15 +41,7 @@ def _queue(args: argparse.Namespace) -> StreamQueue:
         consumer_name="plaita-admin",
         dlq_key=getattr(args, "dlq_key", "") or "",
     )
-    client = make_client(url, socket_timeout_s=5.0)
-    return StreamQueue(
-        client,
-        stream=settings.queue_name,
-        group=settings.consumer_group,
-        consumer="plaita-admin",
-        dlq_key=settings.dlq,
-        dlq_max_len=settings.dlq_max_len,
-    )
+    return StreamQueue.from_settings(settings, client=make_client(url, socket_timeout_s=5.0))
 
 
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:

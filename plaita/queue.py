@@ -207,12 +207,21 @@ class StreamQueue:
         self._xnack: bool | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> StreamQueue:
-        """Build the queue and its two clients; connects lazily (never raises for Redis down)."""
+    def from_settings(
+        cls, settings: Settings, *, client: redis.Redis | None = None, read_client: redis.Redis | None = None
+    ) -> StreamQueue:
+        """The queue of ``settings``, over the given clients or two new ones (connected lazily:
+        never raises for Redis down). Without its own ``read_client`` the queue reads on ``client``."""
         name = f"plaita:{settings.consumer_name}".replace(" ", "_")
+        if client is None:
+            client = make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name)
+            if read_client is None:
+                read_client = make_client(
+                    settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name
+                )
         return cls(
-            make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name),
-            read_client=make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name),
+            client,
+            read_client=read_client,
             stream=settings.queue_name,
             group=settings.consumer_group,
             consumer=settings.consumer_name,

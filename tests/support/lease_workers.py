@@ -296,15 +296,7 @@ def inproc_worker(
     if client is None:
         client = worker_client(settings_.redis_url, settings_)
     read_client = worker_client(settings_.redis_url, settings_)
-    q = StreamQueue(
-        client,
-        read_client=read_client,
-        stream=settings_.queue_name,
-        group=settings_.consumer_group,
-        consumer=settings_.consumer_name,
-        dlq_key=settings_.dlq,
-        dlq_max_len=settings_.dlq_max_len,
-    )
+    q = StreamQueue.from_settings(settings_, client=client, read_client=read_client)
     worker = Worker(settings_, handler, stream_queue=q)
     result: dict[str, Any] = {}
 

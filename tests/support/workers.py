@@ -339,15 +339,7 @@ def running_worker(
     read_client = FaultyRedis.connect(
         url, plan, socket_timeout_s=settings.socket_timeout_s, client_name=READ_CLIENT_NAME
     )
-    q = StreamQueue(
-        client,
-        read_client=read_client,
-        stream=settings.queue_name,
-        group=settings.consumer_group,
-        consumer=settings.consumer_name,
-        dlq_key=settings.dlq,
-        dlq_max_len=settings.dlq_max_len,
-    )
+    q = StreamQueue.from_settings(settings, client=client, read_client=read_client)
     worker = ObservedWorker(settings, recorder, stream_queue=q, on_backoff=on_backoff)
     result: dict[str, Any] = {}
 
