@@ -20,8 +20,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from plaita._redis_server import stop_process
-from plaita.ops import read_status_file
+from plaita.ops.operations import read_status_file
+from plaita.store.server import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -172,7 +172,7 @@ class WorkerProcess(Subprocess):
         *,
         stream: str,
         group: str,
-        handler: str = "plaita.handlers:noop",
+        handler: str = "plaita.runtime.handlers:noop",
         consumer_name: str | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,

@@ -308,7 +308,7 @@ class Renderer:
             "from /proc over the run divided by the tasks (redis-server's includes the enqueue's XADDs). Raw loop: "
             "`XREADGROUP COUNT 100 BLOCK 100`, payload JSON "
             "decoded, one pipelined `XACK`+`XDEL` per batch (`bench/rawloop.py`), one process per consumer. "
-            "Worker: `python -m plaita worker --handler plaita.handlers:noop --concurrency N`, defaults "
+            "Worker: `python -m plaita worker --handler plaita.runtime.handlers:noop --concurrency N`, defaults "
             f"otherwise, distinct `--consumer-name` per process. Process counts: {', '.join(map(str, PROCESSES))}. "
             "Task bodies are `plaita enqueue`'s shape without an `execution_id` (the targets use these); the rows "
             "marked *bodies with `execution_id`* name an execution per task, which the worker leases before the "

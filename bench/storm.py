@@ -21,7 +21,7 @@ from pathlib import Path
 import redis
 
 from bench.common import LOG_ENV, HandlerLog, Progress, WorkerProcess, fields, median, wait_for
-from plaita.lease import LEASE_PREFIX
+from plaita.store.leases import LEASE_PREFIX
 
 EAGER = ["--claim-min-idle-ms", "1000", "--reclaim-interval-s", "0.5"]
 STORM_TASKS = 4

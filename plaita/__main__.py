@@ -1,5 +1,5 @@
 import sys
 
-from plaita.cli import main
+from plaita.cli.main import main
 
 sys.exit(main())

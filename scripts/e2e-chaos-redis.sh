@@ -175,7 +175,7 @@ result() { # result PASS|FAIL step text
 
 echo "e2e-chaos-redis: private redis-server on 127.0.0.1:$PORT (appendonly), work dir $WORK"
 start_redis
-"$PY" -m plaita worker --redis-url "$URL" --handler plaita.handlers:echo --consumer-name e2e-chaos:0 \
+"$PY" -m plaita worker --redis-url "$URL" --handler plaita.runtime.handlers:echo --consumer-name e2e-chaos:0 \
   --status-file "$WORK/status.json" --read-block-ms 200 --reclaim-interval-s 1 --claim-min-idle-ms 5000 \
   2>"$WORK/worker.log" &
 WORKER_PID=$!

@@ -26,10 +26,10 @@ from redis.retry import Retry
 from plaita.config import Settings
 from plaita.errors import BadTaskError
 from plaita.fsm import State
-from plaita.ops import read_status_file
-from plaita.queue import StreamQueue
+from plaita.ops.operations import read_status_file
+from plaita.runtime.worker import Worker
+from plaita.store.streams import StreamQueue
 from plaita.tasks import Task
-from plaita.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

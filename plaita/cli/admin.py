@@ -18,9 +18,9 @@ from typing import Any
 import redis
 
 from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
-from plaita.control import send_command
-from plaita.queue import DeadLetterQueue, StreamQueue, make_client
-from plaita.registry import list_workers, registry_key
+from plaita.ops.control import send_command
+from plaita.ops.registry import list_workers, registry_key
+from plaita.store.streams import DeadLetterQueue, StreamQueue, make_client
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0

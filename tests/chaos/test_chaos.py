@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.ops import read_status_file
-from plaita.queue import StreamQueue
+from plaita.ops.operations import read_status_file
+from plaita.store.streams import StreamQueue
 from tests.support.handlers import read_log
 from tests.support.proxy import FaultProxy
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.chaos
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STREAM = "plaita:flow:queue"
 GROUP = "plaita-workers"
 CONCURRENCY = 2

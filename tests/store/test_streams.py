@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from plaita.queue import DeadLetter, StreamQueue, make_client
+from plaita.store.streams import DeadLetter, StreamQueue, make_client
 from tests.support.workers import wait_for
 
 pytestmark = pytest.mark.redis

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from plaita import sdnotify
-from plaita.control import ControlListener
 from plaita.fsm import State
-from plaita.metrics import HealthServer, Metrics
-from plaita.queue import make_client
-from plaita.registry import Registry
+from plaita.ops import sdnotify
+from plaita.ops.control import ControlListener
+from plaita.ops.metrics import HealthServer, Metrics
+from plaita.ops.registry import Registry
+from plaita.store.streams import make_client
 
 if TYPE_CHECKING:
-    from plaita.worker import Worker
+    from plaita.runtime.worker import Worker
 
 logger = logging.getLogger(__name__)
 

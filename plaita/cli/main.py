@@ -37,7 +37,7 @@ from plaita.config import (
 )
 from plaita.errors import ConfigError
 
-logger = logging.getLogger("plaita.cli")
+logger = logging.getLogger("plaita.cli.main")
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -97,7 +97,7 @@ def _add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> N
         "consumer name; stable names let a restarted worker resume its own pending tasks (default HOSTNAME:SLOT)",
     )
     opt("--slot", int, 0, ["PLAITA_WORKER_SLOT"], "slot number in the default consumer name")
-    opt("--handler", str, "plaita.handlers:echo", ["PLAITA_HANDLER"], "task handler as MODULE:CALLABLE")
+    opt("--handler", str, "plaita.runtime.handlers:echo", ["PLAITA_HANDLER"], "task handler as MODULE:CALLABLE")
     opt("--concurrency", int, 1, ["PLAITA_WORKER_CONCURRENCY"], "tasks run at once (handler threads)")
     opt(
         "--prefetch",
@@ -309,8 +309,8 @@ def configure_logging(level: str) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from plaita.handlers import load_handler
-    from plaita.worker import Worker
+    from plaita.runtime.handlers import load_handler
+    from plaita.runtime.worker import Worker
 
     settings = settings_from_args(args)
     handler = load_handler(args.handler)
@@ -342,7 +342,7 @@ def _run_owner(worker: Any) -> None:
 def run_enqueue(args: argparse.Namespace) -> int:
     import redis
 
-    from plaita.queue import StreamQueue, make_client
+    from plaita.store.streams import StreamQueue, make_client
     from plaita.tasks import validate_body
 
     url = args.redis_url or DEFAULT_REDIS_URL
@@ -403,11 +403,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "diagram":
             return run_diagram(args)
         if args.command in ("workers", "status", "stop", "pause", "resume", "dlq"):
-            from plaita.admin import run_admin
+            from plaita.cli.admin import run_admin
 
             return run_admin(args)
         if args.command == "demo":
-            from plaita.demo import run_demo
+            from plaita.cli.demo import run_demo
 
             return run_demo(args)
     except ConfigError as exc:

@@ -16,14 +16,14 @@ from typing import Any
 
 from plaita import __version__
 from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
-from plaita.dispatch import ACK, DEAD, Done, Handler, HandlerPool, Outcome, Settler
 from plaita.errors import BadTaskError
 from plaita.fsm import BackoffPolicy, ErrorKind, Lifecycle, State, classify
-from plaita.keeper import InFlight, InFlightTable, LeaseKeeper
-from plaita.lease import LEASE_PREFIX, LeaseManager
-from plaita.ops import Operations, registry_status
-from plaita.queue import Entry, StreamQueue
-from plaita.registry import host_label, new_instance_id
+from plaita.ops.operations import Operations, registry_status
+from plaita.ops.registry import host_label, new_instance_id
+from plaita.runtime.pool import ACK, DEAD, Done, Handler, HandlerPool, Outcome, Settler
+from plaita.runtime.renewer import InFlight, InFlightTable, LeaseKeeper
+from plaita.store.leases import LEASE_PREFIX, LeaseManager
+from plaita.store.streams import Entry, StreamQueue
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)

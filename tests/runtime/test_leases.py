@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from plaita.lease import LeaseManager, fence_key, fenced_set, lease_key
+from plaita.store.leases import LeaseManager, fence_key, fenced_set, lease_key
 from plaita.tasks import Task
 from tests.support.lease_workers import (
     QUEUE,

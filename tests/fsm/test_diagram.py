@@ -14,7 +14,7 @@ import plaita.fsm.diagram as diagram
 import plaita.fsm.table as table
 from plaita.fsm import Lifecycle, State
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = {
     "diagrams/worker.mmd": diagram.render_mermaid,
     "diagrams/worker.dot": diagram.render_dot,

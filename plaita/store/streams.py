@@ -21,9 +21,9 @@ from redis.backoff import NoBackoff
 from redis.client import Pipeline
 from redis.retry import Retry
 
-from plaita import lua
 from plaita.config import Settings
-from plaita.lease import RELEASE, RELEASE_MANY
+from plaita.store import scripts as lua
+from plaita.store.leases import RELEASE, RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
 
 logger = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ class StreamQueue:
         self._sweep_script = client.register_script(_SWEEP_RESIDUE)
         self._renew_script = client.register_script(_RENEW_OWN)
         # hand_back is not safe to run twice (it re-adds entries), so it keeps redis-py's Script,
-        # which loads before executing; the hot settle path uses bare EVALSHA (plaita.lua).
+        # which loads before executing; the hot settle path uses bare EVALSHA (plaita.store.scripts).
         self._release_script = client.register_script(RELEASE.source)
         self._xnack: bool | None = None
 
@@ -353,7 +353,7 @@ class StreamQueue:
             for d in dead
         ]
 
-        # Safe to run twice (see plaita.lua): XACK/XDEL and compare-and-delete are idempotent,
+        # Safe to run twice (see plaita.store.scripts): XACK/XDEL and compare-and-delete are idempotent,
         # and a NOSCRIPT reply means no dead-letter script ran.
         def build(pipe: Pipeline) -> None:
             for d, envelope in zip(dead, envelopes, strict=True):

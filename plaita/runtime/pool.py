@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plaita.errors import BadTaskError
-from plaita.queue import DeadLetter, StreamQueue
+from plaita.store.streams import DeadLetter, StreamQueue
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from plaita.lease import LEASE_PREFIX, LeaseManager, lease_key
-from plaita.queue import StreamQueue
+from plaita.store.leases import LEASE_PREFIX, LeaseManager, lease_key
+from plaita.store.streams import StreamQueue
 from tests.support.lease_workers import (
     GROUP,
     QUEUE,

@@ -64,7 +64,11 @@ def snapshot(rclient: redis.Redis) -> Callable[[], dict[str, Any]]:
 
 
 def records(caplog: pytest.LogCaptureFixture, level: int, text: str) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "plaita.worker" and r.levelno == level and text in r.getMessage()]
+    return [
+        r
+        for r in caplog.records
+        if r.name.startswith("plaita.runtime") and r.levelno == level and text in r.getMessage()
+    ]
 
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

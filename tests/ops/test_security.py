@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from plaita.acl import ADMIN_ACL_RULES, MINIMAL_ACL_RULES, WORKER_ACL_RULES, setuser_command
+from plaita.store.acl import ADMIN_ACL_RULES, MINIMAL_ACL_RULES, WORKER_ACL_RULES, setuser_command
 from tests.support.ops import (
     DLQ,
     QUEUE,
@@ -31,7 +31,7 @@ from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 #: Seconds the wrong-credentials worker is watched for a busy loop (> one persistent backoff of 5 s).
 WATCH_S = 6.0

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-from plaita import lua
+from plaita.store import scripts as lua
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from plaita.lease import Lease, LeaseManager
-from plaita.queue import StreamQueue
+from plaita.store.leases import Lease, LeaseManager
+from plaita.store.streams import StreamQueue
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from redis._parsers.base import BaseParser
 from plaita.errors import BadTaskError, PlaitaError
 from plaita.fsm import ErrorKind, classify, is_redis_failure
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 T = ErrorKind.TRANSIENT
 P = ErrorKind.PERSISTENT

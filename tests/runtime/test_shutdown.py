@@ -140,7 +140,7 @@ class TestBadConfiguration:
             pytest.param(["--redis-url", "redis://:s3cret@host:notaport/0"], id="url-bad-port-with-password"),
             pytest.param(["--redis-url", "redis://user:s3cret@host:6379/zero"], id="url-bad-db-with-password"),
             pytest.param(["--handler", "nosuch:thing"], id="handler-missing-module"),
-            pytest.param(["--handler", "plaita.handlers:nosuch"], id="handler-missing-attr"),
+            pytest.param(["--handler", "plaita.runtime.handlers:nosuch"], id="handler-missing-attr"),
         ],
     )
     def test_bad_flag_exits_2(self, args: list[str], redis_url: str) -> None:

@@ -166,7 +166,7 @@ class TestSystemdNotify:
 class TestDeployFiles:
     def test_systemd_unit_and_launchd_plist_fit_the_worker(self) -> None:
         """The unit is Type=notify with a watchdog, and both supervisors wait longer than the drain timeout."""
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]
         unit = configparser.ConfigParser(strict=False, interpolation=None)
         unit.optionxform = str  # type: ignore[assignment,method-assign]
         unit.read(root / "deploy" / "plaita-worker.service", encoding="utf-8")

@@ -1,7 +1,7 @@
 """``plaita demo``: watch a worker ride out a Redis freeze, then count every execution.
 
 Without ``--redis-url`` the demo starts a private redis-server (free loopback port, temp
-dir), runs ``plaita worker`` as a subprocess (handler ``plaita.demo:demo_handler``,
+dir), runs ``plaita worker`` as a subprocess (handler ``plaita.cli.demo:demo_handler``,
 concurrency 4), enqueues the tasks, freezes Redis with SIGSTOP once about a third are done,
 thaws it after ``--freeze-s`` and prints a tally: completed, lost, duplicate executions,
 unexpected worker exits, how long Redis was frozen and how long work took to resume.
@@ -34,10 +34,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from plaita._redis_server import PrivateRedis, RedisServerError, stop_process
 from plaita.config import redact_url, validate_redis_url
-from plaita.lease import fence_key, lease_key
-from plaita.registry import registry_key
+from plaita.ops.registry import registry_key
+from plaita.store.leases import fence_key, lease_key
+from plaita.store.server import PrivateRedis, RedisServerError, stop_process
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, Task, encode_body
 
 #: Environment variable naming the file ``demo_handler`` appends one line per execution to.
@@ -237,7 +237,7 @@ class Demo:
         args = [
             sys.executable, "-m", "plaita", "--log-level", "WARNING", "worker",
             "--redis-url", self.url, "--queue-name", self.stream, "--consumer-group", self.group,
-            "--consumer-name", self.consumer, "--handler", "plaita.demo:demo_handler",
+            "--consumer-name", self.consumer, "--handler", "plaita.cli.demo:demo_handler",
             "--concurrency", str(CONCURRENCY), "--drain-timeout-s", str(WORKER_DRAIN_S),
             "--status-file", str(self.status_path),
         ]  # fmt: skip
