@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit, urlunsplit
@@ -78,6 +79,21 @@ def validate_redis_url(url: str) -> None:
 def default_consumer_name(slot: int = 0) -> str:
     """Stable per host and slot, so a restarted worker resumes its own pending entries."""
     return f"{socket.gethostname()}:{slot}"
+
+
+def new_instance_id() -> str:
+    """``{hostname}-{uuid8}``: the registry/control identity, unique per process, as the original."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+
+
+def host_label() -> str:
+    """``hostname/ip`` for the registry entry."""
+    name = socket.gethostname()
+    try:
+        ip = socket.gethostbyname(name)
+    except OSError:
+        ip = "?"
+    return f"{name}/{ip}"
 
 
 @dataclass(frozen=True)

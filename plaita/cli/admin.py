@@ -15,12 +15,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
 from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
-from plaita.ops.control import send_command
-from plaita.ops.registry import list_workers, registry_key
-from plaita.store.streams import DeadLetterQueue, StreamQueue, make_client
+from plaita.fsm import is_redis_failure
+from plaita.store import fleet
+from plaita.store.client import Client, make_client
+from plaita.store.dlq import DeadLetterQueue
+from plaita.store.fleet import list_workers, send_command
+from plaita.store.streams import StreamQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0
@@ -95,8 +96,8 @@ def cmd_workers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resolve_instance(client: redis.Redis, instance: str) -> str:
-    if client.exists(registry_key(instance)):
+def _resolve_instance(client: Client, instance: str) -> str:
+    if fleet.is_registered(client, instance):
         return instance
     for w in list_workers(client):  # also accept a consumer name
         if w.get("consumer") == instance:
@@ -108,14 +109,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     q = _queue(args)
     if args.instance:
         instance = _resolve_instance(q.client, args.instance)
-        reply_to = f"plaita:control:reply:{uuid.uuid4().hex}"
+        reply_to = f"{fleet.REPLY_PREFIX}{uuid.uuid4().hex}"
         received = send_command(q.client, instance, "status", reply_to=reply_to, request_id=reply_to)
         if received == 0:
             raise AdminError(f"worker {instance!r} is registered but not listening (stopping or cut off?)")
-        answer = q.client.blpop([reply_to], timeout=STATUS_REPLY_TIMEOUT_S)
+        answer = fleet.wait_reply(q.client, reply_to, STATUS_REPLY_TIMEOUT_S)
         if answer is None:
             raise AdminError(f"worker {instance!r} did not answer within {STATUS_REPLY_TIMEOUT_S:.0f} s")
-        status = json.loads(answer[1])["status"]
+        status = answer["status"]
         if args.json:
             _emit(args, status, None, [])
         else:
@@ -123,7 +124,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"{key:>14}: {status[key]}")
             print(f"{'counters':>14}: {json.dumps(status.get('counters', {}))}")
         return 0
-    stats = _stream_stats(q)
+    stats = q.stream_stats_or_empty()
     if args.json:
         _emit(args, stats, None, [])
         return 0
@@ -133,30 +134,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     if stats.get("note"):
         print(f"{'note':>22}: {stats['note']}")
     return 0
-
-
-def _stream_stats(q: StreamQueue) -> dict[str, Any]:
-    """``stream_stats``, or zeros when the stream or its group does not exist yet (no worker ran)."""
-    try:
-        return q.stream_stats()
-    except redis.ResponseError as exc:
-        if "no such key" not in str(exc) and "NOGROUP" not in str(exc):
-            raise
-    exists = bool(q.client.exists(q.stream))
-    groups = q.client.xinfo_groups(q.stream) if exists else []
-    group = next((g for g in groups if str(g.get("name", b""), "utf-8", "replace") == q.group), None)
-    return {
-        "stream": q.stream,
-        "group": q.group,
-        "length": int(q.client.xlen(q.stream)) if exists else 0,
-        "pending": int(group.get("pending", 0) or 0) if group else 0,
-        "lag": group.get("lag") if group else None,
-        "consumers": int(group.get("consumers", 0) or 0) if group else 0,
-        "dlq_length": int(q.client.xlen(q.dlq_key)),
-        "oldest_pending_id": None,
-        "oldest_pending_age_s": 0.0,
-        "note": "stream does not exist yet" if not exists else f"group {q.group!r} does not exist yet",
-    }
 
 
 def _check_ids(ids: Sequence[str]) -> None:
@@ -244,7 +221,9 @@ def run_admin(args: argparse.Namespace) -> int:
     except AdminError as exc:
         print(f"plaita {args.command}: {exc}", file=sys.stderr)
         return 1
-    except redis.RedisError as exc:
+    except Exception as exc:
+        if not is_redis_failure(exc):
+            raise
         url = redact_url(args.redis_url or DEFAULT_REDIS_URL)
         print(f"plaita {args.command}: Redis at {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

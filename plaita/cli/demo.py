@@ -30,15 +30,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from plaita.config import redact_url, validate_redis_url
-from plaita.ops.registry import registry_key
+from plaita.fsm import is_redis_failure
+from plaita.store.client import Client, delete_keys, make_client
+from plaita.store.fleet import registry_key
 from plaita.store.leases import fence_key, lease_key
 from plaita.store.server import PrivateRedis, RedisServerError, stop_process
-from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, Task, encode_body
+from plaita.store.streams import StreamQueue
+from plaita.tasks import Task
 
 #: Environment variable naming the file ``demo_handler`` appends one line per execution to.
 DEMO_LOG_ENV = "PLAITA_DEMO_LOG"
@@ -180,7 +179,8 @@ class Demo:
         self.stderr_path = self.dir / "worker.log"
         self.server: PrivateRedis | None = None
         self.url = ""
-        self.client: redis.Redis | None = None
+        self.client: Client | None = None
+        self.queue: StreamQueue | None = None
         self.worker: WorkerProcess | None = None
         self.unexpected_exits: list[int] = []
         self.freeze = Freeze()
@@ -292,41 +292,42 @@ class Demo:
                 f"using Redis at {redact_url(self.url)}: NO freeze (the demo only freezes a server it started); "
                 f"stream {self.stream}, deleted at the end"
             )
-        self.client = redis.Redis.from_url(
-            self.url, socket_timeout=5, socket_connect_timeout=5, retry=Retry(NoBackoff(), 0)
+        self.client = make_client(self.url, socket_timeout_s=5.0)
+        self.queue = StreamQueue(
+            self.client, stream=self.stream, group=self.group, consumer="plaita-demo", dlq_key="", dlq_max_len=1
         )
         try:
             self.client.ping()
-        except redis.RedisError as exc:
+        except Exception as exc:
+            if not is_redis_failure(exc):
+                raise
             raise DemoError(f"Redis at {redact_url(self.url)} is not reachable: {type(exc).__name__}: {exc}") from None
 
     def execution_id(self, i: int) -> str:
         return f"demo-{self.token}-{i}"
 
     def enqueue(self) -> None:
-        assert self.client is not None
-        pipe = self.client.pipeline(transaction=False)
-        for i in range(self.tasks):
-            body = {
+        assert self.queue is not None
+        bodies: list[dict[str, Any]] = [
+            {
                 "type": "start",
                 "flow_id": "demo",
                 "execution_id": self.execution_id(i),
                 "params": {"n": i, "sleep_s": TASK_SLEEP_S},
             }
-            pipe.xadd(self.stream, {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: "1"})
-        pipe.execute()
+            for i in range(self.tasks)
+        ]
+        self.queue.enqueue_many(bodies)
 
     def settled(self) -> bool:
         """True when the stream is empty and nothing is pending (every ack reached Redis)."""
-        assert self.client is not None
+        assert self.queue is not None
         try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xlen(self.stream)
-            pipe.xpending(self.stream, self.group)
-            length, pending = pipe.execute()
-        except redis.RedisError:
+            return self.queue.is_settled()
+        except Exception as exc:
+            if not is_redis_failure(exc):
+                raise
             return False
-        return int(length) == 0 and int(pending.get("pending", 0) or 0) == 0
 
     def maybe_freeze(self) -> None:
         if self.server is None or self.freeze_s <= 0:
@@ -472,9 +473,10 @@ class Demo:
         for i in range(self.tasks):
             keys += [lease_key(self.execution_id(i)), fence_key(self.execution_id(i))]
         try:
-            for lo in range(0, len(keys), 500):
-                self.client.delete(*keys[lo : lo + 500])
-        except redis.RedisError as exc:
+            delete_keys(self.client, keys)
+        except Exception as exc:
+            if not is_redis_failure(exc):
+                raise
             self.say(f"!! could not delete the demo keys ({type(exc).__name__}: {exc}); stream {self.stream}")
 
 

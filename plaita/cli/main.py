@@ -340,9 +340,9 @@ def _run_owner(worker: Any) -> None:
 
 
 def run_enqueue(args: argparse.Namespace) -> int:
-    import redis
-
-    from plaita.store.streams import StreamQueue, make_client
+    from plaita.fsm import is_redis_failure
+    from plaita.store.client import make_client
+    from plaita.store.streams import StreamQueue
     from plaita.tasks import validate_body
 
     url = args.redis_url or DEFAULT_REDIS_URL
@@ -361,7 +361,9 @@ def run_enqueue(args: argparse.Namespace) -> int:
     try:
         for message_id in q.enqueue_many(bodies):
             print(message_id)
-    except redis.RedisError as exc:
+    except Exception as exc:
+        if not is_redis_failure(exc):
+            raise
         print(f"plaita enqueue: Redis at {redact_url(url)} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -15,26 +15,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis
-
 from plaita.fsm import BackoffPolicy, ErrorKind, classify
+from plaita.store import fleet
+from plaita.store.client import Client
+from plaita.store.fleet import CONTROL_ALL, control_channel
 
 logger = logging.getLogger(__name__)
 
-#: Channel prefix; the per-instance channel is this plus the instance id.
-CONTROL_PREFIX = "plaita:control:"
-#: Channel every worker listens to.
-CONTROL_ALL = "plaita:control:all"
-#: Reply lists expire after this many seconds if nobody reads them.
-REPLY_TTL_S = 60
 #: Commands a worker understands.
 COMMANDS = ("stop", "pause", "resume", "status")
 #: Longest wait for one pub/sub message; bounds how long the thread outlives ``stop()``.
 POLL_S = 0.5
-
-
-def control_channel(instance_id: str) -> str:
-    return f"{CONTROL_PREFIX}{instance_id}"
 
 
 class ControlListener:
@@ -47,7 +38,7 @@ class ControlListener:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         *,
         instance_id: str,
         on_command: Callable[[str, dict[str, Any]], dict[str, Any] | None],
@@ -77,7 +68,7 @@ class ControlListener:
             while not self._stop.is_set():
                 # Every message, confirmations included: the listener counts as subscribed only
                 # once Redis confirmed both channels (SUBSCRIBE itself does not wait for a reply).
-                pubsub = self.client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+                pubsub = fleet.open_pubsub(self.client)
                 try:
                     self._listen(pubsub)
                 except Exception as exc:  # any failure: reconnect with backoff, never end the thread
@@ -150,27 +141,6 @@ class ControlListener:
         if answer is not None and isinstance(reply_to, str) and reply_to:
             answer = {**answer, "request_id": command.get("request_id"), "instance_id": self.instance_id}
             try:
-                pipe = self.client.pipeline(transaction=True)
-                pipe.rpush(reply_to, json.dumps(answer))
-                pipe.expire(reply_to, REPLY_TTL_S)
-                pipe.execute()
-            except redis.RedisError as exc:
+                fleet.push_reply(self.client, reply_to, answer)
+            except Exception as exc:  # a lost reply must not end the listener
                 logger.warning("could not send the %r reply (%s)", name, exc)
-
-
-def send_command(
-    client: redis.Redis,
-    target: str,
-    command: str,
-    *,
-    now: bool = False,
-    reply_to: str | None = None,
-    request_id: str | None = None,
-) -> int:
-    """Publish ``command`` to one instance (or ``all``); returns how many workers received it."""
-    channel = CONTROL_ALL if target == "all" else control_channel(target)
-    message: dict[str, Any] = {"command": command, "now": now, "graceful": not now, "timestamp": time.time()}
-    if reply_to:
-        message["reply_to"] = reply_to
-        message["request_id"] = request_id
-    return int(client.publish(channel, json.dumps(message)))

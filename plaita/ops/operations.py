@@ -15,14 +15,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from plaita.fsm import State
 from plaita.ops import sdnotify
 from plaita.ops.control import ControlListener
 from plaita.ops.metrics import HealthServer, Metrics
 from plaita.ops.registry import Registry
-from plaita.store.streams import make_client
+from plaita.store.client import make_client
 
 if TYPE_CHECKING:
     from plaita.runtime.worker import Worker
@@ -144,7 +142,7 @@ class Operations:
     def _sample_queue(self) -> None:
         try:
             stats = self.worker.queue.stream_stats()
-        except redis.RedisError as exc:
+        except Exception as exc:  # sampling is best effort; the next tick tries again
             logger.debug("queue sampling failed: %s", exc)
             return
         self.metrics.set_queue(stats)

@@ -7,44 +7,21 @@ one re-creates the key. On stop the entry is deleted.
 
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-import redis
+from plaita.store import fleet
+from plaita.store.client import Client
 
 logger = logging.getLogger(__name__)
 
-#: Key prefix of registry entries (compatible with the original plaita).
-REGISTRY_PREFIX = "plaita:registry:flow_worker:"
 #: Seconds a registry entry lives without a heartbeat.
 DEFAULT_REGISTRY_TTL_S = 30.0
 #: Seconds between heartbeats.
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
-
-
-def new_instance_id() -> str:
-    """``{hostname}-{uuid8}``: unique per process, as the original."""
-    return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-
-
-def host_label() -> str:
-    """``hostname/ip`` for the registry entry."""
-    name = socket.gethostname()
-    try:
-        ip = socket.gethostbyname(name)
-    except OSError:
-        ip = "?"
-    return f"{name}/{ip}"
-
-
-def registry_key(instance_id: str) -> str:
-    return f"{REGISTRY_PREFIX}{instance_id}"
 
 
 class Registry:
@@ -52,7 +29,7 @@ class Registry:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         *,
         instance_id: str,
         snapshot: Callable[[], dict[str, Any]],
@@ -62,7 +39,7 @@ class Registry:
     ) -> None:
         self.client = client
         self.instance_id = instance_id
-        self.key = registry_key(instance_id)
+        self.key = fleet.registry_key(instance_id)
         self._snapshot = snapshot
         self.ttl_s = ttl_s
         self.interval_s = interval_s
@@ -86,8 +63,8 @@ class Registry:
         entry = self._snapshot()
         entry["last_heartbeat"] = time.time()
         try:
-            self.client.set(self.key, json.dumps(entry), px=int(self.ttl_s * 1000))
-        except redis.RedisError as exc:
+            fleet.write_entry(self.client, self.instance_id, entry, self.ttl_s)
+        except Exception as exc:  # any failure: the heartbeat retries, it never ends
             if not self._failing:
                 logger.warning("registry heartbeat failed (%s: %s); retrying", type(exc).__name__, exc)
             self._failing = True
@@ -102,8 +79,8 @@ class Registry:
 
     def _delete(self) -> None:
         try:
-            self.client.delete(self.key)
-        except redis.RedisError as exc:
+            fleet.delete_entry(self.client, self.instance_id)
+        except Exception as exc:  # best effort: the entry expires with its TTL anyway
             logger.debug("could not remove registry entry %s: %s (it expires in %.0f s)", self.key, exc, self.ttl_s)
 
     def _run(self) -> None:
@@ -132,23 +109,3 @@ class Registry:
             remover.start()
             remover.join(timeout_s)
         self.registered = False
-
-
-def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
-    """Every registry entry, sorted by instance id (SCAN, never KEYS)."""
-    keys = sorted(client.scan_iter(match=f"{REGISTRY_PREFIX}*", count=500))
-    if not keys:
-        return []
-    entries = []
-    for key, raw in zip(keys, client.mget(keys), strict=True):
-        if raw is None:
-            continue
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            name = key.decode() if isinstance(key, bytes) else str(key)
-            entry.setdefault("instance_id", name[len(REGISTRY_PREFIX) :])
-            entries.append(entry)
-    return entries

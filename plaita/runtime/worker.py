@@ -15,11 +15,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from plaita import __version__
-from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
+from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings, host_label, new_instance_id
 from plaita.errors import BadTaskError
 from plaita.fsm import BackoffPolicy, ErrorKind, Lifecycle, State, classify
 from plaita.ops.operations import Operations, registry_status
-from plaita.ops.registry import host_label, new_instance_id
 from plaita.runtime.pool import ACK, DEAD, Done, Handler, HandlerPool, Outcome, Settler
 from plaita.runtime.renewer import InFlight, InFlightTable, LeaseKeeper
 from plaita.store.leases import LEASE_PREFIX, LeaseManager

@@ -17,20 +17,15 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from redis.backoff import NoBackoff
 from redis.client import Pipeline
-from redis.retry import Retry
 
 from plaita.config import Settings
 from plaita.store import scripts as lua
+from plaita.store.client import make_client
 from plaita.store.leases import RELEASE, RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
 
 logger = logging.getLogger(__name__)
-
-#: Seconds to wait for a TCP connection before counting the attempt as a transient failure.
-CONNECT_TIMEOUT_S = 2.0
-
 
 def _raw_reply(response: Any, **_options: Any) -> Any:
     return response
@@ -158,19 +153,6 @@ class DeadLetter:
     reason: str
     delivery_count: int
     payload: Any  # the original body (dict) when it parsed, else the raw payload text
-
-
-def make_client(url: str, *, socket_timeout_s: float, client_name: str | None = None) -> redis.Redis:
-    """A redis-py client tuned for a worker: no hidden retries, keepalive, bounded timeouts."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_keepalive=True,
-        retry=Retry(NoBackoff(), 0),
-        client_name=client_name,
-        decode_responses=False,
-    )
 
 
 class StreamQueue:
@@ -504,6 +486,37 @@ class StreamQueue:
             "oldest_pending_age_s": round(oldest_age_s, 3),
         }
 
+    def is_settled(self) -> bool:
+        """True when the stream is empty and nothing is pending (every ack reached Redis)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xlen(self.stream)
+        pipe.xpending(self.stream, self.group)
+        length, pending = pipe.execute()
+        return int(length) == 0 and int(pending.get("pending", 0) or 0) == 0
+
+    def stream_stats_or_empty(self) -> dict[str, Any]:
+        """``stream_stats``, or zeros with a note when the stream or its group does not exist yet."""
+        try:
+            return self.stream_stats()
+        except redis.ResponseError as exc:
+            if "no such key" not in str(exc) and "NOGROUP" not in str(exc):
+                raise
+        exists = bool(self.client.exists(self.stream))
+        groups = self.client.xinfo_groups(self.stream) if exists else []
+        group = next((g for g in groups if _s(g.get("name", b"")) == self.group), None)
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "length": int(self.client.xlen(self.stream)) if exists else 0,
+            "pending": int(group.get("pending", 0) or 0) if group else 0,
+            "lag": group.get("lag") if group else None,
+            "consumers": int(group.get("consumers", 0) or 0) if group else 0,
+            "dlq_length": int(self.client.xlen(self.dlq_key)),
+            "oldest_pending_id": None,
+            "oldest_pending_age_s": 0.0,
+            "note": "stream does not exist yet" if not exists else f"group {self.group!r} does not exist yet",
+        }
+
     @staticmethod
     def payload_for_dlq(entry: Entry, body: Any = None) -> Any:
         """What the DLQ envelope keeps of an entry: the parsed body, else the raw text."""
@@ -512,68 +525,3 @@ class StreamQueue:
         if entry.fields is None:
             return None
         return raw_payload_text(entry.fields)
-
-
-class DeadLetterQueue:
-    """Operator access to the DLQ stream: list, show, requeue, purge (``plaita dlq``)."""
-
-    def __init__(self, queue: StreamQueue) -> None:
-        self.queue = queue
-        self.client = queue.client
-
-    @staticmethod
-    def _row(message_id: Any, fields: dict[Any, Any]) -> dict[str, Any]:
-        raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
-        text = _s(raw) if raw is not None else ""
-        try:
-            envelope = json.loads(text)
-        except ValueError:
-            envelope = {"reason": "unreadable DLQ envelope", "payload": text}
-        if not isinstance(envelope, dict):
-            envelope = {"reason": "unreadable DLQ envelope", "payload": envelope}
-        return {"dlq_id": _s(message_id), **envelope}
-
-    def _range(self, low: str = "-", high: str = "+", count: int | None = None) -> list[tuple[Any, dict[Any, Any]]]:
-        rows = self.client.xrange(self.queue.dlq_key, min=low, max=high, count=count)
-        return cast(list[tuple[Any, dict[Any, Any]]], rows or [])
-
-    def oldest(self, count: int) -> list[dict[str, Any]]:
-        """The oldest ``count`` dead letters."""
-        return [self._row(mid, f) for mid, f in self._range(count=count)]
-
-    def get(self, dlq_id: str) -> dict[str, Any] | None:
-        rows = self._range(dlq_id, dlq_id, 1)
-        return self._row(*rows[0]) if rows else None
-
-    def requeue(self, dlq_ids: list[str]) -> list[tuple[str, str]]:
-        """Put dead letters back on the stream as new entries (delivery count starts again),
-        keeping their body, and remove them from the DLQ, in one transaction.
-        Returns (dlq id, new stream id) pairs; unknown ids raise KeyError."""
-        rows = []
-        for dlq_id in dlq_ids:
-            row = self.get(dlq_id)
-            if row is None:
-                raise KeyError(dlq_id)
-            rows.append(row)
-        pipe = self.client.pipeline(transaction=True)
-        for row in rows:
-            body = row.get("payload")
-            payload = encode_body(body) if isinstance(body, dict) else str(body if body is not None else "")
-            pipe.xadd(self.queue.stream, {PAYLOAD_FIELD: payload, SCHEMA_FIELD: "1"})
-        pipe.xdel(self.queue.dlq_key, *dlq_ids)
-        results = pipe.execute()
-        return [(row["dlq_id"], _s(new_id)) for row, new_id in zip(rows, results[:-1], strict=True)]
-
-    def all_ids(self) -> list[str]:
-        return [_s(mid) for mid, _ in self._range()]
-
-    def length(self) -> int:
-        return int(self.client.xlen(self.queue.dlq_key))
-
-    def purge(self) -> int:
-        """Delete every dead letter; returns how many there were."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xlen(self.queue.dlq_key)
-        pipe.delete(self.queue.dlq_key)
-        count, _ = pipe.execute()
-        return int(count)

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from plaita.store.streams import DeadLetter, StreamQueue, make_client
+from plaita.store.client import make_client
+from plaita.store.streams import DeadLetter, StreamQueue
 from tests.support.workers import wait_for
 
 pytestmark = pytest.mark.redis

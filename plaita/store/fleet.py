@@ -1,0 +1,107 @@
+"""The fleet's Redis keys: registry entries, the control channels and their reply lists.
+
+``plaita:registry:flow_worker:{instance}`` is a TTL'd JSON string per worker (the original's
+key); ``plaita:control:{instance}`` and ``plaita:control:all`` are pub/sub channels carrying JSON
+commands; a command may name a reply list that the worker pushes its answer to.
+Every function lets redis-py exceptions through: the caller decides what a failure means.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+#: Key prefix of registry entries (compatible with the original plaita).
+REGISTRY_PREFIX = "plaita:registry:flow_worker:"
+#: Channel prefix; the per-instance channel is this plus the instance id.
+CONTROL_PREFIX = "plaita:control:"
+#: Channel every worker listens to.
+CONTROL_ALL = "plaita:control:all"
+#: Prefix of the lists a worker pushes command replies to.
+REPLY_PREFIX = "plaita:control:reply:"
+#: Reply lists expire after this many seconds if nobody reads them.
+REPLY_TTL_S = 60
+
+
+def registry_key(instance_id: str) -> str:
+    return f"{REGISTRY_PREFIX}{instance_id}"
+
+
+def control_channel(instance_id: str) -> str:
+    return f"{CONTROL_PREFIX}{instance_id}"
+
+
+def write_entry(client: redis.Redis, instance_id: str, entry: dict[str, Any], ttl_s: float) -> None:
+    """(Re)write one worker's registry entry with its TTL."""
+    client.set(registry_key(instance_id), json.dumps(entry), px=max(1, int(ttl_s * 1000)))
+
+
+def delete_entry(client: redis.Redis, instance_id: str) -> None:
+    client.delete(registry_key(instance_id))
+
+
+def is_registered(client: redis.Redis, instance_id: str) -> bool:
+    return bool(client.exists(registry_key(instance_id)))
+
+
+def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every registry entry, sorted by instance id (SCAN, never KEYS)."""
+    keys = sorted(client.scan_iter(match=f"{REGISTRY_PREFIX}*", count=500))
+    if not keys:
+        return []
+    entries = []
+    for key, raw in zip(keys, client.mget(keys), strict=True):
+        if raw is None:
+            continue
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            entry.setdefault("instance_id", name[len(REGISTRY_PREFIX) :])
+            entries.append(entry)
+    return entries
+
+
+def send_command(
+    client: redis.Redis,
+    target: str,
+    command: str,
+    *,
+    now: bool = False,
+    reply_to: str | None = None,
+    request_id: str | None = None,
+) -> int:
+    """Publish ``command`` to one instance (or ``all``); returns how many workers received it."""
+    channel = CONTROL_ALL if target == "all" else control_channel(target)
+    message: dict[str, Any] = {"command": command, "now": now, "graceful": not now, "timestamp": time.time()}
+    if reply_to:
+        message["reply_to"] = reply_to
+        message["request_id"] = request_id
+    return int(client.publish(channel, json.dumps(message)))
+
+
+def push_reply(client: redis.Redis, reply_to: str, answer: dict[str, Any]) -> None:
+    """Push a command's answer to its reply list (expires if nobody reads it)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.rpush(reply_to, json.dumps(answer))
+    pipe.expire(reply_to, REPLY_TTL_S)
+    pipe.execute()
+
+
+def wait_reply(client: redis.Redis, reply_to: str, timeout_s: float) -> dict[str, Any] | None:
+    """The first answer pushed to ``reply_to`` within ``timeout_s``, else None."""
+    answer = client.blpop([reply_to], timeout=timeout_s)
+    if answer is None:
+        return None
+    decoded = json.loads(answer[1])
+    return decoded if isinstance(decoded, dict) else None
+
+
+def open_pubsub(client: redis.Redis) -> Any:
+    """A pub/sub object that reports subscribe confirmations (the listener waits for them)."""
+    return client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
