@@ -20,7 +20,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from plaita.ops.operations import read_status_file
+from plaita.ops.status import read_status_file
 from plaita.store.server import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent

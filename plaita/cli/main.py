@@ -309,12 +309,14 @@ def configure_logging(level: str) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    from plaita.ops.operations import attach_operations
     from plaita.runtime.handlers import load_handler
     from plaita.runtime.worker import Worker
 
     settings = settings_from_args(args)
     handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]
+    attach_operations(worker)
     signals_seen = 0
 
     def on_signal(signum: int, _frame: object) -> None:

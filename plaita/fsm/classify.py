@@ -118,3 +118,19 @@ def classify(exc: BaseException) -> ErrorKind:
 def is_redis_failure(exc: BaseException) -> bool:
     """True when ``exc`` is a Redis-side failure (transient or persistent)."""
     return classify(exc) in (ErrorKind.TRANSIENT, ErrorKind.PERSISTENT)
+
+
+#: Class names (anywhere in the MRO) and reply codes that mean "who you are" was refused.
+_AUTH_CLASSES = frozenset({"AuthenticationError", "AuthenticationWrongNumberOfArgsError", "AuthorizationError"})
+_AUTH_CODES = frozenset({"WRONGPASS", "NOAUTH"})
+
+
+def cause(exc: BaseException) -> str:
+    """What an operator must look at: ``auth`` (credentials), ``acl`` (permissions), else ``""``."""
+    names = {cls.__name__ for cls in type(exc).__mro__ if _is_redis_class(cls)}
+    code = response_code(exc)
+    if names & _AUTH_CLASSES or code in _AUTH_CODES:
+        return "auth"
+    if "NoPermissionError" in names or code == "NOPERM":
+        return "acl"
+    return ""

@@ -45,6 +45,8 @@ class Lifecycle:
         #: How long the state before the current one lasted (for metrics).
         self.previous_state_duration_s = 0.0
         self.last_failure_persistent = False
+        #: Every state entered so far (readiness: "starting" until consuming began once).
+        self.visited: set[State] = {initial}
         self._listener = listener
         self.machine = build_machine(self, initial=initial)
 
@@ -66,6 +68,7 @@ class Lifecycle:
         now = time.monotonic()
         self.previous_state_duration_s = now - self.entered_at_s
         self.entered_at_s = now
+        self.visited.add(State[transition.dest])
         if self._listener is not None:
             self._listener(State[transition.source], State[transition.dest], event.event.name)
 

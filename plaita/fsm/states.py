@@ -10,6 +10,7 @@ class State(enum.Enum):
 
     INIT = "INIT"
     ENSURE_GROUP = "ENSURE_GROUP"
+    RESUMING_OWN = "RESUMING_OWN"
     RECLAIMING = "RECLAIMING"
     READING = "READING"
     BACKOFF = "BACKOFF"
@@ -22,4 +23,4 @@ class State(enum.Enum):
 TERMINAL_STATES = frozenset({State.STOPPED})
 
 #: States in which the worker issues stream commands; a Redis failure there means BACKOFF.
-ACTIVE_STATES = (State.ENSURE_GROUP, State.RECLAIMING, State.READING)
+ACTIVE_STATES = (State.ENSURE_GROUP, State.RESUMING_OWN, State.RECLAIMING, State.READING)

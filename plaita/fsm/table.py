@@ -17,13 +17,18 @@ S = State
 
 #: Every non-terminal state accepts ``stop_requested``; listed explicitly because
 #: ``source="*"`` would also create a STOPPING -> STOPPING self-loop.
-_STOPPABLE: Final = [S.INIT, S.ENSURE_GROUP, S.RECLAIMING, S.READING, S.BACKOFF, S.PAUSED]
+_STOPPABLE: Final = [S.INIT, S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.READING, S.BACKOFF, S.PAUSED]
 #: States a remote ``pause`` can interrupt (the owner is between Redis calls in each).
-_PAUSABLE: Final = [S.ENSURE_GROUP, S.RECLAIMING, S.READING, S.BACKOFF]
+_PAUSABLE: Final = [S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.READING, S.BACKOFF]
 
 TRANSITIONS: list[TransitionConfigDict] = [
     {"trigger": "start", "source": S.INIT, "dest": S.ENSURE_GROUP},
-    {"trigger": "group_ready", "source": S.ENSURE_GROUP, "dest": S.RECLAIMING},
+    # Every (re)start of consuming -- first start, after an outage, after a pause -- re-reads
+    # this consumer's own pending entries first: a restarted worker resumes its own work at once,
+    # and entries whose read reply an outage swallowed are found. Claiming waits until that scan
+    # is done: a claimed entry joins our pending list and the scan would dispatch it twice.
+    {"trigger": "group_ready", "source": S.ENSURE_GROUP, "dest": S.RESUMING_OWN},
+    {"trigger": "own_pending_done", "source": S.RESUMING_OWN, "dest": S.RECLAIMING},
     {"trigger": "reclaim_done", "source": S.RECLAIMING, "dest": S.READING},
     {"trigger": "reclaim_due", "source": S.READING, "dest": S.RECLAIMING},
     {
@@ -52,14 +57,17 @@ TRANSITIONS: list[TransitionConfigDict] = [
 TRIGGER_DOCS: Final[dict[str, str]] = {
     "start": "the daemon starts its consume loop",
     "group_ready": "`XGROUP CREATE … MKSTREAM` succeeded or answered BUSYGROUP",
+    "own_pending_done": "a page of this consumer's own pending list came back empty: nothing of ours is left to resume",
     "reclaim_done": "the bounded reclaim pass finished (nothing left to claim, or its budget spent)",
     "reclaim_due": "the reclaim interval elapsed while reading",
     "redis_failed": "any Redis error (transient or persistent) at a call site of the active states",
     "backoff_elapsed": "the owner polls; it fires only once the backoff delay has passed",
     "pause_requested": "a remote `pause` command (control channel); pausing twice is a no-op",
     "resume_requested": "a remote `resume` command while paused",
-    "stop_requested": "SIGTERM/SIGINT or a remote stop; posted by other threads, fired by the owner",
-    "drained": "in-flight work finished or the drain timeout passed; unfinished work is left pending",
+    "stop_requested": "SIGTERM/SIGINT or a remote stop; posted by other threads, fired by the owner. A second "
+    "signal, or `stop --now`, is not a new transition: it cuts the drain of STOPPING short",
+    "drained": "in-flight work finished, the drain timeout passed or a stop-now arrived; unstarted and "
+    "unfinished work was handed back",
 }
 
 #: What each state means, for docs/states.md.
@@ -67,11 +75,16 @@ STATE_DOCS: Final[dict[State, str]] = {
     S.INIT: "constructed; no Redis command issued yet",
     S.ENSURE_GROUP: "creating the consumer group (idempotent); after a Redis restart without data this "
     "recreates it (NOGROUP)",
-    S.RECLAIMING: "claiming entries idle longer than `--claim-min-idle-ms` (XAUTOCLAIM, following the cursor)",
-    S.READING: "XREADGROUP with a bounded BLOCK: first this consumer's own pending entries (id 0), then `>`",
+    S.RESUMING_OWN: "re-reading this consumer's own pending list (`XREADGROUP … 0`, page by page, no BLOCK) and "
+    "running what is not already running or awaiting its ack here",
+    S.RECLAIMING: "one bounded pass of a Lua script (XPENDING IDLE + lease check + XCLAIM, following a cursor) "
+    "claiming entries idle longer than `--claim-min-idle-ms` whose execution lease is absent; then "
+    "housekeeping (idle consumers, acked residue) when due",
+    S.READING: "XREADGROUP `>` with a bounded BLOCK for as many tasks as there are free handler slots",
     S.BACKOFF: "waiting `min(cap, base·2^attempt)` with jitter on the monotonic clock; stop interrupts it",
     S.PAUSED: "remote pause: no reads or claims; in-flight tasks finish and are acked; heartbeat and control stay up",
-    S.STOPPING: "no more reads; in-flight tasks drain up to `--drain-timeout-s`",
+    S.STOPPING: "no more reads; unstarted tasks are handed back at once, running ones drain up to "
+    "`--drain-timeout-s` (a second signal or `stop --now` ends the drain), the rest are handed back",
     S.STOPPED: "terminal: the process exits 0",
 }
 

@@ -1,10 +1,4 @@
-"""Handler threads and the settler thread.
-
-Handlers run on ``concurrency`` daemon threads. Outcomes go to one settler thread that acks
-and dead-letters in batches (one MULTI/EXEC round trip per batch), so a fast handler is not
-held back by a round trip per task and a slow Redis never blocks a handler. A failed batch
-is kept (bounded) and retried after the owner has seen Redis come back.
-"""
+"""Handler threads: run tasks on ``concurrency`` daemon threads and report finished chunks."""
 
 from __future__ import annotations
 
@@ -14,52 +8,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from plaita.errors import BadTaskError
-from plaita.store.streams import DeadLetter, StreamQueue
+from plaita.runtime.settler import RETRY, Outcome
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Task], object]
+Done = tuple[Task, Outcome, float]
 
-#: Settled-but-not-yet-acked outcomes kept across an outage; past this the oldest are
-#: dropped (they stay pending in Redis and are redelivered: at-least-once holds).
-MAX_UNSETTLED = 50_000
-#: Most outcomes settled in one MULTI/EXEC.
-SETTLE_BATCH = 500
 #: A task slower than this reports its outcome at once instead of with its chunk.
 _REPORT_EVERY_S = 0.05
 #: Exponential moving average weight for handler duration.
 _EWMA_ALPHA = 0.2
 
-
-#: Outcome kinds.
-ACK, DEAD, RETRY = "ack", "dead", "retry"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What to do with a message once its handler returned.
-
-    ``ack``: done, XACK + XDEL. ``dead``: move to the DLQ. ``retry``: the handler failed; leave
-    it pending for redelivery. ``release``
-    is a lease (key, value) to release in the same transaction as the ack.
-    """
-
-    message_id: str
-    kind: str = ACK
-    dead: DeadLetter | None = None
-    release: tuple[str, str] | None = None
-
-    @classmethod
-    def to_dlq(cls, message_id: str, reason: str, delivery_count: int, payload: object) -> Outcome:
-        """Move ``message_id`` to the DLQ with ``reason``, keeping ``payload``."""
-        return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, payload))
-
-
-Done = tuple[Task, Outcome, float]
 
 
 def _stream_order(message_id: str) -> tuple[int, int]:
@@ -119,10 +82,6 @@ class HandlerPool:
         """Tasks queued or running."""
         with self._lock:
             return self._queued + len(self._running)
-
-    def running_ids(self) -> list[str]:
-        with self._lock:
-            return sorted(self._running)
 
     def take_unstarted(self) -> list[Task]:
         """Remove and return every task no handler has started, in stream order."""
@@ -207,121 +166,3 @@ class HandlerPool:
         return Outcome(task.message_id)
 
 
-class Settler:
-    """The thread that acks and dead-letters finished tasks in batches."""
-
-    def __init__(self, stream_queue: StreamQueue, *, on_failure: Callable[[BaseException], None]) -> None:
-        self._queue = stream_queue
-        self._on_failure = on_failure
-        self._cond = threading.Condition()
-        self._pending: collections.deque[Outcome] = collections.deque()
-        self._healthy = True
-        self._closed = False
-        self._dropped = 0
-        self._batch: list[Outcome] = []
-        self._idle_waiting = False
-        self._thread = threading.Thread(target=self._run, name="plaita-settler", daemon=True)
-        self.settled = 0
-        self.dead_lettered = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def put(self, outcome: Outcome) -> None:
-        self.put_many([outcome])
-
-    def put_many(self, outcomes: list[Outcome]) -> None:
-        """Queue outcomes for the next batch (one lock round for all of them)."""
-        # A failed task without a lease to release leaves nothing to tell Redis: it stays pending.
-        wanted = [o for o in outcomes if o.kind != RETRY or o.release is not None]
-        if not wanted:
-            return
-        with self._cond:
-            if self._closed:
-                return  # after the drain deadline nothing more is acked: it stays pending
-            overflow = len(self._pending) + len(wanted) - MAX_UNSETTLED
-            for _ in range(min(max(0, overflow), len(self._pending))):
-                self._pending.popleft()
-                self._dropped += 1
-                if self._dropped == 1 or self._dropped % 1000 == 0:
-                    logger.warning(
-                        "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
-                    )
-            self._pending.extend(wanted)
-            if self._idle_waiting:  # wake the settler only when it sleeps: a notify per task is costly
-                self._cond.notify_all()
-
-    def unsettled_ids(self) -> set[str]:
-        """Ids whose outcome is queued or being sent right now."""
-        with self._cond:
-            return {o.message_id for o in self._pending} | {o.message_id for o in self._batch}
-
-    @property
-    def backlog(self) -> int:
-        with self._cond:
-            return len(self._pending)
-
-    def redis_ok(self) -> None:
-        """The owner saw Redis answer again: retry kept outcomes now."""
-        with self._cond:
-            self._healthy = True
-            self._cond.notify_all()
-
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until everything put so far is settled, at most ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._pending or self._busy:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._healthy:
-                    return not self._pending and not self._busy
-                self._cond.wait(min(remaining, 0.05))
-            return True
-
-    def close(self) -> None:
-        """Refuse further outcomes and let the thread end once idle."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    _busy = False
-
-    def _take_batch(self) -> list[Outcome] | None:
-        with self._cond:
-            while not self._pending or not self._healthy:
-                if self._closed:
-                    return None
-                self._idle_waiting = True
-                self._cond.wait(0.5)
-                self._idle_waiting = False
-            batch = [self._pending.popleft() for _ in range(min(SETTLE_BATCH, len(self._pending)))]
-            self._busy = True
-            self._batch = batch
-            return batch
-
-    def _run(self) -> None:
-        while True:
-            batch = self._take_batch()
-            if batch is None:
-                return
-            acks = [o.message_id for o in batch if o.kind == ACK]
-            dead = [o.dead for o in batch if o.kind == DEAD and o.dead is not None]
-            releases = [o.release for o in batch if o.release is not None]
-            try:
-                self._queue.settle(acks, dead, releases)
-            except Exception as exc:
-                with self._cond:
-                    # Keep them, oldest first, for a retry once the owner sees Redis again.
-                    self._pending.extendleft(reversed(batch))
-                    self._healthy = False
-                    self._busy = False
-                    self._batch = []
-                    self._cond.notify_all()
-                self._on_failure(exc)
-                continue
-            with self._cond:
-                self._busy = False
-                self._batch = []
-                self.settled += len(acks)
-                self.dead_lettered += len(dead)
-                self._cond.notify_all()

@@ -1,6 +1,6 @@
-"""Keeping this worker's tasks visibly alive (design.md §6).
+"""Keeping this worker's tasks visibly alive, so no other worker reclaims live work.
 
-``InFlightTable`` is every task read and not yet settled. ``LeaseKeeper`` is the renewer
+``InFlightTable`` is every task read and not yet settled. ``LeaseRenewer`` is the renewer
 thread: every interval it extends the leases of those tasks (compare-and-extend), resets
 their entries' idle time (XCLAIM JUSTID to ourselves), takes the lazy lease of a long task
 keyed by its message id, and declares a lease lost when Redis says another holder has it or
@@ -104,7 +104,7 @@ class InFlightTable:
             return ready
 
 
-class LeaseKeeper:
+class LeaseRenewer:
     """The renewer thread of one worker."""
 
     def __init__(

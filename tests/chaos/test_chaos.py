@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.ops.operations import read_status_file
+from plaita.ops.status import read_status_file
 from plaita.store.streams import StreamQueue
 from tests.support.handlers import read_log
 from tests.support.proxy import FaultProxy

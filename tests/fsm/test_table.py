@@ -36,7 +36,11 @@ NOOP = _NoOp()
 EXPECTED: dict[tuple[State, str], State | _NoOp] = {
     (S.INIT, "start"): S.ENSURE_GROUP,
     (S.INIT, "stop_requested"): S.STOPPING,
-    (S.ENSURE_GROUP, "group_ready"): S.RECLAIMING,
+    (S.ENSURE_GROUP, "group_ready"): S.RESUMING_OWN,
+    (S.RESUMING_OWN, "own_pending_done"): S.RECLAIMING,
+    (S.RESUMING_OWN, "redis_failed"): S.BACKOFF,
+    (S.RESUMING_OWN, "stop_requested"): S.STOPPING,
+    (S.RESUMING_OWN, "pause_requested"): S.PAUSED,
     (S.ENSURE_GROUP, "redis_failed"): S.BACKOFF,
     (S.ENSURE_GROUP, "stop_requested"): S.STOPPING,
     (S.RECLAIMING, "reclaim_done"): S.READING,
@@ -63,6 +67,7 @@ EXPECTED: dict[tuple[State, str], State | _NoOp] = {
 EXPECTED_TRIGGERS = [
     "start",
     "group_ready",
+    "own_pending_done",
     "reclaim_done",
     "reclaim_due",
     "redis_failed",
@@ -179,9 +184,9 @@ class TestTableRules:
     """The structural rules of the issue, read from the live machine rather than from EXPECTED."""
 
     def test_every_active_failure_goes_to_backoff(self) -> None:
-        """redis_failed is accepted exactly in ENSURE_GROUP, RECLAIMING and READING, and leads to BACKOFF."""
+        """redis_failed is accepted exactly in ENSURE_GROUP, RESUMING_OWN, RECLAIMING and READING -> BACKOFF."""
         machine = Lifecycle().machine
-        assert set(ACTIVE_STATES) == {S.ENSURE_GROUP, S.RECLAIMING, S.READING}
+        assert set(ACTIVE_STATES) == {S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.READING}
         found = {(t.source, t.dest) for t in machine.get_transitions(trigger="redis_failed")}
         assert found == {(s.name, "BACKOFF") for s in ACTIVE_STATES}
 
@@ -302,13 +307,18 @@ class TestListener:
         """A full run (with one outage) reports each (source, dest, trigger) in order and moves entered_at_s."""
         steps: list[tuple[str, State]] = [
             ("start", S.ENSURE_GROUP),
-            ("group_ready", S.RECLAIMING),
+            ("group_ready", S.RESUMING_OWN),
+            ("own_pending_done", S.RECLAIMING),
             ("reclaim_done", S.READING),
             ("reclaim_due", S.RECLAIMING),
             ("reclaim_done", S.READING),
             ("redis_failed", S.BACKOFF),
             ("backoff_elapsed", S.ENSURE_GROUP),
-            ("group_ready", S.RECLAIMING),
+            ("group_ready", S.RESUMING_OWN),
+            ("redis_failed", S.BACKOFF),
+            ("backoff_elapsed", S.ENSURE_GROUP),
+            ("group_ready", S.RESUMING_OWN),
+            ("own_pending_done", S.RECLAIMING),
             ("reclaim_done", S.READING),
             ("stop_requested", S.STOPPING),
             ("drained", S.STOPPED),

@@ -151,10 +151,13 @@ class TestTransientAtEachCallSite:
         caplog: pytest.LogCaptureFixture,
     ) -> None:
         """A read whose reply is lost acks nothing: the entry stays pending and is run once later."""
+        # Armed before the worker starts: a blocking read already in progress when a test arms
+        # the plan would slip past it. Only a reply carrying entries is lost, so arming early is exact.
+        plan = FaultPlan()
+        plan.arm("xreadgroup_new", make_exc(), after_call=True, only_with_entries=True)
         with running_worker(
-            redis_url, on_backoff=snapshot(rclient), claim_min_idle_ms=200, reclaim_interval_s=0.05
+            redis_url, plan=plan, on_backoff=snapshot(rclient), claim_min_idle_ms=200, reclaim_interval_s=0.05
         ) as rw:
-            rw.plan.arm("xreadgroup_new", make_exc(), after_call=True, only_with_entries=True)
             id1 = add_task(rclient, 1)
             rw.worker.wait_reading_after_backoff(1)
             id2 = add_task(rclient, 2)

@@ -224,7 +224,7 @@ class TestRedisFreeze:
             successor_ready.set()
             probe.wait(lambda runs: runs[0].ended_at_s is not None, 5.0, "the old handler returning")
             # The worker dropped the task without settling it: nothing is acked or released.
-            wait_for(lambda: not w.worker._inflight and w.worker._settler.backlog == 0, 5.0, "task dropped")
+            wait_for(lambda: not w.worker.inflight and w.worker.settler.backlog == 0, 5.0, "task dropped")
             assert w.worker.counters.leases_lost == 1 and w.worker.counters.completed == 0
             assert pending_count(client) == 1
         (run,) = probe.snapshot()

@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from plaita.config import Settings
-from plaita.ops.operations import read_status_file
+from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
 from plaita.store.streams import StreamQueue
 from plaita.tasks import Task

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from plaita.ops.operations import read_status_file
+from plaita.ops.status import read_status_file
 from tests.support.handlers import read_log
 from tests.support.redis_server import free_port
 

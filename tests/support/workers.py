@@ -26,7 +26,7 @@ from redis.retry import Retry
 from plaita.config import Settings
 from plaita.errors import BadTaskError
 from plaita.fsm import State
-from plaita.ops.operations import read_status_file
+from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
 from plaita.store.streams import StreamQueue
 from plaita.tasks import Task

@@ -1,0 +1,161 @@
+"""The actions of the consuming states: one method per state, one bounded step each.
+
+Each step issues its Redis calls and, when its state is done, fires the trigger that leaves
+it. Redis errors pass through to the owner loop, which turns them into ``redis_failed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from plaita.config import Settings
+from plaita.fsm import Lifecycle
+from plaita.runtime.counters import CounterBook
+from plaita.runtime.intake import Intake
+from plaita.runtime.outage import Outage
+from plaita.runtime.renewer import LeaseRenewer
+from plaita.runtime.settler import Settler
+from plaita.store.leases import LEASE_PREFIX
+from plaita.store.streams import StreamQueue
+
+logger = logging.getLogger(__name__)
+
+#: Entries claimed per RECLAIMING pass at most, so a huge pending list never starves reading.
+RECLAIM_BATCH = 100
+#: Entries examined per residue sweep (original #43: 256 per pass).
+RESIDUE_SWEEP_BATCH = 256
+
+
+class ConsumePhases:
+    """ENSURE_GROUP, RESUMING_OWN, RECLAIMING and READING for one worker (owner thread only)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        queue: StreamQueue,
+        lifecycle: Lifecycle,
+        intake: Intake,
+        renewer: LeaseRenewer,
+        settler: Settler,
+        outage: Outage,
+        counters: CounterBook,
+        slot_freed: threading.Event,
+    ) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.lifecycle = lifecycle
+        self.intake = intake
+        self.renewer = renewer
+        self.settler = settler
+        self.outage = outage
+        self.counters = counters
+        self.slot_freed = slot_freed
+        self.group_seen = False
+        self._own_cursor = "0"
+        self._claim_cursor = "0-0"
+        self._next_reclaim_at_s = 0.0
+        self._next_housekeeping_at_s = 0.0
+
+    def ensure_group(self) -> None:
+        created = self.queue.ensure_group()
+        if created and self.group_seen:
+            logger.warning(
+                "consumer group %r on %r was missing (Redis restarted without its data?); recreated it",
+                self.queue.group,
+                self.queue.stream,
+            )
+        elif created:
+            logger.info("created consumer group %r on stream %r", self.queue.group, self.queue.stream)
+        self.group_seen = True
+        ended = self.outage.end()
+        if ended is not None:
+            logger.info("Redis is back after %.1f s (%d retries); consuming again", *ended)
+        self.settler.redis_ok()
+        # RESUMING_OWN starts from the beginning of our pending list every time.
+        self._own_cursor = "0"
+        self.lifecycle.trigger("group_ready")
+
+    def resume_own(self) -> None:
+        """One page of this consumer's own pending entries; ``own_pending_done`` once empty.
+
+        A restarted worker with a stable name resumes its own pending entries at once. After an
+        outage the same scan finds entries whose read reply was lost. Work of ours still running
+        or awaiting its ack is skipped: the snapshot is taken *before* the read, and an id is
+        always in one of the two sets until its ack lands (put before forget).
+        """
+        free = self.intake.free_slots()
+        if free <= 0:
+            self._wait_for_slot()
+            return
+        ours = self.intake.ours()
+        page = self.queue.read_own_pending(self._own_cursor, free)
+        self.lifecycle.backoff.reset()
+        if not page:
+            self._next_reclaim_at_s = 0.0  # the claim pass skipped until now runs at once
+            self.lifecycle.trigger("own_pending_done")
+            return
+        self._own_cursor = page[-1].message_id
+        entries = [e for e in page if e.message_id not in ours]
+        if entries:
+            logger.info("resuming %d of this consumer's own pending tasks", len(entries))
+        self.intake.accept(entries)
+
+    def reclaim(self) -> None:
+        """One bounded pass: claim abandoned entries (idle and unleased), then housekeeping."""
+        self.renewer.release_orphans()
+        budget = min(self.intake.free_slots(), RECLAIM_BATCH)
+        if budget > 0:
+            self._claim(budget)
+        now = time.monotonic()
+        if now >= self._next_housekeeping_at_s:
+            self._housekeeping()
+            self._next_housekeeping_at_s = now + self.settings.housekeeping_interval_s
+        self._next_reclaim_at_s = now + self.settings.reclaim_interval_s
+        self.lifecycle.trigger("reclaim_done")
+
+    def _claim(self, budget: int) -> None:
+        ours = self.intake.ours()
+        cursor, claimed, skipped = self.queue.claim_unleased(
+            self._claim_cursor, self.settings.claim_min_idle_ms, budget, LEASE_PREFIX
+        )
+        self._claim_cursor = cursor
+        # Our own finished work whose ack is still queued (say, across an outage) may look
+        # abandoned: claimed back to us is harmless, running it again is not.
+        claimed = [e for e in claimed if e.message_id not in ours]
+        if skipped:
+            logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
+        if claimed:
+            logger.info(
+                "reclaimed %d abandoned task(s): %s",
+                len(claimed),
+                ", ".join(f"{e.message_id} (delivery {e.delivery_count})" for e in claimed[:10]),
+            )
+            self.counters.add("reclaimed", self.intake.accept(claimed))
+
+    def _housekeeping(self) -> None:
+        """Remove long-idle consumers with nothing pending, and acked-but-undeleted residue."""
+        removed = self.queue.prune_consumers(int(self.settings.consumer_prune_idle_s * 1000))
+        if removed:
+            logger.info("removed %d idle consumer(s) with no pending entries: %s", len(removed), ", ".join(removed))
+        swept = self.queue.sweep_residue(RESIDUE_SWEEP_BATCH)
+        if swept:
+            logger.info("deleted %d acked entries left in the stream (residue)", swept)
+
+    def read(self) -> None:
+        if time.monotonic() >= self._next_reclaim_at_s:
+            self.lifecycle.trigger("reclaim_due")
+            return
+        free = self.intake.free_slots()
+        if free <= 0:
+            self._wait_for_slot()
+            return
+        entries = self.queue.read_new(free, self.settings.read_block_ms)
+        self.lifecycle.backoff.reset()
+        self.intake.accept(entries)
+
+    def _wait_for_slot(self) -> None:
+        self.slot_freed.wait(self.settings.read_block_ms / 1000)
+        self.slot_freed.clear()

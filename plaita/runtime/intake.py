@@ -1,0 +1,147 @@
+"""Turning a read batch into running tasks: parse, dead-letter the malformed, lease, dispatch.
+
+Owned by the owner thread (the only one that adds in-flight tasks), so no scan of our own
+pending list or reclaim pass can race an accept.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
+from plaita.errors import BadTaskError
+from plaita.runtime.counters import CounterBook
+from plaita.runtime.pool import HandlerPool
+from plaita.runtime.renewer import InFlight, InFlightTable
+from plaita.runtime.settler import Outcome, Settler
+from plaita.store.leases import LeaseManager
+from plaita.store.streams import Entry, StreamQueue
+from plaita.tasks import Task, parse_entry
+
+logger = logging.getLogger(__name__)
+
+#: Handlers faster than this (mean) let the worker read ahead (automatic prefetch).
+FAST_HANDLER_S = 0.005
+#: Below this claim threshold every task takes its lease before it starts (see ``accept``).
+LAZY_LEASE_MIN_IDLE_MS = 1000
+
+
+class Intake:
+    """Accepts read batches for one worker."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        inflight: InFlightTable,
+        pool: HandlerPool,
+        settler: Settler,
+        leases: LeaseManager,
+        counters: CounterBook,
+    ) -> None:
+        self.settings = settings
+        self.inflight = inflight
+        self.pool = pool
+        self.settler = settler
+        self.leases = leases
+        self.counters = counters
+        #: Lazy message-id leases rely on idle time < claim_min_idle_ms until the first renewal
+        #: (at most 2/3 of it); with a threshold this short, take every lease eagerly instead.
+        self.eager_leases = settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
+
+    def ours(self) -> set[str]:
+        """Ids of work still running here or awaiting its ack. Take it *before* reading: an id
+        is in one of the two sets until its ack lands (the outcome is queued before the task
+        leaves the in-flight table), so nothing read afterwards can slip between them."""
+        return self.inflight.ids() | self.settler.unsettled_ids()
+
+    def free_slots(self) -> int:
+        prefetch = self.settings.prefetch
+        if prefetch is None:
+            mean = self.pool.mean_duration_s
+            prefetch = DEFAULT_MAX_PREFETCH if mean is not None and mean < FAST_HANDLER_S else 0
+        return min(READ_BATCH_MAX, self.settings.concurrency + prefetch - len(self.inflight))
+
+    def accept(self, entries: list[Entry]) -> int:
+        """Dispatch a read batch: malformed entries go straight to the DLQ, the rest start.
+
+        A task of an execution (body ``execution_id``) starts only once it holds that
+        execution's lease (one round trip for the batch), so a start and a resume of the same
+        execution never run at once. A task without one is keyed by its own message id, which
+        no other entry shares: it starts at once and takes its lease only if it is still running
+        at the first renewal (``LeaseRenewer.renew_once``). Until then its idle time, reset by the
+        read, is below ``claim_min_idle_ms``, so no reclaim can take it: the same protection,
+        without a Lua call per short task. Returns how many started.
+        """
+        eager: list[tuple[Task, Entry]] = []
+        started: list[Task] = []
+        now = time.monotonic()
+        for entry in entries:
+            task = self._parse(entry)
+            if task is None:
+                continue
+            if self.eager_leases or "execution_id" in task.body:
+                eager.append((task, entry))
+                continue
+            assert entry.fields is not None
+            self.inflight.add(InFlight(task, entry.fields, None, now, read_at_s=now))
+            started.append(task)
+        try:
+            leases = self.leases.acquire_many([t.execution_id for t, _ in eager])
+        except Exception:
+            # Redis may have set some of these leases anyway: released as orphans after the
+            # outage; the entries stay in our pending list and are re-read then.
+            self.inflight.suspect_orphans(t.execution_id for t, _ in eager)
+            self.pool.submit(started)
+            raise
+        for (task, entry), got in zip(eager, leases, strict=True):
+            if isinstance(got, str):
+                self.counters.add("lease_conflicts", 1)
+                logger.info(
+                    "execution %s is leased by %s; task %s left pending until that lease ends",
+                    task.execution_id,
+                    got,
+                    task.message_id,
+                )
+                continue
+            task.fencing_token = got.generation
+            assert entry.fields is not None
+            self.inflight.add(InFlight(task, entry.fields, got, now, read_at_s=now))
+            started.append(task)
+        self.pool.submit(started)
+        self.counters.add("read", len(started))
+        return len(started)
+
+    def _parse(self, entry: Entry) -> Task | None:
+        """The entry as a runnable task, or None (dead-lettered, deleted, or already running)."""
+        if entry.fields is None:
+            self.settler.put(Outcome(entry.message_id))  # deleted from the stream: clear the PEL
+            return None
+        if entry.message_id in self.inflight:
+            return None  # already running here (our own idle entry came back)
+        try:
+            task = parse_entry(
+                entry.message_id,
+                entry.fields,
+                entry.delivery_count,
+                max_payload_bytes=self.settings.max_payload_bytes,
+            )
+        except BadTaskError as exc:
+            self.counters.add("bad_input", 1)
+            logger.warning("task %s is malformed (%s): moved to the DLQ", entry.message_id, exc.reason)
+            self._dead_letter(entry, exc.reason, None)
+            return None
+        if task.delivery_count > self.settings.max_deliveries:
+            logger.error(
+                "task %s was delivered %d times without success: moved to the DLQ", task.message_id, task.delivery_count
+            )
+            self._dead_letter(entry, "max_deliveries", task.body)
+            return None
+        return task
+
+    def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
+        self.counters.add("dead_lettered", 1)
+        payload = StreamQueue.payload_for_dlq(entry, body)
+        self.settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, payload))

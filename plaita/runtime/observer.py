@@ -1,0 +1,72 @@
+"""What the worker tells the world: a small observer interface that ``plaita.ops`` implements.
+
+The runtime never imports ops. The CLI builds an ``Operations`` for a worker and attaches it;
+tests attach recorders. Every notification is fanned out by ``Observers``, which guards each
+call: a bug in an observer is logged and must never stop the consume loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from plaita.fsm import ErrorKind, State
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerObserver(Protocol):
+    """Implemented by ops (registry, control, metrics, health, sd_notify, status file)."""
+
+    def worker_started(self) -> None:
+        """The owner loop is about to fire ``start`` (threads of the observer may start now)."""
+
+    def worker_stopped(self) -> None:
+        """The owner loop ended; called once on the way out. Must be quick and bounded."""
+
+    def state_changed(self, source: State, dest: State, previous_duration_s: float) -> None:
+        """A real transition happened (no-op transitions are not reported)."""
+
+    def tasks_counted(self, outcome: str, n: int) -> None:
+        """``n`` more tasks reached ``outcome`` (a ``Counters`` field name)."""
+
+    def tasks_finished(self, durations_s: list[float]) -> None:
+        """Handler durations of a chunk of finished tasks."""
+
+    def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
+        """A Redis call failed and the worker goes to BACKOFF."""
+
+
+class Observers:
+    """Fans every notification out to the attached observers, each call guarded."""
+
+    def __init__(self) -> None:
+        self._observers: list[WorkerObserver] = []
+
+    def attach(self, observer: WorkerObserver) -> None:
+        self._observers.append(observer)
+
+    def _each(self, name: str, *args: object) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, name)(*args)
+            except Exception:  # an observer bug must never stop consuming
+                logger.exception("worker observer %s.%s failed", type(observer).__name__, name)
+
+    def worker_started(self) -> None:
+        self._each("worker_started")
+
+    def worker_stopped(self) -> None:
+        self._each("worker_stopped")
+
+    def state_changed(self, source: State, dest: State, previous_duration_s: float) -> None:
+        self._each("state_changed", source, dest, previous_duration_s)
+
+    def tasks_counted(self, outcome: str, n: int) -> None:
+        self._each("tasks_counted", outcome, n)
+
+    def tasks_finished(self, durations_s: list[float]) -> None:
+        self._each("tasks_finished", durations_s)
+
+    def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
+        self._each("redis_failed", kind, error_name)
