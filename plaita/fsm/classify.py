@@ -1,4 +1,4 @@
-"""Sort exceptions into what the worker does about them (design.md §4).
+"""Sort exceptions into what the worker does about them: retry quietly, retry slowly and shout, or DLQ.
 
 Pure: redis is never imported here. redis-py classes are recognised by module and class
 name along the MRO, which is stable across redis-py 8.x and keeps the FSM package free of

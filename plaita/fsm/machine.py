@@ -1,6 +1,7 @@
 """Builds the runtime lifecycle machine from ``TRANSITIONS``.
 
-One owner thread fires triggers (design.md §3 rule 5); other threads only post requests.
+One owner thread fires triggers (a single writer needs no locking and keeps callbacks in order);
+other threads only post requests.
 The model is a small dedicated class so trigger names never collide with worker methods.
 """
 
@@ -28,7 +29,7 @@ class Lifecycle:
     """The FSM model: the current state, the backoff policy and when the state was entered.
 
     The trigger methods below are typed stubs; ``model_override=True`` makes ``transitions``
-    replace exactly these with the real triggers (style.md §3.3).
+    replace exactly these with the real triggers (and mypy still sees their signatures).
     """
 
     state: State

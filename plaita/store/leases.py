@@ -1,4 +1,4 @@
-"""Execution leases with fencing generations (design.md §6).
+"""Execution leases with fencing generations: at most one worker advances an execution.
 
 A lease ``plaita:execution:lease:{execution_id}`` holds ``{holder}:{generation}`` with a PX
 TTL. The generation comes from ``plaita:execution:fence:{execution_id}`` (INCR on every
@@ -16,12 +16,11 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 from redis.client import Pipeline
 
-from plaita.store import scripts as lua
+from plaita.store import scripts
 
 logger = logging.getLogger(__name__)
 
@@ -32,79 +31,11 @@ FENCE_PREFIX = "plaita:execution:fence:"
 #: Fencing counters outlive any lease: 7 days, as the original.
 FENCE_TTL_S = 7 * 24 * 3600
 
-# KEYS: lease, fence (pairs, one per execution). ARGV: holder, ttl_ms, fence_ttl_s, takeover_prefix.
-# For each pair: {1, generation} when acquired, {0, current_value} when another holder has it.
-# One call per read batch: a per-task EVALSHA costs a client round of packing and parsing each.
-ACQUIRE_MANY = lua.Lua("""
-local out = {}
-for i = 1, #KEYS, 2 do
-  local cur = redis.call('GET', KEYS[i])
-  if cur and (string.sub(cur, 1, string.len(ARGV[4])) ~= ARGV[4]
-      -- Take over only a previous incarnation's lease, never one this incarnation holds (a
-      -- second task of the same execution on this worker must wait like on any other worker).
-      or string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':') then
-    table.insert(out, 0)
-    table.insert(out, cur)
-  else
-    local gen = redis.call('INCR', KEYS[i + 1])
-    redis.call('EXPIRE', KEYS[i + 1], tonumber(ARGV[3]))
-    redis.call('SET', KEYS[i], ARGV[1] .. ':' .. gen, 'PX', tonumber(ARGV[2]))
-    table.insert(out, 1)
-    table.insert(out, gen)
-  end
-end
-return out
-""")
-
-# KEYS: lease keys. ARGV: the value each must still hold. Compare-and-delete each; returns count.
-RELEASE_MANY = lua.Lua("""
-local n = 0
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[i] then
-    n = n + redis.call('DEL', KEYS[i])
-  end
-end
-return n
-""")
-
-
-# KEYS: lease. ARGV: holder. Deletes a lease this incarnation holds under any generation.
-_RELEASE_ORPHAN = """
-local cur = redis.call('GET', KEYS[1])
-if cur and string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':' then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# KEYS: lease. ARGV: value, ttl_ms. 1 = extended, 0 = lost.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-end
-return 0
-"""
-
-# KEYS: lease. ARGV: value. 1 = released, 0 = not ours (anymore). Also queued by
-# StreamQueue inside its settle and hand-back transactions.
-RELEASE = lua.Lua("""
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-""")
-
-# KEYS: lease, fence, target. ARGV: generation, value.
-# Writes only while the lease is held by exactly this generation and no newer one exists.
-_FENCED_SET = """
-local cur = redis.call('GET', KEYS[1])
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence ~= tonumber(ARGV[1]) or not cur then return 0 end
-local suffix = ':' .. ARGV[1]
-if string.sub(cur, -string.len(suffix)) ~= suffix then return 0 end
-redis.call('SET', KEYS[3], ARGV[2])
-return 1
-"""
+ACQUIRE_MANY = scripts.script("acquire_leases")
+RELEASE_MANY = scripts.script("release_leases")
+_RENEW = scripts.script("renew_lease")
+_RELEASE_ORPHAN = scripts.script("release_orphan")
+_FENCED_SET = scripts.script("fenced_set")
 
 
 def lease_key(execution_id: str) -> str:
@@ -133,9 +64,6 @@ class LeaseManager:
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.takeover_prefix = f"worker:{consumer}@"
         self.holder = f"{self.takeover_prefix}{uuid.uuid4().hex[:12]}"
-        self._renew = client.register_script(_RENEW)
-        self.release_script = client.register_script(RELEASE.source)
-        self._release_orphan = client.register_script(_RELEASE_ORPHAN)
 
     def acquire(self, execution_id: str) -> Lease | str:
         """The lease, or the current holder's value when another live holder has it."""
@@ -152,7 +80,7 @@ class LeaseManager:
             ACQUIRE_MANY.queue(pipe, keys, args)
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
-        [flat] = lua.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
+        [flat] = scripts.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
         replies = list(zip(flat[0::2], flat[1::2], strict=True))
         out: list[Lease | str] = []
         for execution_id, (ok, value) in zip(execution_ids, replies, strict=True):
@@ -167,10 +95,13 @@ class LeaseManager:
         """Compare-and-extend every lease in one round trip; False = lost."""
         if not leases:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for lease in leases:
-            self._renew(keys=[lease.key], args=[lease.value, self.ttl_ms], client=pipe)
-        return [int(r) == 1 for r in pipe.execute()]
+
+        def build(pipe: Pipeline) -> None:
+            for lease in leases:
+                _RENEW.queue(pipe, [lease.key], [lease.value, self.ttl_ms])
+
+        # Compare-and-extend is safe to run twice.
+        return [int(r) == 1 for r in scripts.execute(self.client, build, [_RENEW], transaction=False)]
 
     def release_orphan(self, execution_id: str) -> bool:
         """Delete this incarnation's lease of ``execution_id``, whatever its generation.
@@ -180,11 +111,11 @@ class LeaseManager:
         reclaimed (nor the lease re-acquired by us) for a whole TTL. Call it only while no
         task of that execution is in flight here. True if a lease was deleted.
         """
-        return int(self._release_orphan(keys=[lease_key(execution_id)], args=[self.holder])) == 1
+        return int(_RELEASE_ORPHAN(self.client, [lease_key(execution_id)], [self.holder])) == 1
 
-    def release(self, lease: Lease, pipe: Any = None) -> Any:
-        """Compare-and-delete (optionally queued on ``pipe``)."""
-        return self.release_script(keys=[lease.key], args=[lease.value], client=pipe)
+    def release(self, lease: Lease) -> bool:
+        """Compare-and-delete; True if it was still ours."""
+        return int(RELEASE_MANY(self.client, [lease.key], [lease.value])) == 1
 
 
 def fenced_set(client: redis.Redis, execution_id: str, generation: int, key: str, value: str) -> bool:
@@ -193,6 +124,5 @@ def fenced_set(client: redis.Redis, execution_id: str, generation: int, key: str
     A handler writes execution state through this (``task.fencing_token``); a worker whose
     lease expired or was taken over gets False and must stop.
     """
-    script = client.register_script(_FENCED_SET)
-    result = script(keys=[lease_key(execution_id), fence_key(execution_id), key], args=[generation, value])
+    result = _FENCED_SET(client, [lease_key(execution_id), fence_key(execution_id), key], [generation, value])
     return int(result) == 1

@@ -1,37 +1,88 @@
-"""Lua scripts on the hot path, sent as a bare EVALSHA.
+"""The one way plaita runs Lua: every script is a file in ``plaita/store/lua/``, loaded once.
 
-redis-py's ``Script`` objects make every pipeline that holds one send ``SCRIPT EXISTS`` first:
-an extra round trip per read batch and per ack batch, most of a worker's cost with a fast
-handler. Here a pipeline carries plain EVALSHAs; only when the server answers NOSCRIPT (it
-restarted without its script cache) are the scripts loaded and the pipeline run once more.
-Every pipeline built this way must therefore be safe to run twice: a NOSCRIPT reply means
-the scripts did not run, and the plain commands beside them must be idempotent.
+A file is named ``<name>-<keys>.lua``: ``<keys>`` is how many keys it touches, or ``n`` when
+the caller passes a list. Its header lists each ``KEYS[i]``, ``ARGV[i]`` and the reply, so a
+reader checks cluster safety (every key a script touches is passed in KEYS, never built in
+Lua) without reading the body.
+
+Scripts run as a bare EVALSHA. redis-py's ``Script`` objects make every pipeline that holds
+one send ``SCRIPT EXISTS`` first: an extra round trip per read batch and per ack batch, most of
+a worker's cost with a fast handler. Only when the server answers NOSCRIPT (it restarted and
+lost its script cache) is the script loaded and the call or pipeline run once more. A pipeline
+run that way must be safe to run twice: a NOSCRIPT reply means the scripts did not run, and
+the plain commands beside them must be idempotent. A transaction that is not (``hand_back``
+re-adds entries) calls ``ensure_loaded`` first.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from importlib import resources
 from typing import Any
 
 import redis
 from redis.client import Pipeline
 
 
-class Lua:
-    """One script: its source and SHA1."""
+class Script:
+    """One Lua file: its name, source, SHA1 and declared key count (None = a list)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, filename: str, source: str) -> None:
+        stem = filename.removesuffix(".lua")
+        self.name, _, keys = stem.rpartition("-")
+        if not self.name or not (keys == "n" or keys.isdigit()):
+            raise ValueError(f"Lua file {filename!r} must be named <name>-<keys|n>.lua")
+        self.num_keys: int | None = None if keys == "n" else int(keys)
         self.source = source
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
 
+    def _check(self, keys: Sequence[Any]) -> None:
+        if self.num_keys is not None and len(keys) != self.num_keys:
+            raise ValueError(f"script {self.name} takes {self.num_keys} keys, got {len(keys)}")
+
     def queue(self, pipe: Pipeline, keys: Sequence[Any], args: Sequence[Any]) -> None:
         """Queue this script on ``pipe`` (EVALSHA only)."""
+        self._check(keys)
         pipe.evalsha(self.sha, len(keys), *keys, *args)
+
+    def __call__(self, client: redis.Redis, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run it now: EVALSHA, and on NOSCRIPT load it and run it once more."""
+        self._check(keys)
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+def _load_all() -> dict[str, Script]:
+    scripts: dict[str, Script] = {}
+    for item in sorted(resources.files("plaita.store").joinpath("lua").iterdir(), key=lambda p: p.name):
+        if item.name.endswith(".lua"):
+            script = Script(item.name, item.read_text(encoding="utf-8"))
+            scripts[script.name] = script
+    return scripts
+
+
+#: Every script, by name (the file name without ``-<keys>.lua``).
+SCRIPTS: dict[str, Script] = _load_all()
+
+
+def script(name: str) -> Script:
+    return SCRIPTS[name]
+
+
+def ensure_loaded(client: redis.Redis, scripts: Sequence[Script]) -> None:
+    """Load whichever of ``scripts`` the server does not have (one round trip when all are there)."""
+    present = client.script_exists(*(s.sha for s in scripts))
+    for s, ok in zip(scripts, present, strict=True):
+        if not ok:
+            client.script_load(s.source)
 
 
 def execute(
-    client: redis.Redis, build: Callable[[Pipeline], None], scripts: Sequence[Lua], *, transaction: bool
+    client: redis.Redis, build: Callable[[Pipeline], None], scripts: Sequence[Script], *, transaction: bool
 ) -> list[Any]:
     """Build a pipeline with ``build``, run it; on NOSCRIPT load ``scripts`` and run it again."""
     for attempt in (0, 1):
@@ -42,6 +93,6 @@ def execute(
         except redis.exceptions.NoScriptError:
             if attempt:
                 raise
-            for script in scripts:
-                client.script_load(script.source)
+            for s in scripts:
+                client.script_load(s.source)
     raise AssertionError("unreachable")  # pragma: no cover

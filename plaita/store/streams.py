@@ -1,4 +1,4 @@
-"""StreamQueue: the only module that issues stream commands (design.md §2).
+"""StreamQueue: every stream command of a worker (read, claim, settle, hand back, housekeeping).
 
 Every method lets redis-py exceptions through unchanged: the worker classifies them
 (``plaita.fsm.classify``) and turns them into ``redis_failed``. Nothing here retries or
@@ -20,9 +20,9 @@ import redis
 from redis.client import Pipeline
 
 from plaita.config import Settings
-from plaita.store import scripts as lua
+from plaita.store import scripts
 from plaita.store.client import make_client
-from plaita.store.leases import RELEASE, RELEASE_MANY
+from plaita.store.leases import RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
 
 logger = logging.getLogger(__name__)
@@ -35,105 +35,12 @@ def _s(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-# KEYS: stream. ARGV: group, consumer, min_idle_ms, cursor, count, lease_prefix, scan_limit.
-_CLAIM_UNLEASED = """
-local stream = KEYS[1]
-local group, me = ARGV[1], ARGV[2]
-local min_idle, cursor = tonumber(ARGV[3]), ARGV[4]
-local want, prefix, scan = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-local start = '-'
-if cursor ~= '0-0' then start = '(' .. cursor end
-local pend = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', scan)
-local claimed, skipped, last = {}, 0, nil
-for _, p in ipairs(pend) do
-  local id = p[1]
-  last = id
-  local entry = redis.call('XRANGE', stream, id, id)
-  local exec_id = id
-  if #entry > 0 then
-    local f = entry[1][2]
-    for i = 1, #f, 2 do
-      if f[i] == 'payload' then
-        local ok, body = pcall(cjson.decode, f[i + 1])
-        if ok and type(body) == 'table' then
-          local e = body['execution_id']
-          if type(e) == 'string' and e ~= '' then exec_id = e end
-        end
-      end
-    end
-  end
-  if redis.call('EXISTS', prefix .. exec_id) == 1 then
-    skipped = skipped + 1
-  else
-    local r = redis.call('XCLAIM', stream, group, me, min_idle, id)
-    if #r > 0 and r[1] then
-      table.insert(claimed, {id, r[1][2], p[4] + 1})
-    end
-  end
-  if #claimed >= want then break end
-end
-local nxt = '0-0'
-if last and (#pend >= scan or #claimed >= want) then nxt = last end
-return {nxt, claimed, skipped}
-"""
-
-# KEYS: dlq, stream. ARGV: group, dlq max len, source id, envelope JSON.
-# XADD first: if it fails (WRONGTYPE, OOM) the script stops there and the source stays pending.
-DEAD_LETTER = lua.Lua("""
-redis.call('XADD', KEYS[1], '*', 'payload', ARGV[4])
-redis.call('XTRIM', KEYS[1], 'MAXLEN', tonumber(ARGV[2]))
-redis.call('XACK', KEYS[2], ARGV[1], ARGV[3])
-redis.call('XDEL', KEYS[2], ARGV[3])
-return 1
-""")
-
-# KEYS: stream. ARGV: group, me, id... Claims (JUSTID) only ids still pending for me.
-_RENEW_OWN = """
-local renewed = {}
-for i = 3, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if #p > 0 and p[1][2] == ARGV[2] then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
-    table.insert(renewed, ARGV[i])
-  end
-end
-return renewed
-"""
-
-# KEYS: stream. ARGV: group, me, idle_ms.
-_PRUNE_CONSUMERS = """
-local removed = {}
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local info = {}
-  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
-  if info['name'] ~= ARGV[2] and tonumber(info['pending']) == 0 and tonumber(info['idle']) > tonumber(ARGV[3]) then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
-    table.insert(removed, info['name'])
-  end
-end
-return removed
-"""
-
-# KEYS: stream. ARGV: group, batch.
-_SWEEP_RESIDUE = """
-local last = nil
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local info = {}
-  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-  if info['name'] == ARGV[1] then last = info['last-delivered-id'] end
-end
-if not last or last == '0-0' then return 0 end
-local entries = redis.call('XRANGE', KEYS[1], '-', last, 'COUNT', tonumber(ARGV[2]))
-if #entries == 0 then return 0 end
-local victims = {}
-for _, e in ipairs(entries) do
-  -- One exact lookup per entry: a range XPENDING with COUNT #entries can be filled by
-  -- deleted-but-pending ids lying between the live entries and miss a live pending one.
-  if #redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1) == 0 then table.insert(victims, e[1]) end
-end
-if #victims == 0 then return 0 end
-return redis.call('XDEL', KEYS[1], unpack(victims))
-"""
+_SCAN_CLAIMABLE = scripts.script("scan_claimable")
+_CLAIM_UNLEASED = scripts.script("claim_unleased")
+DEAD_LETTER = scripts.script("dead_letter")
+_RENEW_OWN = scripts.script("renew_own")
+_PRUNE_CONSUMERS = scripts.script("prune_consumers")
+_SWEEP_RESIDUE = scripts.script("sweep_residue")
 
 
 @dataclass(frozen=True)
@@ -179,13 +86,6 @@ class StreamQueue:
         self.consumer = consumer
         self.dlq_key = dlq_key
         self.dlq_max_len = dlq_max_len
-        self._claim_script = client.register_script(_CLAIM_UNLEASED)
-        self._prune_script = client.register_script(_PRUNE_CONSUMERS)
-        self._sweep_script = client.register_script(_SWEEP_RESIDUE)
-        self._renew_script = client.register_script(_RENEW_OWN)
-        # hand_back is not safe to run twice (it re-adds entries), so it keeps redis-py's Script,
-        # which loads before executing; the hot settle path uses bare EVALSHA (plaita.store.scripts).
-        self._release_script = client.register_script(RELEASE.source)
         self._xnack: bool | None = None
 
     @classmethod
@@ -291,22 +191,6 @@ class StreamQueue:
                 out[mid] = int(row["times_delivered"])
         return out
 
-    def autoclaim(self, cursor: str, min_idle_ms: int, count: int) -> tuple[str, list[Entry], list[str]]:
-        """One ``XAUTOCLAIM`` step from ``cursor``: (next cursor, claimed entries, deleted ids).
-
-        Claimed entries carry their delivery count after the claim.
-        """
-        reply: list[Any] = self.client.xautoclaim(
-            self.stream, self.group, self.consumer, min_idle_ms, cursor, count=count
-        )
-        next_cursor = _s(reply[0])
-        claimed = [Entry(_s(mid), None if not f else {_s(k): v for k, v in f.items()}) for mid, f in reply[1] or []]
-        deleted = [_s(x) for x in (reply[2] if len(reply) > 2 else [])]
-        live = [e for e in claimed if e.fields is not None]
-        counts = self.delivery_counts([e.message_id for e in live], consumer=self.consumer)
-        claimed = [Entry(e.message_id, e.fields, counts.get(e.message_id, 1)) for e in claimed]
-        return next_cursor, claimed, deleted
-
     # -- settle -----------------------------------------------------------------------
     def settle(self, acks: list[str], dead: list[DeadLetter], releases: list[tuple[str, str]] | None = None) -> None:
         """Ack (XACK + XDEL), dead-letter and release leases in one MULTI/EXEC round trip.
@@ -348,26 +232,38 @@ class StreamQueue:
             if releases:
                 RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
 
-        lua.execute(self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True)
+        scripts.execute(self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True)
 
     def ack(self, *ids: str) -> None:
         """XACK + XDEL (one round trip)."""
         self.settle(list(ids), [])
 
-    # -- lease-aware delivery (design.md §6) --------------------------------------------
+    # -- lease-aware delivery ------------------------------------------------------------
     def claim_unleased(
         self, cursor: str, min_idle_ms: int, count: int, lease_prefix: str
     ) -> tuple[str, list[Entry], int]:
         """One bounded reclaim step: claim entries idle > ``min_idle_ms`` whose lease is absent.
 
-        The lease check and the XCLAIM run in one Lua call, so a holder cannot renew between
-        them. Scans at most ``count * 10`` pending entries after ``cursor``; returns (next
-        cursor, claimed entries with their new delivery counts, entries skipped for a live
-        lease). The cursor is ``0-0`` once the end of the pending list was reached.
+        Scans at most ``count * 10`` pending entries after ``cursor``; returns (next cursor,
+        claimed entries with their new delivery counts, entries skipped for a live lease). The
+        cursor is ``0-0`` once the end of the pending list was reached. One round trip when no
+        entry is idle enough (every pass of a healthy fleet); otherwise a second one: the scan
+        names each candidate's execution, and the claim script gets their lease keys in KEYS and
+        checks each lease and claims in one atomic call, so a holder cannot renew in between
+        (XCLAIM's min-idle-time re-checks idleness there too).
         """
-        reply: list[Any] = self._claim_script(
-            keys=[self.stream],
-            args=[self.group, self.consumer, min_idle_ms, cursor, count, lease_prefix, count * 10],
+        scan = count * 10
+        found: list[Any] = _SCAN_CLAIMABLE(self.client, [self.stream], [self.group, min_idle_ms, cursor, scan])
+        if not found:
+            return "0-0", [], 0
+        prefix = lease_prefix.encode()
+        # Keys stay bytes: an execution id that is not valid UTF-8 still names exactly its lease.
+        lease_keys = [prefix + (bytes(e) if e else bytes(mid)) for mid, e in found]
+        ids = [mid for mid, _ in found]
+        reply: list[Any] = _CLAIM_UNLEASED(
+            self.client,
+            [self.stream, *lease_keys],
+            [self.group, self.consumer, min_idle_ms, count, scan, *ids],
         )
         entries = []
         for mid, raw_fields, times_delivered in reply[1]:
@@ -386,7 +282,7 @@ class StreamQueue:
         """
         renewed: list[str] = []
         for start in range(0, len(ids), 500):
-            reply = self._renew_script(keys=[self.stream], args=[self.group, self.consumer, *ids[start : start + 500]])
+            reply = _RENEW_OWN(self.client, [self.stream], [self.group, self.consumer, *ids[start : start + 500]])
             renewed.extend(_s(x) for x in reply)
         return renewed
 
@@ -407,6 +303,9 @@ class StreamQueue:
         """
         if not entries and not releases:
             return
+        if releases:
+            # Not safe to run twice (it re-adds entries): the script must be there before EXEC.
+            scripts.ensure_loaded(self.client, [RELEASE_MANY])
         pipe = self.client.pipeline(transaction=True)
         ids = [mid for mid, _ in entries]
         if ids and self.supports_xnack():
@@ -416,8 +315,8 @@ class StreamQueue:
                 pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
             pipe.xack(self.stream, self.group, *ids)
             pipe.xdel(self.stream, *ids)
-        for key, value in releases:
-            self._release_script(keys=[key], args=[value], client=pipe)
+        if releases:
+            RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
         pipe.execute()
 
     def prune_consumers(self, idle_ms: int) -> list[str]:
@@ -425,7 +324,7 @@ class StreamQueue:
 
         Atomic in Lua: a consumer cannot read between the check and XGROUP DELCONSUMER.
         """
-        removed = self._prune_script(keys=[self.stream], args=[self.group, self.consumer, idle_ms])
+        removed = _PRUNE_CONSUMERS(self.client, [self.stream], [self.group, self.consumer, idle_ms])
         return [_s(x) for x in removed]
 
     def sweep_residue(self, batch: int) -> int:
@@ -434,7 +333,7 @@ class StreamQueue:
         Only entries at or below the group's last-delivered id and absent from the pending
         list are touched; the backlog and pending entries never are.
         """
-        return int(self._sweep_script(keys=[self.stream], args=[self.group, batch]))
+        return int(_SWEEP_RESIDUE(self.client, [self.stream], [self.group, batch]))
 
     # -- shutdown helpers -------------------------------------------------------------
     def interrupt_read(self) -> None:

@@ -112,33 +112,6 @@ class TestReading:
 class TestReclaim:
     """Claiming idle entries of other consumers."""
 
-    def test_autoclaim_follows_the_cursor(self, redis_url: str, q: StreamQueue, rclient: redis.Redis) -> None:
-        """One entry per step, the cursor advancing, then '0-0'; claimed counts are 2; deleted ids reported."""
-        q.ensure_group()
-        ids = q.enqueue_many([body(1), body(2), body(3)])
-        rclient.xreadgroup(GROUP, "gone:0", {STREAM: ">"}, count=3)
-        rclient.xdel(STREAM, ids[2])  # pending but deleted
-        cursor, claimed, deleted = q.autoclaim("0-0", 0, 1)
-        assert [(e.message_id, e.delivery_count) for e in claimed] == [(ids[0], 2)]
-        assert cursor == ids[1]
-        cursor, claimed, deleted = q.autoclaim(cursor, 0, 1)
-        assert [(e.message_id, e.delivery_count) for e in claimed] == [(ids[1], 2)]
-        cursor, claimed, deleted = q.autoclaim(cursor, 0, 1)
-        assert claimed == []
-        assert deleted == [ids[2]]
-        assert cursor == "0-0"
-        owners = {r["message_id"]: r["consumer"] for r in rclient.xpending_range(STREAM, GROUP, "-", "+", 10)}
-        assert owners == {ids[0]: "c1", ids[1]: "c1"}
-
-    def test_autoclaim_respects_min_idle(self, q: StreamQueue, rclient: redis.Redis) -> None:
-        """Entries idle less than min_idle_ms stay with their consumer."""
-        q.ensure_group()
-        q.enqueue(body(1))
-        rclient.xreadgroup(GROUP, "busy:0", {STREAM: ">"}, count=1)
-        cursor, claimed, _deleted = q.autoclaim("0-0", 60_000, 10)
-        assert (cursor, claimed) == ("0-0", [])
-        assert rclient.xpending(STREAM, GROUP)["consumers"] == [{"name": "busy:0", "pending": 1}]
-
     def test_claim_unleased_follows_the_cursor_and_skips_leased(self, q: StreamQueue, rclient: redis.Redis) -> None:
         """The worker's reclaim step claims one unleased entry per call, skips a leased one, ends at '0-0'."""
         q.ensure_group()

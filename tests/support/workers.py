@@ -28,6 +28,7 @@ from plaita.errors import BadTaskError
 from plaita.fsm import State
 from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
+from plaita.store.scripts import SCRIPTS
 from plaita.store.streams import StreamQueue
 from plaita.tasks import Task
 
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 #: Call sites a FaultPlan can hit. ``xreadgroup_new`` is ``XREADGROUP … >`` (read_new) only;
 #: ``reclaim`` is whatever claims other consumers' entries: XAUTOCLAIM, XCLAIM (not JUSTID) or a
-#: Lua script doing either (StreamQueue.autoclaim / claim_unleased); ``xack`` is any pipeline
+#: Lua script doing either (StreamQueue.claim_unleased); ``xack`` is any pipeline
 #: that carries an XACK (StreamQueue.settle).
 #: CLIENT SETNAME of the in-process worker's blocking-read connection (CLIENT LIST shows it).
 READ_CLIENT_NAME = "plaita-test-reader"
@@ -162,6 +163,10 @@ class FaultyRedis(redis.Redis):
             client_name=client_name,
         )
         client.plan = plan
+        # plaita runs every Lua script by SHA from one registry (plaita.store.scripts).
+        for script in SCRIPTS.values():
+            if _is_reclaim_script(script.source):
+                plan.script_sites[script.sha] = "reclaim"
         return client
 
     def xgroup_create(self, *args: Any, **kwargs: Any) -> Any:
@@ -179,13 +184,6 @@ class FaultyRedis(redis.Redis):
     def xclaim(self, *args: Any, **kwargs: Any) -> Any:
         call = lambda: super(FaultyRedis, self).xclaim(*args, **kwargs)  # noqa: E731
         return call() if kwargs.get("justid") else _run_site(self.plan, "reclaim", call)
-
-    def register_script(self, script: Any) -> Any:
-        registered = super().register_script(script)
-        text = script.decode() if isinstance(script, bytes) else str(script)
-        if _is_reclaim_script(text):
-            self.plan.script_sites[registered.sha] = "reclaim"
-        return registered
 
     def evalsha(self, sha: str, numkeys: int, *args: Any) -> Any:
         site = self.plan.script_sites.get(sha)

@@ -1,0 +1,33 @@
+-- Claim reclaim candidates whose execution lease is absent, checked and claimed atomically.
+-- XCLAIM's min-idle-time re-checks idleness here, so an entry its holder renewed since the scan
+-- (scan_claimable-1.lua) is left alone.
+-- KEYS[1]    stream
+-- KEYS[1+i]  lease key of candidate i (plaita:execution:lease:{execution id or message id})
+-- ARGV[1]    group
+-- ARGV[2]    consumer claiming
+-- ARGV[3]    min_idle (ms)
+-- ARGV[4]    want: stop after claiming this many
+-- ARGV[5]    scan limit the scan used (a full scan means the pending list goes on)
+-- ARGV[5+i]  candidate i's id (as many as lease keys)
+-- Returns    {next cursor ('0-0' at the end of the pending list), {{id, fields, deliveries}, ...},
+--            skipped for a live lease}
+local want, scan = tonumber(ARGV[4]), tonumber(ARGV[5])
+local n = #KEYS - 1
+local claimed, skipped, last = {}, 0, nil
+for i = 1, n do
+  local id = ARGV[5 + i]
+  last = id
+  if redis.call('EXISTS', KEYS[1 + i]) == 1 then
+    skipped = skipped + 1
+  else
+    local r = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), id)
+    if #r > 0 and r[1] then
+      local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+      table.insert(claimed, {id, r[1][2], p[1][4]})
+    end
+  end
+  if #claimed >= want then break end
+end
+local nxt = '0-0'
+if last and (n >= scan or #claimed >= want) then nxt = last end
+return {nxt, claimed, skipped}

@@ -1,0 +1,9 @@
+-- Compare-and-extend one lease.
+-- KEYS[1]  lease key
+-- ARGV[1]  the value it must still hold
+-- ARGV[2]  new ttl (ms)
+-- Returns  1 extended, 0 lost (another holder, or expired)
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+end
+return 0
