@@ -407,7 +407,7 @@ class Renderer:
             lines.append("")
         if rc is not None:
             lines.append(
-                f"Reclaim latency: A runs one long task (`--lease-ttl-seconds {rc.lease_ttl_s:g} "
+                f"Reclaim latency: A runs one long task (`--lease-ttl-s {rc.lease_ttl_s:g} "
                 f"--claim-min-idle-ms 1000 --reclaim-interval-s {rc.reclaim_interval_s:g}`), B runs alongside, "
                 f"A gets SIGKILL mid-task (once its lease exists); kill → B completed the task: "
                 + ", ".join(f"{x:.2f} s" for x in rc.latencies_s)

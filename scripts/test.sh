@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: setup if needed, then lint, types, diagram freshness, the whole pytest
+# The test command: setup if needed, then lint, types, import layers, diagram freshness, the whole pytest
 # suite (each run starts its own private redis-servers; never port 6379) and the chaos script.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -k fsm).
 set -euo pipefail
@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 echo "== ruff" && .venv/bin/ruff check plaita tests bench
 echo "== mypy --strict plaita" && .venv/bin/mypy plaita
+echo "== import layers (lint-imports)" && .venv/bin/lint-imports --no-cache
 echo "== diagrams" && .venv/bin/python -m plaita diagram --check
 
 echo "== pytest"

@@ -21,6 +21,7 @@ from plaita.store import fleet
 from plaita.store.client import Client, make_client
 from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import list_workers, send_command
+from plaita.store.stats import stream_stats_or_empty
 from plaita.store.streams import StreamQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
@@ -124,7 +125,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"{key:>14}: {status[key]}")
             print(f"{'counters':>14}: {json.dumps(status.get('counters', {}))}")
         return 0
-    stats = q.stream_stats_or_empty()
+    stats = stream_stats_or_empty(q)
     if args.json:
         _emit(args, stats, None, [])
         return 0
@@ -154,47 +155,46 @@ def cmd_control(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_dlq(args: argparse.Namespace) -> int:
-    dlq = DeadLetterQueue(_queue(args))
-    action = args.dlq_command
-    if action == "list":
-        rows = dlq.oldest(args.count)
-        table = [
-            {
-                "dlq_id": r["dlq_id"],
-                "source_id": r.get("source_id"),
-                "deliveries": r.get("delivery_count"),
-                "age": _age(time.time() - float(r["dead_lettered_at"])) if r.get("dead_lettered_at") else "-",
-                "reason": str(r.get("reason", ""))[:70],
-            }
-            for r in rows
-        ]
-        _emit(args, rows, table, ["dlq_id", "source_id", "deliveries", "age", "reason"])
-        return 0
-    if action == "show":
-        _check_ids([args.id])
-        row = dlq.get(args.id)
-        if row is None:
-            raise AdminError(f"no dead letter with id {args.id!r} in {dlq.queue.dlq_key}")
-        print(json.dumps(row, indent=2, sort_keys=True, ensure_ascii=False))
-        return 0
-    if action == "requeue":
-        ids = dlq.all_ids() if args.all else list(args.ids)
-        _check_ids(ids)
-        if not ids:
-            raise AdminError("nothing to requeue: give DLQ ids or --all (see `plaita dlq list`)")
-        try:
-            moved = dlq.requeue(ids)
-        except KeyError as exc:
-            raise AdminError(f"no dead letter with id {exc.args[0]!r} in {dlq.queue.dlq_key}") from None
-        _emit(
-            args,
-            [{"dlq_id": a, "new_id": b} for a, b in moved],
-            [{"dlq_id": a, "new_id": b} for a, b in moved],
-            ["dlq_id", "new_id"],
-        )
-        return 0
-    # purge
+def _dlq_list(args: argparse.Namespace, dlq: DeadLetterQueue) -> int:
+    rows = dlq.oldest(args.count)
+    table = [
+        {
+            "dlq_id": r["dlq_id"],
+            "source_id": r.get("source_id"),
+            "deliveries": r.get("delivery_count"),
+            "age": _age(time.time() - float(r["dead_lettered_at"])) if r.get("dead_lettered_at") else "-",
+            "reason": str(r.get("reason", ""))[:70],
+        }
+        for r in rows
+    ]
+    _emit(args, rows, table, ["dlq_id", "source_id", "deliveries", "age", "reason"])
+    return 0
+
+
+def _dlq_show(args: argparse.Namespace, dlq: DeadLetterQueue) -> int:
+    _check_ids([args.id])
+    row = dlq.get(args.id)
+    if row is None:
+        raise AdminError(f"no dead letter with id {args.id!r} in {dlq.queue.dlq_key}")
+    print(json.dumps(row, indent=2, sort_keys=True, ensure_ascii=False))
+    return 0
+
+
+def _dlq_requeue(args: argparse.Namespace, dlq: DeadLetterQueue) -> int:
+    ids = dlq.all_ids() if args.all else list(args.ids)
+    _check_ids(ids)
+    if not ids:
+        raise AdminError("nothing to requeue: give DLQ ids or --all (see `plaita dlq list`)")
+    try:
+        moved = dlq.requeue(ids)
+    except KeyError as exc:
+        raise AdminError(f"no dead letter with id {exc.args[0]!r} in {dlq.queue.dlq_key}") from None
+    rows = [{"dlq_id": a, "new_id": b} for a, b in moved]
+    _emit(args, rows, rows, ["dlq_id", "new_id"])
+    return 0
+
+
+def _dlq_purge(args: argparse.Namespace, dlq: DeadLetterQueue) -> int:
     count = dlq.length()
     if not args.yes:
         if not sys.stdin.isatty():
@@ -205,6 +205,13 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             return 1
     print(f"purged {dlq.purge()} dead letter(s) from {dlq.queue.dlq_key}")
     return 0
+
+
+DLQ_ACTIONS = {"list": _dlq_list, "show": _dlq_show, "requeue": _dlq_requeue, "purge": _dlq_purge}
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    return DLQ_ACTIONS[args.dlq_command](args, DeadLetterQueue(_queue(args)))
 
 
 def run_admin(args: argparse.Namespace) -> int:

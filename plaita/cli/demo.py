@@ -1,7 +1,7 @@
 """``plaita demo``: watch a worker ride out a Redis freeze, then count every execution.
 
 Without ``--redis-url`` the demo starts a private redis-server (free loopback port, temp
-dir), runs ``plaita worker`` as a subprocess (handler ``plaita.cli.demo:demo_handler``,
+dir), runs ``plaita worker`` as a subprocess (handler ``plaita.cli.demo_parts:demo_handler``,
 concurrency 4), enqueues the tasks, freezes Redis with SIGSTOP once about a third are done,
 thaws it after ``--freeze-s`` and prints a tally: completed, lost, duplicate executions,
 unexpected worker exits, how long Redis was frozen and how long work took to resume.
@@ -20,144 +20,39 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from plaita.cli.demo_parts import (
+    CONCURRENCY,
+    DEMO_LOG_ENV,
+    MAX_FREEZE_S,
+    MAX_RESTARTS,
+    PLAIN_REFRESH_S,
+    TASK_SLEEP_S,
+    TICK_S,
+    TIME_LIMIT_S,
+    TTY_REFRESH_S,
+    WORKER_DRAIN_S,
+    WORKER_START_TIMEOUT_S,
+    DemoError,
+    ExecutionLog,
+    Freeze,
+    WorkerProcess,
+)
 from plaita.config import redact_url, validate_redis_url
 from plaita.fsm import is_redis_failure
 from plaita.store.client import Client, delete_keys, make_client
 from plaita.store.fleet import registry_key
 from plaita.store.leases import fence_key, lease_key
-from plaita.store.server import PrivateRedis, RedisServerError, stop_process
+from plaita.store.server import PrivateRedis, RedisServerError
+from plaita.store.stats import is_settled
 from plaita.store.streams import StreamQueue
-from plaita.tasks import Task
-
-#: Environment variable naming the file ``demo_handler`` appends one line per execution to.
-DEMO_LOG_ENV = "PLAITA_DEMO_LOG"
-#: Seconds each demo task sleeps in its handler.
-TASK_SLEEP_S = 0.02
-#: Handler threads of the demo worker.
-CONCURRENCY = 4
-#: The demo gives up (and says so) after this long, plus the freeze.
-TIME_LIMIT_S = 120.0
-#: Longest wait for the worker subprocess to report READING.
-WORKER_START_TIMEOUT_S = 20.0
-#: Drain time passed to the worker; the demo stops it only once every task is done.
-WORKER_DRAIN_S = 5.0
-#: A worker that exits on its own is restarted at most this many times (each exit is counted).
-MAX_RESTARTS = 3
-#: Progress refresh: ~5 times a second on a terminal, once a second otherwise.
-TTY_REFRESH_S = 0.2
-PLAIN_REFRESH_S = 1.0
-#: Main loop tick.
-TICK_S = 0.05
-#: Longest freeze the demo accepts (the server is SIGSTOPped for this long).
-MAX_FREEZE_S = 60.0
-
-
-class DemoError(Exception):
-    """Raised when the demo cannot go on; the message says why."""
-
-
-def demo_handler(task: Task) -> None:
-    """Sleep ``params.sleep_s`` (cancel-aware), then append ``<monotonic> <message id>`` to $PLAITA_DEMO_LOG.
-
-    One O_APPEND write per completed execution, so the demo counts duplicates and losses
-    exactly. A task whose lease was lost (``task.cancelled``) stops and records nothing.
-    """
-    params = task.body.get("params")
-    sleep_s = float(params.get("sleep_s", TASK_SLEEP_S)) if isinstance(params, dict) else TASK_SLEEP_S
-    if task.cancelled.wait(sleep_s):
-        return
-    line = f"{time.monotonic():.6f} {task.message_id} {task.delivery_count}\n"
-    fd = os.open(os.environ[DEMO_LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode("utf-8"))
-    finally:
-        os.close(fd)
-
-
-@dataclass
-class ExecutionLog:
-    """Reads the handler's append-only log incrementally."""
-
-    path: Path
-    offset: int = 0
-    executions: int = 0
-    times_by_id: dict[str, list[float]] = field(default_factory=dict)
-
-    def poll(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind(b"\n") + 1  # only whole lines
-        self.offset += end
-        for raw in chunk[:end].decode("utf-8", "replace").splitlines():
-            parts = raw.split()
-            if len(parts) >= 2:
-                self.executions += 1
-                self.times_by_id.setdefault(parts[1], []).append(float(parts[0]))
-
-    @property
-    def unique(self) -> int:
-        return len(self.times_by_id)
-
-    def first_after(self, t: float) -> float | None:
-        later = [x for times in self.times_by_id.values() for x in times if x > t]
-        return min(later) if later else None
-
-
-class WorkerProcess:
-    """``python -m plaita worker`` in its own session (a terminal Ctrl-C reaches only the demo)."""
-
-    def __init__(self, args: list[str], env: dict[str, str], stderr_path: Path) -> None:
-        self._stderr = open(stderr_path, "ab")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=self._stderr, env=env, start_new_session=True
-        )
-
-    def exited(self) -> int | None:
-        return self.proc.poll()
-
-    def stop(self, timeout_s: float) -> tuple[int, float]:
-        """SIGTERM, wait ``timeout_s`` (then SIGKILL); returns (exit code, seconds to exit)."""
-        started = time.monotonic()
-        code = stop_process(self.proc, timeout_s)
-        return code, time.monotonic() - started
-
-    def close(self) -> None:
-        try:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(5)
-        finally:
-            self._stderr.close()
-
-
-@dataclass
-class Freeze:
-    """When Redis was frozen and thawed (monotonic seconds), and at what progress."""
-
-    started_at: float | None = None
-    ended_at: float | None = None
-    at_done: int = 0
-
-    @property
-    def seconds(self) -> float:
-        if self.started_at is None:
-            return 0.0
-        end = self.ended_at if self.ended_at is not None else time.monotonic()
-        return end - self.started_at
 
 
 class Demo:
@@ -237,7 +132,7 @@ class Demo:
         args = [
             sys.executable, "-m", "plaita", "--log-level", "WARNING", "worker",
             "--redis-url", self.url, "--queue-name", self.stream, "--consumer-group", self.group,
-            "--consumer-name", self.consumer, "--handler", "plaita.cli.demo:demo_handler",
+            "--consumer-name", self.consumer, "--handler", "plaita.cli.demo_parts:demo_handler",
             "--concurrency", str(CONCURRENCY), "--drain-timeout-s", str(WORKER_DRAIN_S),
             "--status-file", str(self.status_path),
         ]  # fmt: skip
@@ -323,7 +218,7 @@ class Demo:
         """True when the stream is empty and nothing is pending (every ack reached Redis)."""
         assert self.queue is not None
         try:
-            return self.queue.is_settled()
+            return is_settled(self.queue)
         except Exception as exc:
             if not is_redis_failure(exc):
                 raise
@@ -423,6 +318,10 @@ class Demo:
                 rows.append(("last task done", f"{last - self.freeze.ended_at:.2f} s after SIGCONT"))
         ok = lost == 0 and not self.unexpected_exits and not gave_up and stop_code == 0
         rows.append(("result", "PASS: nothing lost, the worker never exited" if ok else "FAIL"))
+        self.print_tally(rows)
+        return 0 if ok else 1
+
+    def print_tally(self, rows: list[tuple[str, str]]) -> None:
         self.say("")
         self.say("plaita demo: tally")
         width = max(len(k) for k, _ in rows)
@@ -434,7 +333,6 @@ class Demo:
             self.say("worker log (warnings and errors):")
             for line in notes:
                 self.say(f"  {line}")
-        return 0 if ok else 1
 
     def worker_log_lines(self, most: int = 8) -> list[str]:
         try:

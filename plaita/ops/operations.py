@@ -22,6 +22,7 @@ from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
+from plaita.store.stats import stream_stats
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class Operations:
 
     def _sample_queue(self) -> None:
         try:
-            stats = self.worker.queue.stream_stats()
+            stats = stream_stats(self.worker.queue)
         except Exception as exc:  # sampling is best effort; the next tick tries again
             logger.debug("queue sampling failed: %s", exc)
             return

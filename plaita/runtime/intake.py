@@ -89,13 +89,23 @@ class Intake:
             self.inflight.add(InFlight(task, entry.fields, None, now, read_at_s=now))
             started.append(task)
         try:
+            started += self._lease(eager, now)
+        finally:
+            # Also on a failed acquire: the lazily leased tasks were accepted and must run.
+            self.pool.submit(started)
+        self.counters.add("read", len(started))
+        return len(started)
+
+    def _lease(self, eager: list[tuple[Task, Entry]], now: float) -> list[Task]:
+        """Acquire the leases of ``eager`` in one round trip; the tasks that got theirs."""
+        try:
             leases = self.leases.acquire_many([t.execution_id for t, _ in eager])
         except Exception:
             # Redis may have set some of these leases anyway: released as orphans after the
             # outage; the entries stay in our pending list and are re-read then.
             self.inflight.suspect_orphans(t.execution_id for t, _ in eager)
-            self.pool.submit(started)
             raise
+        started: list[Task] = []
         for (task, entry), got in zip(eager, leases, strict=True):
             if isinstance(got, str):
                 self.counters.add("lease_conflicts", 1)
@@ -110,9 +120,7 @@ class Intake:
             assert entry.fields is not None
             self.inflight.add(InFlight(task, entry.fields, got, now, read_at_s=now))
             started.append(task)
-        self.pool.submit(started)
-        self.counters.add("read", len(started))
-        return len(started)
+        return started
 
     def _parse(self, entry: Entry) -> Task | None:
         """The entry as a runnable task, or None (dead-lettered, deleted, or already running)."""

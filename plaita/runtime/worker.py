@@ -92,6 +92,10 @@ class Worker:
             claim_min_idle_ms=settings.claim_min_idle_ms,
             on_lost=lambda _item: self.tally.add("leases_lost", 1),
         )
+        self._build_phases(handler)
+
+    def _build_phases(self, handler: Handler) -> None:
+        settings = self.settings
         router = OutcomeRouter(
             inflight=self.inflight,
             settler=self.settler,

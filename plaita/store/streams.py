@@ -204,20 +204,7 @@ class StreamQueue:
         if not acks and not dead and not releases:
             return
         now = time.time()
-        envelopes = [
-            json.dumps(
-                {
-                    "reason": d.reason,
-                    "source_stream": self.stream,
-                    "source_id": d.message_id,
-                    "delivery_count": d.delivery_count,
-                    "dead_lettered_at": now,
-                    "payload": d.payload,
-                },
-                ensure_ascii=False,
-            )
-            for d in dead
-        ]
+        envelopes = [self._envelope(d, now) for d in dead]
 
         # Safe to run twice (see plaita.store.scripts): XACK/XDEL and compare-and-delete are idempotent,
         # and a NOSCRIPT reply means no dead-letter script ran.
@@ -233,6 +220,20 @@ class StreamQueue:
                 RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
 
         scripts.execute(self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True)
+
+    def _envelope(self, d: DeadLetter, now: float) -> str:
+        """The DLQ entry's ``payload`` field: the original's envelope, compatible with the anchor."""
+        return json.dumps(
+            {
+                "reason": d.reason,
+                "source_stream": self.stream,
+                "source_id": d.message_id,
+                "delivery_count": d.delivery_count,
+                "dead_lettered_at": now,
+                "payload": d.payload,
+            },
+            ensure_ascii=False,
+        )
 
     def ack(self, *ids: str) -> None:
         """XACK + XDEL (one round trip)."""
@@ -357,64 +358,6 @@ class StreamQueue:
                 c.close()
             except Exception:  # closing is best effort during shutdown
                 logger.debug("closing a redis client failed", exc_info=True)
-
-    # -- status -----------------------------------------------------------------------
-    def stream_stats(self) -> dict[str, Any]:
-        """Stream length, group pending/lag and DLQ length (raises on Redis errors)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xlen(self.stream)
-        pipe.xlen(self.dlq_key)
-        pipe.xinfo_groups(self.stream)
-        pipe.xpending(self.stream, self.group)
-        length, dlq_length, groups, summary = pipe.execute()
-        oldest = summary.get("min") if isinstance(summary, dict) else None
-        oldest_age_s = 0.0
-        if oldest:
-            oldest_ms = int(_s(oldest).split("-", 1)[0])
-            oldest_age_s = max(0.0, time.time() - oldest_ms / 1000)
-        group: dict[str, Any] = next((g for g in groups if _s(g.get("name", b"")) == self.group), {})
-        return {
-            "stream": self.stream,
-            "group": self.group,
-            "length": int(length),
-            "pending": int(group.get("pending", 0) or 0),
-            "lag": group.get("lag"),
-            "consumers": int(group.get("consumers", 0) or 0),
-            "dlq_length": int(dlq_length),
-            "oldest_pending_id": _s(oldest) if oldest else None,
-            "oldest_pending_age_s": round(oldest_age_s, 3),
-        }
-
-    def is_settled(self) -> bool:
-        """True when the stream is empty and nothing is pending (every ack reached Redis)."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xlen(self.stream)
-        pipe.xpending(self.stream, self.group)
-        length, pending = pipe.execute()
-        return int(length) == 0 and int(pending.get("pending", 0) or 0) == 0
-
-    def stream_stats_or_empty(self) -> dict[str, Any]:
-        """``stream_stats``, or zeros with a note when the stream or its group does not exist yet."""
-        try:
-            return self.stream_stats()
-        except redis.ResponseError as exc:
-            if "no such key" not in str(exc) and "NOGROUP" not in str(exc):
-                raise
-        exists = bool(self.client.exists(self.stream))
-        groups = self.client.xinfo_groups(self.stream) if exists else []
-        group = next((g for g in groups if _s(g.get("name", b"")) == self.group), None)
-        return {
-            "stream": self.stream,
-            "group": self.group,
-            "length": int(self.client.xlen(self.stream)) if exists else 0,
-            "pending": int(group.get("pending", 0) or 0) if group else 0,
-            "lag": group.get("lag") if group else None,
-            "consumers": int(group.get("consumers", 0) or 0) if group else 0,
-            "dlq_length": int(self.client.xlen(self.dlq_key)),
-            "oldest_pending_id": None,
-            "oldest_pending_age_s": 0.0,
-            "note": "stream does not exist yet" if not exists else f"group {self.group!r} does not exist yet",
-        }
 
     @staticmethod
     def payload_for_dlq(entry: Entry, body: Any = None) -> Any:

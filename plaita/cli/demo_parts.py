@@ -1,0 +1,134 @@
+"""The demo's building blocks: its handler, the execution log, the worker process, the freeze."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plaita.store.server import stop_process
+from plaita.tasks import Task
+
+#: Environment variable naming the file ``demo_handler`` appends one line per execution to.
+DEMO_LOG_ENV = "PLAITA_DEMO_LOG"
+#: Seconds each demo task sleeps in its handler.
+TASK_SLEEP_S = 0.02
+#: Handler threads of the demo worker.
+CONCURRENCY = 4
+#: The demo gives up (and says so) after this long, plus the freeze.
+TIME_LIMIT_S = 120.0
+#: Longest wait for the worker subprocess to report READING.
+WORKER_START_TIMEOUT_S = 20.0
+#: Drain time passed to the worker; the demo stops it only once every task is done.
+WORKER_DRAIN_S = 5.0
+#: A worker that exits on its own is restarted at most this many times (each exit is counted).
+MAX_RESTARTS = 3
+#: Progress refresh: ~5 times a second on a terminal, once a second otherwise.
+TTY_REFRESH_S = 0.2
+PLAIN_REFRESH_S = 1.0
+#: Main loop tick.
+TICK_S = 0.05
+#: Longest freeze the demo accepts (the server is SIGSTOPped for this long).
+MAX_FREEZE_S = 60.0
+
+
+class DemoError(Exception):
+    """Raised when the demo cannot go on; the message says why."""
+
+
+def demo_handler(task: Task) -> None:
+    """Sleep ``params.sleep_s`` (cancel-aware), then append ``<monotonic> <message id>`` to $PLAITA_DEMO_LOG.
+
+    One O_APPEND write per completed execution, so the demo counts duplicates and losses
+    exactly. A task whose lease was lost (``task.cancelled``) stops and records nothing.
+    """
+    params = task.body.get("params")
+    sleep_s = float(params.get("sleep_s", TASK_SLEEP_S)) if isinstance(params, dict) else TASK_SLEEP_S
+    if task.cancelled.wait(sleep_s):
+        return
+    line = f"{time.monotonic():.6f} {task.message_id} {task.delivery_count}\n"
+    fd = os.open(os.environ[DEMO_LOG_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class ExecutionLog:
+    """Reads the handler's append-only log incrementally."""
+
+    path: Path
+    offset: int = 0
+    executions: int = 0
+    times_by_id: dict[str, list[float]] = field(default_factory=dict)
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1  # only whole lines
+        self.offset += end
+        for raw in chunk[:end].decode("utf-8", "replace").splitlines():
+            parts = raw.split()
+            if len(parts) >= 2:
+                self.executions += 1
+                self.times_by_id.setdefault(parts[1], []).append(float(parts[0]))
+
+    @property
+    def unique(self) -> int:
+        return len(self.times_by_id)
+
+    def first_after(self, t: float) -> float | None:
+        later = [x for times in self.times_by_id.values() for x in times if x > t]
+        return min(later) if later else None
+
+
+class WorkerProcess:
+    """``python -m plaita worker`` in its own session (a terminal Ctrl-C reaches only the demo)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], stderr_path: Path) -> None:
+        self._stderr = open(stderr_path, "ab")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=self._stderr, env=env, start_new_session=True
+        )
+
+    def exited(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, timeout_s: float) -> tuple[int, float]:
+        """SIGTERM, wait ``timeout_s`` (then SIGKILL); returns (exit code, seconds to exit)."""
+        started = time.monotonic()
+        code = stop_process(self.proc, timeout_s)
+        return code, time.monotonic() - started
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)
+        finally:
+            self._stderr.close()
+
+
+@dataclass
+class Freeze:
+    """When Redis was frozen and thawed (monotonic seconds), and at what progress."""
+
+    started_at: float | None = None
+    ended_at: float | None = None
+    at_done: int = 0
+
+    @property
+    def seconds(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        end = self.ended_at if self.ended_at is not None else time.monotonic()
+        return end - self.started_at
+
+

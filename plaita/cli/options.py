@@ -1,0 +1,236 @@
+"""The worker's flags as data: one row per flag, its ``Settings`` field, environment variables
+and help. Defaults are never written here: they come from ``Settings`` itself, so the CLI,
+``--help`` and the Python API cannot disagree.
+
+One unit-suffix convention: ``-ms`` and ``-s``. The original plaita's spellings
+(``--lease-ttl-seconds``, ``--registry-ttl``, ``--heartbeat-interval``) stay accepted as aliases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from plaita.config import DEFAULT_REDIS_URL, Settings, default_consumer_name, env_first
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One worker flag. ``field`` None = not a Settings field (read by the CLI itself)."""
+
+    flag: str
+    field: str | None
+    kind: Callable[[str], Any]
+    envs: tuple[str, ...]
+    help: str
+    aliases: tuple[str, ...] = ()
+    default: Any = None  # only for flags that are not Settings fields
+    #: How --help shows a default that is not a plain value (None means "computed" or "off").
+    shown: str | None = None
+
+
+WORKER_OPTIONS: tuple[Opt, ...] = (
+    Opt("--consumer-group", "consumer_group", str, ("PLAITA_CONSUMER_GROUP",), "consumer group"),
+    Opt(
+        "--consumer-name",
+        "consumer_name",
+        str,
+        ("PLAITA_CONSUMER_NAME",),
+        "consumer name; a stable name lets a restarted worker resume its own pending tasks",
+        shown="HOSTNAME:SLOT",
+    ),
+    Opt("--slot", None, int, ("PLAITA_WORKER_SLOT",), "slot number in the default consumer name", default=0),
+    Opt(
+        "--handler",
+        None,
+        str,
+        ("PLAITA_HANDLER",),
+        "task handler as MODULE:CALLABLE",
+        default="plaita.runtime.handlers:echo",
+    ),
+    Opt("--concurrency", "concurrency", int, ("PLAITA_WORKER_CONCURRENCY",), "tasks run at once (handler threads)"),
+    Opt(
+        "--prefetch",
+        "prefetch",
+        int,
+        ("PLAITA_WORKER_PREFETCH",),
+        "tasks read ahead of free threads; automatic = read ahead only while handlers take < 5 ms",
+        shown="automatic",
+    ),
+    Opt("--read-block-ms", "read_block_ms", int, ("PLAITA_READ_BLOCK_MS",), "XREADGROUP BLOCK in ms"),
+    Opt(
+        "--claim-min-idle-ms",
+        "claim_min_idle_ms",
+        int,
+        ("PLAITA_CLAIM_MIN_IDLE_MS",),
+        "reclaim pending entries idle longer than this",
+    ),
+    Opt(
+        "--reclaim-interval-s",
+        "reclaim_interval_s",
+        float,
+        ("PLAITA_RECLAIM_INTERVAL_S",),
+        "seconds between reclaim passes",
+    ),
+    Opt(
+        "--max-deliveries",
+        "max_deliveries",
+        int,
+        ("PLAITA_MAX_DELIVERIES",),
+        "deliveries before a failing task goes to the DLQ",
+    ),
+    Opt("--dlq-key", "dlq_key", str, ("PLAITA_DLQ_KEY",), "dead-letter stream", shown="<queue>:dlq"),
+    Opt("--dlq-max-len", "dlq_max_len", int, ("PLAITA_DLQ_MAX_LEN",), "DLQ trimmed to this many entries"),
+    Opt(
+        "--max-payload-bytes",
+        "max_payload_bytes",
+        int,
+        ("PLAITA_MAX_PAYLOAD_BYTES",),
+        "larger payloads go to the DLQ",
+    ),
+    Opt(
+        "--drain-timeout-s",
+        "drain_timeout_s",
+        float,
+        ("PLAITA_WORKER_DRAIN_TIMEOUT",),
+        "on SIGTERM, wait this long for running tasks; the rest are handed back",
+    ),
+    Opt(
+        "--lease-ttl-s",
+        "lease_ttl_s",
+        float,
+        ("PLAITA_LEASE_TTL_SECONDS",),
+        "execution lease TTL in seconds",
+        aliases=("--lease-ttl-seconds",),
+    ),
+    Opt(
+        "--consumer-prune-idle-s",
+        "consumer_prune_idle_s",
+        float,
+        ("PLAITA_CONSUMER_PRUNE_IDLE_S",),
+        "remove group consumers with nothing pending idle longer than this",
+    ),
+    Opt(
+        "--status-file",
+        "status_file",
+        str,
+        ("PLAITA_STATUS_FILE",),
+        "rewrite this JSON file with the worker's state",
+        shown="none",
+    ),
+    Opt(
+        "--instance-id",
+        "instance_id",
+        str,
+        ("PLAITA_INSTANCE_ID",),
+        "registry/control identity",
+        shown="HOSTNAME-RANDOM8, new per process",
+    ),
+    Opt(
+        "--registry-ttl-s",
+        "registry_ttl_s",
+        float,
+        ("PLAITA_REGISTRY_TTL",),
+        "registry entry TTL in seconds",
+        aliases=("--registry-ttl",),
+    ),
+    Opt(
+        "--heartbeat-interval-s",
+        "heartbeat_interval_s",
+        float,
+        ("PLAITA_HEARTBEAT_INTERVAL",),
+        "registry heartbeat in seconds",
+        aliases=("--heartbeat-interval",),
+    ),
+    Opt(
+        "--metrics-port",
+        "metrics_port",
+        int,
+        ("PLAITA_METRICS_PORT",),
+        "serve /metrics, /healthz, /readyz on this port (0 = off)",
+        shown="off",
+    ),
+    Opt("--metrics-host", "metrics_host", str, ("PLAITA_METRICS_HOST",), "address for --metrics-port"),
+)
+
+#: Settings defaults by field name (a default_factory field has none: its flag shows "computed").
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(Settings) if f.default is not dataclasses.MISSING
+}
+
+
+def _typed(kind: Callable[[str], Any], name: str) -> Callable[[Any], Any]:
+    """argparse type that names the flag in its error, and refuses nan/inf for floats."""
+
+    def convert(raw: Any) -> Any:
+        try:
+            value = kind(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} expects {kind.__name__}, got {raw!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {raw!r}")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def default_of(opt: Opt) -> Any:
+    return _DEFAULTS.get(opt.field) if opt.field is not None else opt.default
+
+
+def add_options(p: argparse.ArgumentParser, env: Mapping[str, str], options: Sequence[Opt]) -> None:
+    """Add ``options`` to ``p``; an environment variable overrides the Settings default."""
+    for opt in options:
+        from_env = env_first(env, *opt.envs)
+        default = default_of(opt) if from_env is None else from_env
+        shown = opt.shown if opt.shown is not None else default_of(opt)
+        env_text = f"env {', '.join(opt.envs)}; " if opt.envs else ""
+        p.add_argument(
+            opt.flag,
+            *opt.aliases,
+            dest=opt.flag.removeprefix("--").replace("-", "_"),
+            type=_typed(opt.kind, opt.flag),
+            default=default,
+            help=f"{opt.help} ({env_text}default {shown})",
+        )
+
+
+def add_redis_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    p.add_argument(
+        "--redis-url",
+        default=env_first(env, "PLAITA_REDIS_URL", "REDIS_URL"),
+        help=f"Redis URL (env PLAITA_REDIS_URL, then REDIS_URL; default {DEFAULT_REDIS_URL})",
+    )
+    p.add_argument(
+        "--queue-name",
+        default=env_first(env, "PLAITA_QUEUE_NAME", "QUEUE_NAME") or _DEFAULTS["queue_name"],
+        help=f"stream key (env PLAITA_QUEUE_NAME, QUEUE_NAME; default {_DEFAULTS['queue_name']})",
+    )
+
+
+def add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    add_options(p, env, WORKER_OPTIONS)
+    p.add_argument("--no-registry", action="store_true", help="no registry heartbeat and no remote control listener")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings from parsed ``worker`` arguments; ConfigError on any invalid value."""
+    values: dict[str, Any] = {
+        opt.field: getattr(args, opt.flag.removeprefix("--").replace("-", "_"))
+        for opt in WORKER_OPTIONS
+        if opt.field is not None
+    }
+    values["consumer_name"] = values["consumer_name"] or default_consumer_name(args.slot)
+    values["metrics_port"] = values["metrics_port"] or None  # 0 = off, as the original
+    values["dlq_key"] = values["dlq_key"] or ""
+    return Settings(
+        redis_url=args.redis_url or DEFAULT_REDIS_URL,
+        queue_name=args.queue_name,
+        registry_enabled=not args.no_registry,
+        **values,
+    )
