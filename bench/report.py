@@ -312,7 +312,8 @@ class Renderer:
             f"otherwise, distinct `--consumer-name` per process. Process counts: {', '.join(map(str, PROCESSES))}. "
             "Task bodies are `plaita enqueue`'s shape without an `execution_id` (the targets use these); the rows "
             "marked *bodies with `execution_id`* name an execution per task, which the worker leases before the "
-            "handler runs (design.md §6), so they show the lease cost. The plot leaves those rows out.",
+            "handler runs (so a start and a resume of one execution never run at once), so they show the "
+            "lease cost. The plot leaves those rows out.",
         ]
         return lines
 

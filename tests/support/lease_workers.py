@@ -1,4 +1,6 @@
-"""Workers, handlers and fault injection for the lease-aware delivery tests (design.md §6).
+"""Workers, handlers and fault injection for the lease-aware delivery tests.
+
+Leases are held while a task runs; reclaim takes only entries that are idle and unleased.
 
 Subprocess workers run ``python -m plaita worker`` with ``count_first_sleep`` (below) so a
 task can be long on its first execution and quick on a re-execution; in-process workers run
