@@ -92,17 +92,17 @@ class Registry:
             self._wake.wait(self.interval_s if not self._failing else min(self.interval_s, 1.0))
             self._wake.clear()
 
-    def stop(self, timeout_s: float = 0.5) -> None:
-        """Stop beating and remove the entry, waiting at most ``timeout_s`` (best effort).
+    def stop(self, timeout_s: float = 0.15) -> None:
+        """Stop beating and remove the entry, waiting at most twice ``timeout_s`` (best effort).
 
         Stopping must stay fast when Redis is unreachable: the delete runs on its own daemon
         thread and is abandoned after the timeout (the entry then expires with its TTL); when
-        the last heartbeat already failed it is not even tried.
+        the last heartbeat failed, or is still waiting for Redis, it is not even tried.
         """
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
-        if self._failing:
+        if self._failing or self._thread.is_alive():
             logger.debug("registry entry %s left to expire (Redis unreachable)", self.key)
         else:
             remover = threading.Thread(target=self._delete, name="plaita-unregister", daemon=True)

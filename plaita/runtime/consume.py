@@ -70,9 +70,6 @@ class ConsumePhases:
         elif created:
             logger.info("created consumer group %r on stream %r", self.queue.group, self.queue.stream)
         self.group_seen = True
-        ended = self.outage.end()
-        if ended is not None:
-            logger.info("Redis is back after %.1f s (%d retries); consuming again", *ended)
         self.settler.redis_ok()
         # RESUMING_OWN starts from the beginning of our pending list every time.
         self._own_cursor = "0"
@@ -92,7 +89,7 @@ class ConsumePhases:
             return
         ours = self.intake.ours()
         page = self.queue.read_own_pending(self._own_cursor, free)
-        self.lifecycle.backoff.reset()
+        self._read_succeeded()
         if not page:
             self._next_reclaim_at_s = 0.0  # the claim pass skipped until now runs at once
             self.lifecycle.trigger("own_pending_done")
@@ -153,8 +150,19 @@ class ConsumePhases:
             self._wait_for_slot()
             return
         entries = self.queue.read_new(free, self.settings.read_block_ms)
-        self.lifecycle.backoff.reset()
+        self._read_succeeded()
         self.intake.accept(entries)
+
+    def _read_succeeded(self) -> None:
+        """A read answered: the outage (if any) is over and the backoff starts from its base again.
+
+        Only a read ends an outage, not a group check: with an ACL that allows XGROUP CREATE but
+        refuses reads, "Redis is back" would otherwise be logged between every two refusals.
+        """
+        self.lifecycle.backoff.reset()
+        ended = self.outage.end()
+        if ended is not None:
+            logger.info("Redis is back after %.1f s (%d retries); consuming again", *ended)
 
     def _wait_for_slot(self) -> None:
         self.slot_freed.wait(self.settings.read_block_ms / 1000)

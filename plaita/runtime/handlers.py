@@ -40,6 +40,10 @@ def load_handler(spec: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise HandlerLoadError(f"--handler {spec!r}: cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the module itself raised while importing: still a configuration error
+        raise HandlerLoadError(
+            f"--handler {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
     target: object = module
     for part in attr.split("."):
         try:

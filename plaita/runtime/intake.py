@@ -137,9 +137,10 @@ class Intake:
                 max_payload_bytes=self.settings.max_payload_bytes,
             )
         except BadTaskError as exc:
-            self.counters.add("bad_input", 1)
-            logger.warning("task %s is malformed (%s): moved to the DLQ", entry.message_id, exc.reason)
-            self._dead_letter(entry, exc.reason, None)
+            self._malformed(entry, exc.reason)
+            return None
+        except Exception as exc:  # whatever one entry does to the parser, it is that entry's problem
+            self._malformed(entry, f"unparseable entry ({type(exc).__name__}: {str(exc)[:200]})")
             return None
         if task.delivery_count > self.settings.max_deliveries:
             logger.error(
@@ -148,6 +149,11 @@ class Intake:
             self._dead_letter(entry, "max_deliveries", task.body)
             return None
         return task
+
+    def _malformed(self, entry: Entry, reason: str) -> None:
+        self.counters.add("bad_input", 1)
+        logger.warning("task %s is malformed (%s): moved to the DLQ", entry.message_id, reason)
+        self._dead_letter(entry, reason, None)
 
     def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
         self.counters.add("dead_lettered", 1)

@@ -138,31 +138,38 @@ class HandlerPool:
                 self._on_done(done)
 
     def _call(self, task: Task) -> Outcome:
-        """Run the handler and say what to do with its message."""
+        """Run the handler and say what to do with its message.
+
+        Catches ``BaseException``: a handler raising SystemExit or KeyboardInterrupt must not
+        kill its thread (the task would look running forever and the pool would shrink). It is
+        a failed delivery like any other, so a task that does it every time reaches the DLQ.
+        """
         try:
             self._handler(task)
         except BadTaskError as exc:
             logger.warning("task %s rejected by its handler (%s): moved to the DLQ", task.message_id, exc)
             return Outcome.to_dlq(task.message_id, exc.reason, task.delivery_count, task.body)
-        except Exception as exc:
-            reason = f"processing_failed:{type(exc).__name__}:{exc}"[:500]
-            if task.delivery_count >= self._max_deliveries:
-                logger.error(
-                    "task %s failed on delivery %d of %d (%s): moved to the DLQ",
-                    task.message_id,
-                    task.delivery_count,
-                    self._max_deliveries,
-                    reason,
-                )
-                return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
+        except BaseException as exc:  # noqa: B036 - see the docstring
+            return self._failed(task, exc)
+        return Outcome(task.message_id)
+
+    def _failed(self, task: Task, exc: BaseException) -> Outcome:
+        reason = f"processing_failed:{type(exc).__name__}:{exc}"[:500]
+        if task.delivery_count >= self._max_deliveries:
             logger.error(
-                "task %s failed on delivery %d of %d; left pending for redelivery",
+                "task %s failed on delivery %d of %d (%s): moved to the DLQ",
                 task.message_id,
                 task.delivery_count,
                 self._max_deliveries,
-                exc_info=True,
+                reason,
             )
-            return Outcome(task.message_id, RETRY)
-        return Outcome(task.message_id)
-
-
+            return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
+        logger.error(
+            "task %s failed on delivery %d of %d (%s); left pending for redelivery",
+            task.message_id,
+            task.delivery_count,
+            self._max_deliveries,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        return Outcome(task.message_id, RETRY)

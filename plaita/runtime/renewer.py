@@ -113,6 +113,7 @@ class LeaseRenewer:
         leases: LeaseManager,
         stream_queue: StreamQueue,
         *,
+        owner_leases: LeaseManager | None = None,
         ttl_s: float,
         claim_min_idle_ms: int,
         on_lost: Callable[[InFlight], None],
@@ -120,6 +121,8 @@ class LeaseRenewer:
         self.table = table
         self.leases = leases
         self.queue = stream_queue
+        #: ``release_orphans`` runs on the owner thread: it uses the owner's pool.
+        self.owner_leases = owner_leases if owner_leases is not None else leases
         self.ttl_s = ttl_s
         # Renew often enough that neither the lease (ttl) nor the entry's idle time
         # (claim_min_idle_ms) can run out between two renewals.
@@ -191,7 +194,7 @@ class LeaseRenewer:
         ready = self.table.take_orphan_suspects()
         try:
             for execution_id in sorted(ready):
-                if self.leases.release_orphan(execution_id):
+                if self.owner_leases.release_orphan(execution_id):
                     logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
                 ready.discard(execution_id)
         finally:

@@ -15,8 +15,10 @@ from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
 
-#: Longest wait for pending acks to reach Redis while stopping.
-STOP_FLUSH_TIMEOUT_S = 1.0
+#: Longest wait for pending acks to reach Redis while stopping. With a healthy Redis a flush
+#: takes milliseconds; with a frozen one the acks are lost anyway (the tasks are redelivered),
+#: and an idle worker must still exit within a second.
+STOP_FLUSH_TIMEOUT_S = 0.3
 
 
 class Drainer:
@@ -44,6 +46,19 @@ class Drainer:
     def drain(self) -> None:
         unstarted = self.pool.take_unstarted()
         unstarted_items = self.inflight.pop(t.message_id for t in unstarted)
+        if self.stop_now.is_set():
+            # Stop now: one bounded hand-back of everything, nothing to wait for.
+            left = self.inflight.abandon_all()
+            self.hand_back(unstarted_items + left, "read but not finished (stop now)")
+        else:
+            self._drain_gracefully(unstarted_items)
+        self.settler.close()
+        if not self.settler.flush(STOP_FLUSH_TIMEOUT_S) and self.settler.backlog:
+            logger.warning(
+                "%d ack(s) could not reach Redis before exit; those tasks will be redelivered", self.settler.backlog
+            )
+
+    def _drain_gracefully(self, unstarted_items: list[InFlight]) -> None:
         running = self.pool.busy
         if running:
             logger.info(
@@ -54,18 +69,10 @@ class Drainer:
         # Hand back unstarted work at once so other workers need not wait for the drain.
         self.hand_back(unstarted_items, "read but not started")
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        idle = self.pool.wait_idle(deadline, self.stop_now)
-        if not idle:
+        if not self.pool.wait_idle(deadline, self.stop_now):
             left = self.inflight.abandon_all()  # a late finish must not ack: handed back
             logger.warning("drain ended with %d task(s) still running", len(left))
             self.hand_back(left, "still running at the drain deadline")
-        self.settler.close()
-        # Bounded by what is left of the drain, so a frozen Redis cannot stretch the exit.
-        flush_s = max(0.25, min(STOP_FLUSH_TIMEOUT_S, deadline - time.monotonic()))
-        if not self.settler.flush(flush_s):
-            logger.warning(
-                "%d ack(s) could not reach Redis before exit; those tasks will be redelivered", self.settler.backlog
-            )
 
     def hand_back(self, items: list[InFlight], what: str) -> None:
         """Give tasks back to the group without charging a delivery (best effort)."""

@@ -84,17 +84,20 @@ class Worker:
         self.inflight = InFlightTable()
         self.settler = Settler(self.queue, on_failure=self._post_failure)
         self.leases = LeaseManager(self.queue.client, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
+        #: The owner thread acquires and releases on its own pool, which a stop may cut.
+        owner_leases = self.leases.on(self.queue.owner)
         self.renewer = LeaseRenewer(
             self.inflight,
             self.leases,
             self.queue,
+            owner_leases=owner_leases,
             ttl_s=settings.lease_ttl_s,
             claim_min_idle_ms=settings.claim_min_idle_ms,
             on_lost=lambda _item: self.tally.add("leases_lost", 1),
         )
-        self._build_phases(handler)
+        self._build_phases(handler, owner_leases)
 
-    def _build_phases(self, handler: Handler) -> None:
+    def _build_phases(self, handler: Handler, owner_leases: LeaseManager) -> None:
         settings = self.settings
         router = OutcomeRouter(
             inflight=self.inflight,
@@ -111,7 +114,7 @@ class Worker:
             inflight=self.inflight,
             pool=self.pool,
             settler=self.settler,
-            leases=self.leases,
+            leases=owner_leases,
             counters=self.tally,
         )
         self.phases = ConsumePhases(

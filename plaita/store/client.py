@@ -30,6 +30,15 @@ def make_client(url: str, *, socket_timeout_s: float, client_name: str | None = 
     )
 
 
+def bounded_clone(client: redis.Redis, timeout_s: float) -> redis.Redis:
+    """A client to the same server whose connect and read wait at most ``timeout_s`` (a pool of
+    its own: for the calls a stop makes, which must not wait out a frozen server)."""
+    kwargs = dict(client.connection_pool.connection_kwargs)
+    kwargs.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    pool = redis.ConnectionPool(connection_class=client.connection_pool.connection_class, **kwargs)
+    return redis.Redis(connection_pool=pool)
+
+
 def delete_keys(client: redis.Redis, keys: list[str]) -> int:
     """DEL ``keys`` in batches of 500; returns how many existed."""
     deleted = 0

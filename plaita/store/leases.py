@@ -59,11 +59,16 @@ class Lease:
 class LeaseManager:
     """Acquire, renew and release execution leases for one worker incarnation."""
 
-    def __init__(self, client: redis.Redis, *, consumer: str, ttl_s: float) -> None:
+    def __init__(self, client: redis.Redis, *, consumer: str, ttl_s: float, holder: str | None = None) -> None:
         self.client = client
+        self.consumer = consumer
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.takeover_prefix = f"worker:{consumer}@"
-        self.holder = f"{self.takeover_prefix}{uuid.uuid4().hex[:12]}"
+        self.holder = holder or f"{self.takeover_prefix}{uuid.uuid4().hex[:12]}"
+
+    def on(self, client: redis.Redis) -> LeaseManager:
+        """The same holder (incarnation) over another client (the owner thread's pool)."""
+        return LeaseManager(client, consumer=self.consumer, ttl_s=self.ttl_ms / 1000, holder=self.holder)
 
     def acquire(self, execution_id: str) -> Lease | str:
         """The lease, or the current holder's value when another live holder has it."""

@@ -21,7 +21,7 @@ from redis.client import Pipeline
 
 from plaita.config import Settings
 from plaita.store import scripts
-from plaita.store.client import make_client
+from plaita.store.client import bounded_clone, make_client
 from plaita.store.leases import RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
 
@@ -29,6 +29,22 @@ logger = logging.getLogger(__name__)
 
 def _raw_reply(response: Any, **_options: Any) -> Any:
     return response
+
+
+#: Longest wait for each round trip of the hand-back transaction while stopping.
+HAND_BACK_TIMEOUT_S = 0.3
+
+
+def field_name(raw: bytes) -> str:
+    """A stream field name as text, losslessly: bytes that are not UTF-8 become lone surrogates
+    (``surrogateescape``), so one bad field name never breaks a read and ``raw_fields`` gives
+    the exact bytes back."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def raw_fields(fields: dict[str, bytes]) -> dict[bytes, bytes]:
+    """``fields`` with the exact bytes of each name again (the inverse of ``field_name``)."""
+    return {k.encode("utf-8", "surrogateescape"): v for k, v in fields.items()}
 
 
 def _s(value: bytes | str) -> str:
@@ -77,8 +93,10 @@ class StreamQueue:
         read_client: redis.Redis | None = None,
     ) -> None:
         self.client = client
-        # Blocking reads get their own pool so interrupt() can cut exactly them.
+        # The owner thread's calls (reads, group, claims, housekeeping) get a pool of their own,
+        # so a stop can cut exactly them (interrupt_owner) without touching acks or renewals.
         self.read_client = read_client if read_client is not None else client
+        self.owner = self.read_client
         if self.read_client is not client:
             self.read_client.set_response_callback("XREADGROUP", _raw_reply)
         self.stream = stream
@@ -115,7 +133,7 @@ class StreamQueue:
     def ensure_group(self) -> bool:
         """``XGROUP CREATE <stream> <group> 0 MKSTREAM``; True if created, False if it existed."""
         try:
-            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            self.owner.xgroup_create(self.stream, self.group, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" in str(exc):
                 return False
@@ -153,9 +171,9 @@ class StreamQueue:
                     entries.append(Entry(_s(message_id), None))
                     continue
                 if isinstance(flat, dict):  # a client with redis-py's callback (tests' shared client)
-                    fields = {_s(k): v for k, v in flat.items()}
+                    fields = {field_name(k) if isinstance(k, bytes) else k: v for k, v in flat.items()}
                 else:
-                    fields = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+                    fields = {field_name(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
                 entries.append(Entry(_s(message_id), fields))
         return entries
 
@@ -180,7 +198,7 @@ class StreamQueue:
         """Delivery count of each pending id (one XPENDING range call)."""
         if not ids:
             return {}
-        rows = self.client.xpending_range(
+        rows = self.owner.xpending_range(
             self.stream, self.group, min=ids[0], max=ids[-1], count=max(len(ids) * 4, 16), consumername=consumer
         )
         wanted = set(ids)
@@ -254,7 +272,7 @@ class StreamQueue:
         (XCLAIM's min-idle-time re-checks idleness there too).
         """
         scan = count * 10
-        found: list[Any] = _SCAN_CLAIMABLE(self.client, [self.stream], [self.group, min_idle_ms, cursor, scan])
+        found: list[Any] = _SCAN_CLAIMABLE(self.owner, [self.stream], [self.group, min_idle_ms, cursor, scan])
         if not found:
             return "0-0", [], 0
         prefix = lease_prefix.encode()
@@ -262,14 +280,14 @@ class StreamQueue:
         lease_keys = [prefix + (bytes(e) if e else bytes(mid)) for mid, e in found]
         ids = [mid for mid, _ in found]
         reply: list[Any] = _CLAIM_UNLEASED(
-            self.client,
+            self.owner,
             [self.stream, *lease_keys],
             [self.group, self.consumer, min_idle_ms, count, scan, *ids],
         )
         entries = []
         for mid, raw_fields, times_delivered in reply[1]:
             flat = list(raw_fields)
-            fields = {_s(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+            fields = {field_name(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
             entries.append(Entry(_s(mid), fields, int(times_delivered)))
         return _s(reply[0]), entries, int(reply[2])
 
@@ -290,30 +308,46 @@ class StreamQueue:
     def supports_xnack(self) -> bool:
         """True when the server has XNACK (Redis >= 8.8; not Valkey). Asked once, then cached."""
         if self._xnack is None:
-            info: dict[str, Any] = self.client.info("server")
+            info: dict[str, Any] = self.owner.info("server")
             version = tuple(int(x) for x in str(info.get("redis_version", "0.0")).split(".")[:2] if x.isdigit())
             self._xnack = "valkey" not in str(info.get("server_name", "")).lower() and version >= (8, 8)
         return self._xnack
 
-    def hand_back(self, entries: list[tuple[str, dict[str, bytes]]], releases: list[tuple[str, str]]) -> None:
+    def hand_back(
+        self,
+        entries: list[tuple[str, dict[str, bytes]]],
+        releases: list[tuple[str, str]],
+        *,
+        timeout_s: float = HAND_BACK_TIMEOUT_S,
+    ) -> None:
         """Give entries back to the group at once without charging a delivery.
 
         Uses ``XNACK … SILENT`` where the server has it; otherwise re-adds each entry (same
         fields) and acks + deletes the original, atomically. ``releases`` are (lease key,
-        value) pairs released in the same transaction.
+        value) pairs released in the same transaction. Runs while stopping, so every round
+        trip is bounded by ``timeout_s`` (a frozen Redis must not stretch the exit).
         """
         if not entries and not releases:
             return
+        client = bounded_clone(self.client, timeout_s)
+        try:
+            self._hand_back(client, entries, releases)
+        finally:
+            client.close()
+
+    def _hand_back(
+        self, client: redis.Redis, entries: list[tuple[str, dict[str, bytes]]], releases: list[tuple[str, str]]
+    ) -> None:
         if releases:
             # Not safe to run twice (it re-adds entries): the script must be there before EXEC.
-            scripts.ensure_loaded(self.client, [RELEASE_MANY])
-        pipe = self.client.pipeline(transaction=True)
+            scripts.ensure_loaded(client, [RELEASE_MANY])
+        pipe = client.pipeline(transaction=True)
         ids = [mid for mid, _ in entries]
         if ids and self.supports_xnack():
             pipe.execute_command("XNACK", self.stream, self.group, "SILENT", "IDS", len(ids), *ids)  # type: ignore[no-untyped-call]
         elif ids:
             for _mid, fields in entries:
-                pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
+                pipe.xadd(self.stream, raw_fields(fields))  # type: ignore[arg-type]
             pipe.xack(self.stream, self.group, *ids)
             pipe.xdel(self.stream, *ids)
         if releases:
@@ -325,7 +359,7 @@ class StreamQueue:
 
         Atomic in Lua: a consumer cannot read between the check and XGROUP DELCONSUMER.
         """
-        removed = _PRUNE_CONSUMERS(self.client, [self.stream], [self.group, self.consumer, idle_ms])
+        removed = _PRUNE_CONSUMERS(self.owner, [self.stream], [self.group, self.consumer, idle_ms])
         return [_s(x) for x in removed]
 
     def sweep_residue(self, batch: int) -> int:
@@ -334,16 +368,17 @@ class StreamQueue:
         Only entries at or below the group's last-delivered id and absent from the pending
         list are touched; the backlog and pending entries never are.
         """
-        return int(_SWEEP_RESIDUE(self.client, [self.stream], [self.group, batch]))
+        return int(_SWEEP_RESIDUE(self.owner, [self.stream], [self.group, batch]))
 
     # -- shutdown helpers -------------------------------------------------------------
     def interrupt_read(self) -> None:
-        """Cut a blocking read in progress so a stop is not delayed by BLOCK or a frozen server.
+        """Cut the owner's call in progress (a blocking read, or any call to a frozen server) so
+        a stop is not delayed by BLOCK or a socket timeout.
 
-        Best effort; the read then fails with ConnectionError. Entries Redis already handed to
+        Best effort; the call then fails with ConnectionError. Entries Redis already handed to
         us stay in this consumer's pending list and are re-read on the next start.
         """
-        pool = self.read_client.connection_pool
+        pool = self.owner.connection_pool
         for conn in list(getattr(pool, "_in_use_connections", ())):
             sock = getattr(conn, "_sock", None)
             if sock is None:
