@@ -43,7 +43,10 @@ def _queue(args: argparse.Namespace) -> StreamQueue:
         consumer_name="plaita-admin",
         dlq_key=getattr(args, "dlq_key", "") or "",
     )
-    return StreamQueue.from_settings(settings, client=make_client(url, socket_timeout_s=5.0))
+    # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
+    # as "did not answer", not as a Redis failure.
+    client = make_client(url, socket_timeout_s=STATUS_REPLY_TIMEOUT_S + 2.0)
+    return StreamQueue.from_settings(settings, client=client)
 
 
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -103,6 +106,9 @@ def _resolve_instance(client: Client, instance: str) -> str:
     for w in list_workers(client):  # also accept a consumer name
         if w.get("consumer") == instance:
             return str(w["instance_id"])
+    if fleet.listeners(client, instance):
+        # Its registry entry expired (say Redis refused the heartbeat's writes) but it listens.
+        return instance
     raise AdminError(f"unknown worker instance {instance!r} (see `plaita workers`)")
 
 

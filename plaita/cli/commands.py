@@ -24,9 +24,15 @@ def run_worker(args: argparse.Namespace) -> int:
     from plaita.runtime.worker import Worker
 
     settings = settings_from_args(args)
+    check_status_file(settings.status_file)
     handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]
-    attach_operations(worker)
+    try:
+        attach_operations(worker)  # binds --metrics-port
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {settings.metrics_port} on {settings.metrics_host}: cannot listen ({exc.strerror or exc})"
+        ) from None
     signals_seen = 0
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -42,6 +48,18 @@ def run_worker(args: argparse.Namespace) -> int:
     while owner.is_alive():
         owner.join(0.5)  # the main thread stays free to run signal handlers
     return 0
+
+
+def check_status_file(path: str | None) -> None:
+    """ConfigError unless the status file can be written (its directory exists and is writable)."""
+    if not path:
+        return
+    probe = Path(path).with_name(f".{Path(path).name}.plaita-probe")
+    try:
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--status-file {path}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _run_owner(worker: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,6 +33,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 Sub = Any  # argparse's private _SubParsersAction
+
+
+class _WithParents:
+    """Adds the same parent parsers to every parser a sub-parsers action creates."""
+
+    def __init__(self, sub: Sub, parents: list[argparse.ArgumentParser]) -> None:
+        self._sub, self._parents = sub, parents
+
+    def add_parser(self, name: str, **kw: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self._sub.add_parser(name, parents=self._parents, **kw)
+        return parser
 
 
 def _common_options() -> _Parser:
@@ -125,16 +137,21 @@ def _add_dlq(add: Any, env: Mapping[str, str]) -> None:
     )
     _dlq_key_option(dq, env)
     dsub = dq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
-    dl = dsub.add_parser("list", help="oldest dead letters")
+    # The connection options are accepted after the action too (`plaita dlq list --redis-url …`).
+    late = _Parser(add_help=False)
+    for flag in ("--redis-url", "--queue-name", "--dlq-key", "--consumer-group"):
+        late.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    actions = _WithParents(dsub, [late])
+    dl = actions.add_parser("list", help="oldest dead letters")
     dl.add_argument("--count", type=int, default=50, help="how many (default %(default)s)")
     dl.add_argument("--json", action="store_true", help="print JSON")
-    ds = dsub.add_parser("show", help="one dead letter, whole")
+    ds = actions.add_parser("show", help="one dead letter, whole")
     ds.add_argument("id", help="DLQ entry id")
-    dr = dsub.add_parser("requeue", help="put dead letters back on the stream (body kept, deliveries reset)")
+    dr = actions.add_parser("requeue", help="put dead letters back on the stream (body kept, deliveries reset)")
     dr.add_argument("ids", nargs="*", help="DLQ entry ids")
     dr.add_argument("--all", action="store_true", help="requeue every dead letter")
     dr.add_argument("--json", action="store_true", help="print JSON")
-    dp = dsub.add_parser("purge", help="delete every dead letter")
+    dp = actions.add_parser("purge", help="delete every dead letter")
     dp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 
@@ -211,3 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"plaita {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `plaita status | head`: the reader left. Point stdout at /dev/null so the interpreter's
+        # final flush does not raise again, and end quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -24,6 +24,27 @@ logger = logging.getLogger(__name__)
 
 #: Commands a worker understands.
 COMMANDS = ("stop", "pause", "resume", "status")
+#: Longest piece of a hostile message that reaches the log.
+LOGGED_TEXT_MAX = 120
+
+
+def command_problem(command: dict[str, Any]) -> str:
+    """Why a decoded control message cannot be obeyed, or ``""``.
+
+    Flags must be real JSON booleans: ``"now": "false"`` is a string, and reading it as true
+    would skip the drain the sender asked for.
+    """
+    name = command.get("command")
+    if not isinstance(name, str) or name not in COMMANDS:
+        shown = repr(name)[:LOGGED_TEXT_MAX]
+        return f"unknown control command {shown} (known: {', '.join(COMMANDS)})"
+    for flag in ("now", "graceful"):
+        if flag in command and not isinstance(command[flag], bool):
+            return f"{flag!r} must be true or false, got {repr(command[flag])[:LOGGED_TEXT_MAX]}"
+    reply_to = command.get("reply_to")
+    if reply_to is not None and not (isinstance(reply_to, str) and reply_to.startswith(fleet.REPLY_PREFIX)):
+        return f"'reply_to' must be a key starting with {fleet.REPLY_PREFIX!r}"
+    return ""
 #: Longest wait for one pub/sub message; bounds how long the thread outlives ``stop()``.
 POLL_S = 0.5
 
@@ -124,13 +145,13 @@ class ControlListener:
             command = json.loads(text)
             if not isinstance(command, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as exc:
-            logger.warning("ignored a malformed control message (%s)", exc)
+            problem = command_problem(command)
+            if problem:
+                raise ValueError(problem)
+        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's limit
+            logger.warning("ignored a malformed control message (%s)", str(exc)[:LOGGED_TEXT_MAX])
             return
-        name = str(command.get("command", ""))
-        if name not in COMMANDS:
-            logger.warning("ignored unknown control command %r (known: %s)", name, ", ".join(COMMANDS))
-            return
+        name = command["command"]
         logger.info("control command %r received", name)
         try:
             answer = self._on_command(name, command)

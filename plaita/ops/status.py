@@ -23,6 +23,7 @@ class StatusFile:
         self.path = path
         self._snapshot = snapshot
         self._written_at_s = 0.0
+        self._failing = False
 
     def write(self, *, force: bool = False) -> None:
         if not self.path:
@@ -37,7 +38,13 @@ class StatusFile:
             tmp.write_text(json.dumps(self._snapshot()), encoding="utf-8")
             tmp.replace(target)
         except OSError as exc:
-            logger.debug("could not write status file %s: %s", self.path, exc)
+            if not self._failing:  # once per failure streak: a full disk must not flood the log
+                logger.warning("could not write the status file %s (%s); retrying every second", self.path, exc)
+            self._failing = True
+            return
+        if self._failing:
+            logger.info("status file %s written again", self.path)
+        self._failing = False
 
 
 def read_status_file(path: str | Path) -> dict[str, Any] | None:

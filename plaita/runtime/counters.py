@@ -21,6 +21,8 @@ class Counters:
     lease_conflicts: int = 0
     leases_lost: int = 0
     handed_back: int = 0
+    #: Tasks left pending because a key they need is not what plaita wrote (wrong type, no TTL).
+    bad_keys: int = 0
 
 
 class CounterBook:

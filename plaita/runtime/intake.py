@@ -16,7 +16,7 @@ from plaita.runtime.counters import CounterBook
 from plaita.runtime.pool import HandlerPool
 from plaita.runtime.renewer import InFlight, InFlightTable
 from plaita.runtime.settler import Outcome, Settler
-from plaita.store.leases import LeaseManager
+from plaita.store.leases import LEASE_PREFIX, LeaseManager
 from plaita.store.streams import Entry, StreamQueue
 from plaita.tasks import Task, parse_entry
 
@@ -50,6 +50,7 @@ class Intake:
         #: Lazy message-id leases rely on idle time < claim_min_idle_ms until the first renewal
         #: (at most 2/3 of it); with a threshold this short, take every lease eagerly instead.
         self.eager_leases = settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
+        self._bad_keys_seen: set[str] = set()
 
     def ours(self) -> set[str]:
         """Ids of work still running here or awaiting its ack. Take it *before* reading: an id
@@ -108,19 +109,37 @@ class Intake:
         started: list[Task] = []
         for (task, entry), got in zip(eager, leases, strict=True):
             if isinstance(got, str):
-                self.counters.add("lease_conflicts", 1)
-                logger.info(
-                    "execution %s is leased by %s; task %s left pending until that lease ends",
-                    task.execution_id,
-                    got,
-                    task.message_id,
-                )
+                self._refused(task, got)
                 continue
             task.fencing_token = got.generation
             assert entry.fields is not None
             self.inflight.add(InFlight(task, entry.fields, got, now, read_at_s=now))
             started.append(task)
         return started
+
+    def _refused(self, task: Task, holder: str) -> None:
+        """The lease was refused: another holder has it, or its key is not a lease at all."""
+        if not holder.startswith("!"):
+            self.counters.add("lease_conflicts", 1)
+            logger.info(
+                "execution %s is leased by %s; task %s left pending until that lease ends",
+                task.execution_id,
+                holder,
+                task.message_id,
+            )
+            return
+        self.counters.add("bad_keys", 1)
+        if task.execution_id not in self._bad_keys_seen:  # once per execution, not every pass
+            self._bad_keys_seen.add(task.execution_id)
+            logger.error(
+                "the lease key of execution %s is not a plaita lease (%s): task %s stays pending and every "
+                "other task goes on; delete or fix %s%s to let it run",
+                task.execution_id,
+                holder[1:],
+                task.message_id,
+                LEASE_PREFIX,
+                task.execution_id,
+            )
 
     def _parse(self, entry: Entry) -> Task | None:
         """The entry as a runnable task, or None (dead-lettered, deleted, or already running)."""

@@ -63,6 +63,8 @@ class Settler:
         self._thread = threading.Thread(target=self._run, name="plaita-settler", daemon=True)
         self.settled = 0
         self.dead_lettered = 0
+        #: Dead letters the DLQ key refused (another type): left pending, not retried here.
+        self.dlq_refused = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -148,7 +150,7 @@ class Settler:
             dead = [o.dead for o in batch if o.kind == DEAD and o.dead is not None]
             releases = [o.release for o in batch if o.release is not None]
             try:
-                self._queue.settle(acks, dead, releases)
+                refused = self._queue.settle(acks, dead, releases)
             except Exception as exc:
                 with self._cond:
                     # Keep them, oldest first, for a retry once the owner sees Redis again.
@@ -159,9 +161,22 @@ class Settler:
                     self._cond.notify_all()
                 self._on_failure(exc)
                 continue
+            self._report_refused(refused)
             with self._cond:
                 self._busy = False
                 self._batch = []
                 self.settled += len(acks)
-                self.dead_lettered += len(dead)
+                self.dead_lettered += len(dead) - len(refused)
+                self.dlq_refused += len(refused)
                 self._cond.notify_all()
+
+    @staticmethod
+    def _report_refused(refused: list[tuple[DeadLetter, str]]) -> None:
+        """Dead letters the DLQ key refused: they stay pending; the rest of the batch settled."""
+        for d, error in refused:
+            logger.error(
+                "could not move task %s to the DLQ (%s): it stays pending and goes to the DLQ again at its next "
+                "delivery; fix the DLQ key's type to let it through",
+                d.message_id,
+                error[:200],
+            )

@@ -181,7 +181,8 @@ class Worker:
     def on_command(self, name: str, command: dict[str, Any]) -> dict[str, Any] | None:
         """A control command (on the control thread): post it; answer ``status``."""
         if name == "stop":
-            self.request_stop(now=bool(command.get("now")) or command.get("graceful") is False)
+            # The control listener checked both are real booleans when present.
+            self.request_stop(now=command.get("now") is True or command.get("graceful") is False)
         elif name == "pause":
             self.request_pause()
         elif name == "resume":

@@ -5,7 +5,7 @@ leases (Lua), reclaim, housekeeping, hand-back, registry heartbeat and remote co
 ``ADMIN_ACL_RULES`` covers the operator commands (``plaita workers | status | stop | pause |
 resume | dlq | enqueue``). Both confine keys and channels to the ``plaita:`` prefix; widen
 ``~plaita:*`` if ``--queue-name`` or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0
-(``command|subcommand`` rules). tests/test_ops_security.py proves both suffice.
+(``command|subcommand`` rules). tests/ops/test_security.py proves both suffice.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ WORKER_ACL_RULES = (
     "+xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xtrim +xclaim "
     "+xpending +xinfo|groups +xinfo|consumers +xrange +xlen "
     "+evalsha +script|load +script|exists "
-    "+get +set +del +exists +incr +expire +pexpire +rpush "
+    "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl "
     "+multi +exec +subscribe +client|setname +info"
 )
 
@@ -24,7 +24,7 @@ WORKER_ACL_RULES = (
 ADMIN_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels &plaita:* -@all "
     "+scan +mget +exists +xlen +xinfo|groups +xpending +xrange +xadd +xdel +del "
-    "+multi +exec +publish +blpop"
+    "+multi +exec +publish +blpop +pubsub|numsub"
 )
 
 #: The worker's rules under the name the issue uses.

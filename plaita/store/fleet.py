@@ -67,6 +67,12 @@ def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
     return entries
 
 
+def listeners(client: redis.Redis, instance_id: str) -> int:
+    """How many workers are subscribed to ``instance_id``'s control channel (PUBSUB NUMSUB)."""
+    counts = client.pubsub_numsub(control_channel(instance_id))
+    return int(counts[0][1]) if counts else 0
+
+
 def send_command(
     client: redis.Redis,
     target: str,

@@ -82,17 +82,29 @@ def ensure_loaded(client: redis.Redis, scripts: Sequence[Script]) -> None:
 
 
 def execute(
-    client: redis.Redis, build: Callable[[Pipeline], None], scripts: Sequence[Script], *, transaction: bool
+    client: redis.Redis,
+    build: Callable[[Pipeline], None],
+    scripts: Sequence[Script],
+    *,
+    transaction: bool,
+    raise_on_error: bool = True,
 ) -> list[Any]:
-    """Build a pipeline with ``build``, run it; on NOSCRIPT load ``scripts`` and run it again."""
+    """Build a pipeline with ``build``, run it; on NOSCRIPT load ``scripts`` and run it again.
+
+    With ``raise_on_error=False`` a failed command's exception is returned in its place (so a
+    caller can tell one failing command from the rest); NOSCRIPT is still handled here.
+    """
     for attempt in (0, 1):
         pipe = client.pipeline(transaction=transaction)
         build(pipe)
         try:
-            return pipe.execute()
+            results: list[Any] = pipe.execute(raise_on_error=raise_on_error)
         except redis.exceptions.NoScriptError:
-            if attempt:
-                raise
-            for s in scripts:
-                client.script_load(s.source)
+            results = [redis.exceptions.NoScriptError()]
+        if not any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+            return results
+        if attempt:
+            raise next(r for r in results if isinstance(r, redis.exceptions.NoScriptError))
+        for s in scripts:
+            client.script_load(s.source)
     raise AssertionError("unreachable")  # pragma: no cover

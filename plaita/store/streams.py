@@ -47,6 +47,12 @@ def raw_fields(fields: dict[str, bytes]) -> dict[bytes, bytes]:
     return {k.encode("utf-8", "surrogateescape"): v for k, v in fields.items()}
 
 
+def _is_per_key(exc: Exception) -> bool:
+    """An error that one key caused (it holds another type), not a failure of Redis itself."""
+    # Errors raised inside a script keep the reply code of the command that failed (Redis >= 7).
+    return "WRONGTYPE" in str(exc)[:200]
+
+
 def _s(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -210,7 +216,9 @@ class StreamQueue:
         return out
 
     # -- settle -----------------------------------------------------------------------
-    def settle(self, acks: list[str], dead: list[DeadLetter], releases: list[tuple[str, str]] | None = None) -> None:
+    def settle(
+        self, acks: list[str], dead: list[DeadLetter], releases: list[tuple[str, str]] | None = None
+    ) -> list[tuple[DeadLetter, str]]:
         """Ack (XACK + XDEL), dead-letter and release leases in one MULTI/EXEC round trip.
 
         Atomic, so a lease is never released before its task's ack (no window for a second
@@ -218,14 +226,17 @@ class StreamQueue:
         source only if that succeeded: MULTI does not roll back, so a failing XADD (say the DLQ
         key holds another type) must not be followed by the ack, or the task would be lost.
         ``releases`` are (lease key, value) pairs, released only if still held with that value.
+        Returns the dead letters Redis refused with a per-key error (WRONGTYPE), each with the
+        error: those entries stay pending, everything else in the batch is settled. Any other
+        error raises.
         """
         if not acks and not dead and not releases:
-            return
+            return []
         now = time.time()
         envelopes = [self._envelope(d, now) for d in dead]
 
-        # Safe to run twice (see plaita.store.scripts): XACK/XDEL and compare-and-delete are idempotent,
-        # and a NOSCRIPT reply means no dead-letter script ran.
+        # Safe to run twice (see plaita.store.scripts): XACK/XDEL and compare-and-delete are
+        # idempotent, and a NOSCRIPT reply means no dead-letter script ran.
         def build(pipe: Pipeline) -> None:
             for d, envelope in zip(dead, envelopes, strict=True):
                 DEAD_LETTER.queue(
@@ -237,7 +248,18 @@ class StreamQueue:
             if releases:
                 RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
 
-        scripts.execute(self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True)
+        results = scripts.execute(
+            self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True, raise_on_error=False
+        )
+        refused = []
+        for i, result in enumerate(results):
+            if not isinstance(result, Exception):
+                continue
+            if i < len(dead) and _is_per_key(result):
+                refused.append((dead[i], f"{type(result).__name__}: {result}"))
+            else:
+                raise result
+        return refused
 
     def _envelope(self, d: DeadLetter, now: float) -> str:
         """The DLQ entry's ``payload`` field: the original's envelope, compatible with the anchor."""
