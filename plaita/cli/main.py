@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from plaita import __version__
+from plaita.cli import dashboard as dashboard_cli
 from plaita.config import (
     DEFAULT_CLAIM_MIN_IDLE_MS,
     DEFAULT_CONSUMER_GROUP,
@@ -272,6 +273,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     m.add_argument("--redis-url", default=None, help="use this Redis instead of a private one (no freeze then)")
     m.add_argument("--tasks", type=int, default=300, help="tasks to enqueue (default %(default)s)")
     m.add_argument("--freeze-s", type=float, default=5.0, help="seconds Redis stays frozen (default %(default)s)")
+    dashboard_cli.add_parser(add, env)
     return parser
 
 
@@ -412,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from plaita.cli.demo import run_demo
 
             return run_demo(args)
+        if args.command == "dashboard":
+            return dashboard_cli.run_dashboard(args)
     except ConfigError as exc:
         print(f"plaita {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -58,7 +58,7 @@ class Operations:
             self.registry = Registry(
                 client,
                 instance_id=worker.instance_id,
-                snapshot=worker.status,
+                snapshot=self._registry_entry,
                 ttl_s=settings.registry_ttl_s,
                 interval_s=settings.heartbeat_interval_s,
             )
@@ -105,6 +105,15 @@ class Operations:
             self.http.stop()
         self.metrics.up.set(0)
         self.write_status(force=True)
+
+    def _registry_entry(self) -> dict[str, Any]:
+        """The worker's status plus where its health endpoints listen: during a Redis outage the
+        dashboard asks the worker itself, since the registry is exactly what cannot be read."""
+        entry = self.worker.status()
+        if self.http is not None:
+            entry["metrics_host"] = self.worker.settings.metrics_host
+            entry["metrics_port"] = self.http.port
+        return entry
 
     # -- events from the worker --------------------------------------------------------
     def on_transition(self, source: State, dest: State) -> None:
