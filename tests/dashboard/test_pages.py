@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from plaita.dashboard.security import SESSION_COOKIE
-from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, csrf_of, dead_letter, login, register, sample
+from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, register, sample
 from tests.support.ops import DLQ, QUEUE, enqueue, task
 
 pytestmark = pytest.mark.redis
@@ -40,7 +40,9 @@ class TestReadPages:
         assert 'id="live" data-refresh="/fragment/overview"' in html, "the overview refreshes itself"
         assert 'src="/static/dashboard.js"' in html and dash.get("/static/dashboard.js").status_code == 200
 
-    def test_fragment_and_json_carry_the_same_picture(self, make_dashboard: MakeDashboard, rclient: redis.Redis) -> None:
+    def test_fragment_and_json_carry_the_same_picture(
+        self, make_dashboard: MakeDashboard, rclient: redis.Redis
+    ) -> None:
         register(rclient, "w1", state="PAUSED")
         dash = make_dashboard(allow_actions=False)
         sample(dash)
