@@ -12,7 +12,6 @@ import ipaddress
 import socket
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from plaita.config import DEFAULT_CONSUMER_GROUP, DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, env_first, redact_url
 from plaita.errors import ConfigError
@@ -109,9 +108,8 @@ def _token(args: argparse.Namespace) -> tuple[str | None, bool]:
 
 def run_dashboard(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
         from plaita.dashboard.app import DashboardConfig, create_app
+        from plaita.dashboard.serve import serve
     except ImportError as exc:
         print(f"plaita dashboard: needs the dashboard extra (pip install 'plaita[dashboard]'): {exc}", file=sys.stderr)
         return 2
@@ -137,15 +135,5 @@ def run_dashboard(args: argparse.Namespace) -> int:
     print(f"plaita dashboard: serving http://{shown_host}:{port}/ for {redact_url(url)} ({mode})", flush=True)
     if generated:
         print(f"plaita dashboard: action token (printed once): {token}", flush=True)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), log_config=None, log_level="warning", access_log=False, lifespan="on")
-    )
-    _serve(server, sock)
+    serve(create_app(config), sock)
     return 0
-
-
-def _serve(server: Any, sock: socket.socket) -> None:
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
