@@ -138,7 +138,8 @@ class Dashboard:
         self.redis_label = redact_url(config.redis_url)
 
         def queue(timeout_s: float, client: Client | None = None) -> StreamQueue:
-            c = client or make_client(config.redis_url, socket_timeout_s=timeout_s, client_name="plaita-dashboard")
+            # No client name: CLIENT SETNAME would be one more command the ACL users must allow.
+            c = client or make_client(config.redis_url, socket_timeout_s=timeout_s)
             return StreamQueue.from_settings(settings, client=c, read_client=c)
 
         self.monitor = FleetMonitor(

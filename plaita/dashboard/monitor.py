@@ -29,7 +29,9 @@ SAMPLE_EVERY_S = 1.0
 #: Seconds between probes of the workers' health endpoints while Redis is unavailable.
 PROBE_EVERY_S = 0.25
 #: Seconds of throughput history kept and drawn.
-WINDOW_S = 300.0
+WINDOW_S = 180.0
+#: Shortest span the chart draws: a young dashboard shows its history so far, stretched to this.
+MIN_SHOWN_S = 30.0
 #: A worker's rate is recomputed only across heartbeats at least this far apart (less is noise).
 MIN_RATE_SPAN_S = 1.0
 
@@ -231,8 +233,19 @@ class FleetMonitor:
             "workers": rows,
             "by_state": by_state,
             "stats": stats,
-            "throughput": {"rate": rate, "points": points, "window_s": self.throughput.window_s},
+            "throughput": {
+                "rate": rate,
+                "points": points,
+                "window_s": _shown_window_s(points, now_s, self.throughput.window_s),
+            },
         }
+
+
+def _shown_window_s(points: list[tuple[float, float | None]], now_s: float, window_s: float) -> float:
+    """The span the chart draws: the whole window once full, else the history so far (at least MIN_SHOWN_S)."""
+    if not points:
+        return MIN_SHOWN_S
+    return min(window_s, max(MIN_SHOWN_S, now_s - points[0][0]))
 
 
 def _worker_row(

@@ -20,29 +20,31 @@ NODE_W = 128
 NODE_H = 34
 #: Fixed positions (box centres) of the states: the happy path on top, detours below.
 POSITIONS: dict[State, tuple[float, float]] = {
-    State.INIT: (75, 45),
-    State.ENSURE_GROUP: (265, 45),
-    State.RECLAIMING: (470, 45),
-    State.READING: (675, 45),
-    State.BACKOFF: (265, 175),
-    State.PAUSED: (570, 175),
-    State.STOPPING: (370, 300),
-    State.STOPPED: (675, 300),
+    State.INIT: (80, 70),
+    State.ENSURE_GROUP: (270, 70),
+    State.RECLAIMING: (480, 70),
+    State.READING: (680, 70),
+    State.BACKOFF: (270, 200),
+    State.PAUSED: (600, 200),
+    State.STOPPING: (400, 330),
+    State.STOPPED: (680, 330),
 }
-DIAGRAM_W = 760
-DIAGRAM_H = 360
-#: Instance ids written under a marked state before the rest are summarised as "+N".
+DIAGRAM_W = 780
+#: Instance ids written above a marked state before the rest are summarised as "+N".
 SHOWN_IDS = 2
 #: How far a curved edge bows out when two states have edges both ways.
-BOW = 22.0
+BOW = 18.0
+#: A trigger leading to one state from at least this many states is drawn once, as a fan-in
+#: arrow listing its sources (six separate ``stop_requested`` arrows would hide the rest).
+FAN_IN_MIN = 3
 
 
 def positions() -> dict[State, tuple[float, float]]:
     """Every state's centre; a state missing from POSITIONS gets a slot on an extra row."""
     out = dict(POSITIONS)
-    extra = [s for s in State if s not in out]
-    for i, state in enumerate(extra):
-        out[state] = (75 + i * 190, DIAGRAM_H + 40)
+    bottom = max(y for _x, y in POSITIONS.values())
+    for i, state in enumerate(s for s in State if s not in out):
+        out[state] = (80 + i * 200, bottom + 130)
     return out
 
 
@@ -56,16 +58,31 @@ def _clip(cx: float, cy: float, dx: float, dy: float) -> tuple[float, float]:
     return cx + ux * t, cy + uy * t
 
 
-def _grouped_edges() -> dict[tuple[State, State], list[str]]:
-    """Triggers per (source, dest) pair; internal no-ops (dest None) are not drawn."""
-    grouped: dict[tuple[State, State], list[str]] = {}
-    for src, trigger, dest, _cond in edges():
-        if dest is not None and trigger not in grouped.setdefault((src, dest), []):
-            grouped[(src, dest)].append(trigger)
-    return grouped
+def _label(trigger: str, condition: str | None) -> str:
+    return f"{trigger} [{condition}]" if condition else trigger
 
 
-def _edge(src: State, dest: State, triggers: list[str], bowed: bool, pos: Mapping[State, tuple[float, float]]) -> str:
+def split_edges() -> tuple[dict[tuple[State, State], list[str]], dict[tuple[str, State], list[State]]]:
+    """(single edges: labels per (source, dest); fan-ins: sources per (label, dest)).
+
+    Internal no-ops (dest None) are not drawn: they change nothing on the diagram.
+    """
+    sources: dict[tuple[str, State], list[State]] = {}
+    for src, trigger, dest, cond in edges():
+        if dest is not None:
+            sources.setdefault((_label(trigger, cond), dest), []).append(src)
+    singles: dict[tuple[State, State], list[str]] = {}
+    fan_ins: dict[tuple[str, State], list[State]] = {}
+    for (label, dest), srcs in sources.items():
+        if len(srcs) >= FAN_IN_MIN:
+            fan_ins[(label, dest)] = srcs
+        else:
+            for src in srcs:
+                singles.setdefault((src, dest), []).append(label)
+    return singles, fan_ins
+
+
+def _edge(src: State, dest: State, labels: list[str], bowed: bool, pos: Mapping[State, tuple[float, float]]) -> str:
     (x1, y1), (x2, y2) = pos[src], pos[dest]
     mx, my = (x1 + x2) / 2, (y1 + y2) / 2
     if bowed:  # the reverse edge exists: bend both to the right of their direction
@@ -73,30 +90,45 @@ def _edge(src: State, dest: State, triggers: list[str], bowed: bool, pos: Mappin
         mx, my = mx + BOW * (y2 - y1) / length, my - BOW * (x2 - x1) / length
     sx, sy = _clip(x1, y1, mx - x1, my - y1)
     ex, ey = _clip(x2, y2, mx - x2, my - y2)
-    label = escape(", ".join(triggers))
+    upright = abs(x2 - x1) < abs(y2 - y1)
+    tx, ty, anchor = (mx - 6, my, "end") if upright else (mx, my - 4 if my <= (y1 + y2) / 2 else my + 11, "middle")
     return (
         f'<g class="edge" data-edge="{src.name}->{dest.name}">'
         f'<path d="M{sx:.1f},{sy:.1f} Q{mx:.1f},{my:.1f} {ex:.1f},{ey:.1f}" marker-end="url(#arrow)"/>'
-        f'<text x="{mx:.1f}" y="{my - 3:.1f}">{label}</text></g>'
+        f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}">{escape(", ".join(labels))}</text></g>'
+    )
+
+
+def _fan_in(label: str, dest: State, srcs: list[State], pos: Mapping[State, tuple[float, float]]) -> str:
+    """One arrow into ``dest`` from below, captioned with the trigger and every source state."""
+    x, y = pos[dest]
+    bottom = y + NODE_H / 2
+    names = " ".join(s.name for s in srcs)
+    return (
+        f'<g class="edge fan-in" data-fan-in="{dest.name}" data-trigger="{escape(label)}" data-sources="{names}">'
+        f'<path d="M{x:.1f},{bottom + 30:.1f} L{x:.1f},{bottom + 4:.1f}" marker-end="url(#arrow)"/>'
+        f'<text x="{x:.1f}" y="{bottom + 42:.1f}" text-anchor="middle">{escape(label)}'
+        f'<tspan x="{x:.1f}" dy="12">from {escape(", ".join(s.name for s in srcs))}</tspan></text></g>'
     )
 
 
 def _node(state: State, x: float, y: float, instances: Sequence[str]) -> str:
     marked = " marked" if instances else ""
+    top = y - NODE_H / 2
     parts = [
         f'<g class="state state-{state.name.lower()}{marked}" data-state="{state.name}" data-count="{len(instances)}">',
         f"<title>{escape(state.name)}: {escape(', '.join(instances) or 'no worker')}</title>",
-        f'<rect x="{x - NODE_W / 2:.1f}" y="{y - NODE_H / 2:.1f}" width="{NODE_W}" height="{NODE_H}" rx="8"/>',
+        f'<rect x="{x - NODE_W / 2:.1f}" y="{top:.1f}" width="{NODE_W}" height="{NODE_H}" rx="8"/>',
         f'<text class="name" x="{x:.1f}" y="{y + 4:.1f}">{state.name}</text>',
     ]
     if instances:
-        parts.append(f'<circle class="badge" cx="{x + NODE_W / 2:.1f}" cy="{y - NODE_H / 2:.1f}" r="10"/>')
-        bx, by = x + NODE_W / 2, y - NODE_H / 2
-        parts.append(f'<text class="badge" x="{bx:.1f}" y="{by + 4:.1f}">{len(instances)}</text>')
-        shown = [escape(i) for i in instances[:SHOWN_IDS]]
+        bx = x + NODE_W / 2
+        parts.append(f'<circle class="badge" cx="{bx:.1f}" cy="{top:.1f}" r="10"/>')
+        parts.append(f'<text class="badge" x="{bx:.1f}" y="{top + 4:.1f}">{len(instances)}</text>')
+        shown = [str(escape(i)) for i in instances[:SHOWN_IDS]]
         more = len(instances) - len(shown)
-        names = ", ".join(str(s) for s in shown) + (f" +{more}" if more else "")
-        parts.append(f'<text class="who" x="{x:.1f}" y="{y + NODE_H / 2 + 13:.1f}">{names}</text>')
+        names = ", ".join(shown) + (f" +{more}" if more else "")
+        parts.append(f'<text class="who" x="{x:.1f}" y="{top - 6:.1f}">{names}</text>')
     parts.append("</g>")
     return "".join(parts)
 
@@ -104,16 +136,18 @@ def _node(state: State, x: float, y: float, instances: Sequence[str]) -> str:
 def lifecycle_svg(workers_by_state: Mapping[str, Sequence[str]]) -> Markup:
     """The lifecycle diagram; each state lists the instance ids of the workers in it."""
     pos = positions()
-    height = max(y for _x, y in pos.values()) + 60
-    grouped = _grouped_edges()
+    height = max(y for _x, y in pos.values()) + NODE_H / 2 + 66
+    singles, fan_ins = split_edges()
     out = [
         f'<svg class="lifecycle" viewBox="0 0 {DIAGRAM_W} {height:.0f}" role="img" '
         'aria-label="worker lifecycle with each worker on its current state">',
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker></defs>',
     ]
-    for (src, dest), triggers in grouped.items():
-        out.append(_edge(src, dest, triggers, (dest, src) in grouped, pos))
+    for (src, dest), labels in singles.items():
+        out.append(_edge(src, dest, labels, (dest, src) in singles, pos))
+    for (label, dest), srcs in fan_ins.items():
+        out.append(_fan_in(label, dest, srcs, pos))
     for state in State:
         x, y = pos[state]
         out.append(_node(state, x, y, list(workers_by_state.get(state.name, ()))))
@@ -127,20 +161,21 @@ def throughput_svg(points: Sequence[tuple[float, float | None]], now_s: float, w
     ``points`` are (epoch seconds, rate); a rate of None (Redis unavailable) breaks the line.
     """
     width, height, pad = 600.0, 120.0, 4.0
-    rates = [r for _t, r in points if r is not None]
-    top = max([1.0, *rates])
+    start_s = now_s - window_s
+    shown = [(t, r) for t, r in points if t >= start_s]
+    top = max([1.0, *(r for _t, r in shown if r is not None)])
     runs: list[list[str]] = [[]]
-    for t, rate in points:
+    for t, rate in shown:
         if rate is None:
             runs.append([])
             continue
-        x = (t - (now_s - window_s)) / window_s * width
+        x = (t - start_s) / window_s * width
         y = height - pad - rate / top * (height - 2 * pad)
-        if x >= 0:
-            runs[-1].append(f"{x:.1f},{y:.1f}")
+        runs[-1].append(f"{x:.1f},{y:.1f}")
     lines = "".join(f'<polyline points="{" ".join(run)}"/>' for run in runs if run)
     return Markup(
-        f'<svg class="throughput" viewBox="0 0 {width:.0f} {height:.0f}" preserveAspectRatio="none" role="img" '
-        f'aria-label="completions per second, last {window_s / 60:.0f} minutes" data-top="{top:.2f}">'
-        f'<line class="axis" x1="0" y1="{height - pad}" x2="{width}" y2="{height - pad}"/>{lines}</svg>'
+        f'<svg class="throughput" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+        f'aria-label="completions per second, last {window_s:.0f} s" data-top="{top:.2f}">'
+        f'<line class="axis" x1="0" y1="{height - pad}" x2="{width}" y2="{height - pad}"/>'
+        f'<text class="top" x="4" y="14">{top:.0f}/s</text>{lines}</svg>'
     )

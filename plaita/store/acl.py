@@ -31,7 +31,7 @@ ADMIN_ACL_RULES = (
 #: Rules for a read-only dashboard (``plaita dashboard`` without ``--allow-actions``): registry,
 #: queue statistics and the DLQ pages, nothing that writes or publishes.
 DASHBOARD_READ_ACL_RULES = (
-    "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange +client|setname"
+    "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange"
 )
 
 #: The worker's rules under the name the issue uses.

@@ -11,8 +11,8 @@ import redis
 from starlette.testclient import TestClient
 
 from plaita.dashboard.app import DashboardConfig, create_app
-from plaita.store.acl import DASHBOARD_READ_ACL_RULES, setuser_command
-from tests.dashboard.conftest import SAME_ORIGIN, MakeDashboard, dead_letter, login, register, sample
+from plaita.store.acl import ADMIN_ACL_RULES, DASHBOARD_READ_ACL_RULES, setuser_command
+from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, register, sample
 from tests.support.ops import QUEUE, enqueue, ops_worker, task, wait_until
 from tests.support.redis_server import RedisServer, free_port
 
@@ -157,6 +157,27 @@ class TestReadOnlyAcl:
         denials = [e for e in rclient.acl_log() if e.get("reason") != "auth"]
         assert denials == []
         assert PASSWORD not in _everything(dash, (f"/dlq/entry/{dlq_id}",))
+
+    def test_the_docs_quote_the_read_only_rules(self) -> None:
+        doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+        assert f"ACL SETUSER plaita-dashboard reset on >CHANGE-ME {DASHBOARD_READ_ACL_RULES}" in doc
+
+    def test_actions_work_with_the_admin_user(
+        self, make_dashboard: MakeDashboard, redis_server: RedisServer, rclient: redis.Redis
+    ) -> None:
+        admin = redis_server.client(decode_responses=True)
+        admin.execute_command(*setuser_command("plaita-admin-d", PASSWORD, ADMIN_ACL_RULES))
+        admin.execute_command("ACL", "LOG", "RESET")
+        try:
+            dlq_id = dead_letter(rclient, reason="r", payload={"n": 1})
+            dash = make_dashboard(url=f"redis://plaita-admin-d:{PASSWORD}@127.0.0.1:{redis_server.port}/0")
+            sample(dash)
+            r = dash.post("/dlq/requeue", data={"id": dlq_id}, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert "requeued 1 dead letter(s)" in r.text and rclient.xlen(QUEUE) == 1
+            assert [e for e in rclient.acl_log() if e.get("reason") != "auth"] == []
+        finally:
+            admin.execute_command("ACL", "DELUSER", "plaita-admin-d")
+            admin.close()
 
     def test_the_registry_entry_says_where_the_health_endpoint_listens(
         self, redis_url: str, rclient: redis.Redis, tmp_path: Path
