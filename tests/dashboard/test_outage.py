@@ -87,6 +87,7 @@ class TestOutage:
                 fragment = dash.get("/fragment/overview").text
                 assert 'id="outage"' not in fragment and 'data-state="READING" data-count="1"' in fragment
 
+    @pytest.mark.chaos
     def test_frozen_redis_shows_the_worker_in_backoff_from_its_own_endpoint_then_recovers(
         self, private_redis: RedisServer, tmp_path: Path
     ) -> None:
