@@ -36,6 +36,9 @@ MIN_SHOWN_S = 30.0
 MIN_RATE_SPAN_S = 1.0
 
 Prober = Callable[[str, int], dict[str, Any] | None]
+#: Reads the queue's figures (length, pending, lag, consumers, DLQ length, oldest pending age),
+#: zeros with a note while the stream or group does not exist yet.
+read_stats: Callable[[StreamQueue], dict[str, Any]] = StreamQueue.stream_stats_or_empty
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ class FleetMonitor:
         now_s = time.time()
         try:
             workers = list_workers(self.queue.client)
-            stats = self.queue.stream_stats_or_empty()
+            stats = read_stats(self.queue)
         except Exception as exc:
             if not is_redis_failure(exc):
                 raise

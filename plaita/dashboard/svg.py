@@ -16,20 +16,23 @@ from plaita.fsm import State
 from plaita.fsm.table import edges
 
 #: Size of one state box, in SVG user units.
-NODE_W = 128
+NODE_W = 124
 NODE_H = 34
-#: Fixed positions (box centres) of the states: the happy path on top, detours below.
-POSITIONS: dict[State, tuple[float, float]] = {
-    State.INIT: (80, 70),
-    State.ENSURE_GROUP: (270, 70),
-    State.RECLAIMING: (480, 70),
-    State.READING: (680, 70),
-    State.BACKOFF: (270, 200),
-    State.PAUSED: (600, 200),
-    State.STOPPING: (400, 330),
-    State.STOPPED: (680, 330),
+DIAGRAM_W = 940
+#: Left and right margin of the top row (box centres).
+MARGIN_X = 80
+#: Vertical centre of each row: the happy path, the detours, the end.
+ROWS_Y = (70, 200, 330)
+#: The happy path, left to right on the top row. Layouts name states (not ``State`` members) so a
+#: state this version does not have is skipped and one it adds but the layout lacks gets a slot.
+TOP_ROW = ("INIT", "ENSURE_GROUP", "RESUMING_OWN", "RECLAIMING", "READING")
+#: The other states: (row, x as a fraction of the width, or the top-row state to sit under).
+BELOW: dict[str, tuple[int, float | str]] = {
+    "BACKOFF": (1, "ENSURE_GROUP"),
+    "PAUSED": (1, 0.70),
+    "STOPPING": (2, 0.47),
+    "STOPPED": (2, "READING"),
 }
-DIAGRAM_W = 780
 #: Instance ids written above a marked state before the rest are summarised as "+N".
 SHOWN_IDS = 2
 #: How far a curved edge bows out when two states have edges both ways.
@@ -40,11 +43,22 @@ FAN_IN_MIN = 3
 
 
 def positions() -> dict[State, tuple[float, float]]:
-    """Every state's centre; a state missing from POSITIONS gets a slot on an extra row."""
-    out = dict(POSITIONS)
-    bottom = max(y for _x, y in POSITIONS.values())
+    """Every state's box centre: TOP_ROW spread evenly, BELOW placed, anything else on an extra row."""
+    names = {s.name: s for s in State}
+    top = [names[n] for n in TOP_ROW if n in names]
+    step = (DIAGRAM_W - 2 * MARGIN_X) / max(1, len(top) - 1)
+    out = {state: (MARGIN_X + i * step, float(ROWS_Y[0])) for i, state in enumerate(top)}
+    for name, (row, where) in BELOW.items():
+        if name not in names:
+            continue
+        if isinstance(where, str):
+            anchor = names.get(where)
+            x = out[anchor][0] if anchor in out else DIAGRAM_W / 2
+        else:
+            x = where * DIAGRAM_W
+        out[names[name]] = (x, float(ROWS_Y[row]))
     for i, state in enumerate(s for s in State if s not in out):
-        out[state] = (80 + i * 200, bottom + 130)
+        out[state] = (MARGIN_X + i * 200, ROWS_Y[-1] + 130.0)
     return out
 
 

@@ -45,11 +45,16 @@ class TestLifecycleDiagram:
         assert "<img" not in markup and "&lt;img" in markup
         _parse(markup)  # still well-formed
 
-    def test_a_state_without_a_fixed_position_still_gets_one(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        partial = {s: p for s, p in svg.POSITIONS.items() if s is not State.PAUSED}
-        monkeypatch.setattr(svg, "POSITIONS", partial)
+    def test_every_state_gets_its_own_place_even_one_the_layout_does_not_name(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         pos = svg.positions()
-        assert set(pos) == set(State) and pos[State.PAUSED] not in partial.values()
+        assert set(pos) == set(State) and len(set(pos.values())) == len(State)
+        monkeypatch.setattr(svg, "BELOW", {k: v for k, v in svg.BELOW.items() if k != "PAUSED"})
+        monkeypatch.setattr(svg, "TOP_ROW", ("NOT_A_STATE", *svg.TOP_ROW))
+        pos = svg.positions()
+        assert set(pos) == set(State) and len(set(pos.values())) == len(State)
+        assert pos[State.PAUSED][1] > max(svg.ROWS_Y), "an unplaced state goes to an extra row"
 
 
 class TestThroughputChart:
