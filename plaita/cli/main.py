@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plaita import __version__
+from plaita.cli import dashboard as dashboard_cli
 from plaita.cli.options import add_redis_options, add_worker_options
 from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ
 from plaita.errors import ConfigError
@@ -192,6 +193,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_fleet(add, env)
     _add_dlq(add, env)
     _add_tools(add)
+    dashboard_cli.add_parser(add, env)
     return parser
 
 
@@ -212,6 +214,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from plaita.cli.admin import run_admin
 
         return run_admin(args)
+    if args.command == "dashboard":
+        return dashboard_cli.run_dashboard(args)
     if args.command == "demo":
         from plaita.cli.demo import run_demo
 

@@ -43,7 +43,7 @@ class Operations:
             self.registry = Registry(
                 worker.queue.client,
                 instance_id=worker.instance_id,
-                snapshot=worker.status,
+                snapshot=self._registry_entry,
                 ttl_s=settings.registry_ttl_s,
                 interval_s=settings.heartbeat_interval_s,
             )
@@ -65,6 +65,15 @@ class Operations:
         self._monitor = threading.Thread(target=self._monitor_loop, name="plaita-monitor", daemon=True)
         self._ready_sent = False
         self._task_counters: dict[str, Any] = {}
+
+    def _registry_entry(self) -> dict[str, Any]:
+        """The worker's status plus where its health endpoints listen: during a Redis outage the
+        dashboard asks the worker itself, since the registry is exactly what cannot be read."""
+        entry = self.worker.status()
+        if self.http is not None:
+            entry["metrics_host"] = self.worker.settings.metrics_host
+            entry["metrics_port"] = self.http.port
+        return entry
 
     # -- WorkerObserver ------------------------------------------------------------------
     def worker_started(self) -> None:

@@ -3,9 +3,10 @@
 ``WORKER_ACL_RULES`` lets ``plaita worker`` run its whole cycle: consume, ack, dead-letter,
 leases (Lua), reclaim, housekeeping, hand-back, registry heartbeat and remote control.
 ``ADMIN_ACL_RULES`` covers the operator commands (``plaita workers | status | stop | pause |
-resume | dlq | enqueue``). Both confine keys and channels to the ``plaita:`` prefix; widen
-``~plaita:*`` if ``--queue-name`` or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0
-(``command|subcommand`` rules). tests/ops/test_security.py proves both suffice.
+resume | dlq | enqueue``), ``DASHBOARD_READ_ACL_RULES`` the dashboard's read pages. All
+confine keys and channels to the ``plaita:`` prefix; widen ``~plaita:*`` if ``--queue-name``
+or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0 (``command|subcommand`` rules).
+tests/ops/test_security.py proves the first two suffice, tests/dashboard the third.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ ADMIN_ACL_RULES = (
     "+multi +exec +publish +blpop +pubsub|numsub"
 )
 
+#: Rules for a read-only dashboard (``plaita dashboard`` without ``--allow-actions``): registry,
+#: queue statistics and the DLQ pages, nothing that writes or publishes.
+DASHBOARD_READ_ACL_RULES = (
+    "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange"
+)
+
 #: The worker's rules under the name the issue uses.
 MINIMAL_ACL_RULES = WORKER_ACL_RULES
 
@@ -36,4 +43,4 @@ def setuser_command(user: str, password: str, rules: str = WORKER_ACL_RULES) -> 
     return ["ACL", "SETUSER", user, "reset", "on", f">{password}", *rules.split()]
 
 
-__all__ = ["ADMIN_ACL_RULES", "MINIMAL_ACL_RULES", "WORKER_ACL_RULES", "setuser_command"]
+__all__ = ["ADMIN_ACL_RULES", "DASHBOARD_READ_ACL_RULES", "MINIMAL_ACL_RULES", "WORKER_ACL_RULES", "setuser_command"]

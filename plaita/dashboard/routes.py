@@ -1,0 +1,181 @@
+"""The dashboard's pages (GET) and actions (POST).
+
+Reads of the overview come from the sampler's picture in memory; the DLQ pages read Redis
+when asked. Every action goes through ``Guard.check_action`` first, runs its Redis calls in
+a worker thread, and redirects to the page it came from with a notice (post/redirect/get),
+so reloading a page never repeats an action. A Redis failure is a message, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from plaita.dashboard import actions
+from plaita.dashboard.actions import ActionError, Outcome
+from plaita.dashboard.app import Dashboard
+from plaita.dashboard.security import SESSION_COOKIE, Forbidden
+from plaita.fsm import is_redis_failure
+
+T = TypeVar("T")
+#: Dead letters listed on the DLQ page at most (and scanned by "requeue all matching").
+DLQ_PAGE_ROWS = 500
+
+
+def _redis_text(dash: Dashboard, exc: Exception) -> str:
+    return str(dash.scrub(f"Redis at {dash.redis_label} failed: {type(exc).__name__}: {exc}"))
+
+
+async def _read(dash: Dashboard, call: Callable[[], T]) -> tuple[T | None, str | None]:
+    """(result, None), or (None, message) when Redis failed."""
+    try:
+        return await run_in_threadpool(call), None
+    except Exception as exc:
+        if not is_redis_failure(exc):
+            raise
+        return None, _redis_text(dash, exc)
+
+
+async def _form(request: Request) -> dict[str, Any]:
+    form = await request.form()
+    return {k: form.getlist(k) if k == "id" else str(form.get(k) or "") for k in form}
+
+
+class Views:
+    """The route handlers, bound to one Dashboard."""
+
+    def __init__(self, dash: Dashboard) -> None:
+        self.dash = dash
+
+    async def overview(self, request: Request) -> Response:
+        return self.dash.render(request, "overview.html", active="overview")
+
+    async def overview_fragment(self, request: Request) -> Response:
+        return self.dash.render(request, "_live.html")
+
+    async def overview_json(self, _request: Request) -> Response:
+        return JSONResponse(self.dash.monitor.snapshot())
+
+    async def workers(self, request: Request) -> Response:
+        return self.dash.render(request, "workers.html", active="workers")
+
+    async def dlq(self, request: Request) -> Response:
+        needle = request.query_params.get("q", "").strip()[:200]
+        rows, error = await _read(self.dash, lambda: actions.matching(self.dash.page_dlq, needle, DLQ_PAGE_ROWS))
+        length, _ = await _read(self.dash, self.dash.page_dlq.length)
+        return self.dash.render(
+            request, "dlq.html", active="dlq", rows=rows or [], q=needle, length=length, page_error=error
+        )
+
+    async def dlq_entry(self, request: Request) -> Response:
+        dlq_id = request.path_params["dlq_id"]
+        if not actions.STREAM_ID.fullmatch(dlq_id):
+            return self.dash.render(request, "message.html", 404, active="dlq", title="Not a DLQ id", text=dlq_id)
+        row, error = await _read(self.dash, lambda: self.dash.page_dlq.get(dlq_id))
+        if row is None and error is None:
+            return self.dash.render(
+                request, "message.html", 404, active="dlq", title="No such dead letter", text=dlq_id
+            )
+        pretty = json.dumps(row, indent=2, sort_keys=True, ensure_ascii=False, default=str) if row else ""
+        return self.dash.render(request, "dlq_entry.html", active="dlq", row=row, pretty=pretty, page_error=error)
+
+    async def act(self, request: Request, back: str, run: Callable[[dict[str, Any]], Outcome]) -> Response:
+        form = await _form(request)
+        try:
+            self.dash.guard.check_action(request, form.get("csrf"))
+        except Forbidden as exc:
+            return self.dash.render(request, "message.html", 403, title="Refused", text=str(exc))
+        try:
+            outcome = await run_in_threadpool(run, form)
+            notice = self.dash.notices.add("ok", outcome.message, outcome.replies)
+        except ActionError as exc:
+            notice = self.dash.notices.add("error", str(exc))
+        except Exception as exc:
+            if not is_redis_failure(exc):
+                raise
+            notice = self.dash.notices.add("error", _redis_text(self.dash, exc))
+        sep = "&" if "?" in back else "?"
+        return RedirectResponse(f"{back}{sep}notice={notice}", status_code=303)
+
+    async def control(self, request: Request) -> Response:
+        def run(form: dict[str, Any]) -> Outcome:
+            return actions.control(self.dash.action_queue.client, form.get("instance", ""), form.get("command", ""))
+
+        return await self.act(request, "/workers", run)
+
+    async def requeue(self, request: Request) -> Response:
+        def run(form: dict[str, Any]) -> Outcome:
+            if form.get("all_matching"):
+                ids = [r["dlq_id"] for r in actions.matching(self.dash.action_dlq, form.get("q", ""), DLQ_PAGE_ROWS)]
+            else:
+                ids = list(form.get("id") or [])
+            return actions.requeue(self.dash.action_dlq, ids)
+
+        return await self.act(request, "/dlq", run)
+
+    async def purge(self, request: Request) -> Response:
+        form = await _form(request)
+        if form.get("confirm") != "yes":  # step one: show what would go, ask again
+            try:
+                self.dash.guard.check_action(request, form.get("csrf"))
+            except Forbidden as exc:
+                return self.dash.render(request, "message.html", 403, title="Refused", text=str(exc))
+            length, error = await _read(self.dash, self.dash.action_dlq.length)
+            return self.dash.render(request, "purge.html", active="dlq", length=length, page_error=error)
+        return await self.act(
+            request, "/dlq", lambda f: actions.purge(self.dash.action_dlq, _int(form.get("expected")))
+        )
+
+    async def login_page(self, request: Request) -> Response:
+        return self.dash.render(request, "login.html", active="", failed=False)
+
+    async def login(self, request: Request) -> Response:
+        form = await _form(request)
+        try:
+            self.dash.guard.check_origin(request)
+        except Forbidden as exc:
+            return self.dash.render(request, "message.html", 403, title="Refused", text=str(exc))
+        if not self.dash.config.allow_actions or not self.dash.guard.token_matches(form.get("token", "")):
+            return self.dash.render(request, "login.html", 403, active="", failed=True)
+        session = self.dash.guard.new_session()
+        response = RedirectResponse("/workers", status_code=303)
+        response.set_cookie(SESSION_COOKIE, session.session_id, httponly=True, samesite="strict", path="/")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        self.dash.guard.end_session(request)
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+
+def routes(dash: Dashboard) -> list[Route]:
+    """Every route, bound to ``dash``."""
+    v = Views(dash)
+    return [
+        Route("/", v.overview),
+        Route("/fragment/overview", v.overview_fragment),
+        Route("/api/overview", v.overview_json),
+        Route("/workers", v.workers),
+        Route("/workers/control", v.control, methods=["POST"]),
+        Route("/dlq", v.dlq),
+        Route("/dlq/entry/{dlq_id}", v.dlq_entry),
+        Route("/dlq/requeue", v.requeue, methods=["POST"]),
+        Route("/dlq/purge", v.purge, methods=["POST"]),
+        Route("/login", v.login_page),
+        Route("/login", v.login, methods=["POST"]),
+        Route("/logout", v.logout, methods=["POST"]),
+    ]
+
+
+def _int(text: Any) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return -1
