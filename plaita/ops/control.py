@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from plaita.fsm import BackoffPolicy, ErrorKind, classify
+from plaita.ops.commands import COMMANDS, BadControlMessage, parse_control_message
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,7 @@ CONTROL_PREFIX = "plaita:control:"
 CONTROL_ALL = "plaita:control:all"
 #: Reply lists expire after this many seconds if nobody reads them.
 REPLY_TTL_S = 60
-#: Commands a worker understands.
-COMMANDS = ("stop", "pause", "resume", "status")
+__all__ = ["COMMANDS", "CONTROL_ALL", "CONTROL_PREFIX", "ControlListener", "control_channel", "send_command"]
 #: Longest wait for one pub/sub message; bounds how long the thread outlives ``stop()``.
 POLL_S = 0.5
 
@@ -129,17 +129,11 @@ class ControlListener:
 
     def _handle(self, data: Any) -> None:
         try:
-            text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
-            command = json.loads(text)
-            if not isinstance(command, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            logger.warning("ignored a malformed control message (%s)", exc)
+            message = parse_control_message(data if isinstance(data, bytes | str) else str(data))
+        except BadControlMessage as exc:
+            logger.warning("ignored a control message: %s", exc)
             return
-        name = str(command.get("command", ""))
-        if name not in COMMANDS:
-            logger.warning("ignored unknown control command %r (known: %s)", name, ", ".join(COMMANDS))
-            return
+        name, command = message.command, message.as_dict()
         logger.info("control command %r received", name)
         try:
             answer = self._on_command(name, command)
