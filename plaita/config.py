@@ -221,7 +221,7 @@ def check_bindable(host: str, port: int) -> None:
         raise ConfigError(f"--metrics-port must be within 0..65535 (got {port})")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (OSError, UnicodeError) as exc:
+    except (OSError, UnicodeError, ValueError) as exc:  # ValueError: an embedded NUL
         raise ConfigError(f"--metrics-host {host!r} cannot be resolved: {exc}") from None
     family, kind, proto, _name, address = infos[0]
     try:
