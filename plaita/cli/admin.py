@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -18,12 +19,15 @@ from typing import Any
 import redis
 
 from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
-from plaita.ops.control import send_command
+from plaita.ops.control import control_channel, send_command
 from plaita.ops.registry import list_workers, registry_key
 from plaita.store.streams import DeadLetterQueue, StreamQueue, make_client
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0
+#: Socket timeout of the admin client: above the reply wait, so a worker that does not answer
+#: (stopped, frozen) is reported as such and not as a Redis timeout.
+ADMIN_SOCKET_TIMEOUT_S = STATUS_REPLY_TIMEOUT_S + 2.0
 #: A stream entry id as Redis prints it (``ms-seq``; a bare ``ms`` is accepted too).
 STREAM_ID = re.compile(r"\d+(-\d+)?")
 
@@ -41,7 +45,7 @@ def _queue(args: argparse.Namespace) -> StreamQueue:
         consumer_name="plaita-admin",
         dlq_key=getattr(args, "dlq_key", "") or "",
     )
-    return StreamQueue.from_settings(settings, client=make_client(url, socket_timeout_s=5.0))
+    return StreamQueue.from_settings(settings, client=make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S))
 
 
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -101,6 +105,12 @@ def _resolve_instance(client: redis.Redis, instance: str) -> str:
     for w in list_workers(client):  # also accept a consumer name
         if w.get("consumer") == instance:
             return str(w["instance_id"])
+    # A worker whose registry entry expired (heartbeats refused: OOM, ACL) may still listen.
+    channel = control_channel(instance)
+    listeners = dict(client.pubsub_numsub(channel))
+    if int(listeners.get(channel.encode(), listeners.get(channel, 0)) or 0) > 0:
+        print(f"plaita: {instance!r} is not in the registry (entry expired?) but listens on {channel}", file=sys.stderr)
+        return instance
     raise AdminError(f"unknown worker instance {instance!r} (see `plaita workers`)")
 
 
@@ -241,6 +251,12 @@ def run_admin(args: argparse.Namespace) -> int:
     }
     try:
         return handlers[args.command](args)
+    except BrokenPipeError:
+        # The reader stopped reading (`plaita status | head`): not an error of the command.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except AdminError as exc:
         print(f"plaita {args.command}: {exc}", file=sys.stderr)
         return 1
