@@ -15,7 +15,8 @@ from typing import Any
 
 from plaita.errors import PlaitaError
 
-#: Commands a worker understands.
+#: Commands a worker understands (the same as ``plaita.ops.control.COMMANDS``, which cannot be
+#: imported here: that module talks to Redis).
 COMMANDS = ("stop", "pause", "resume", "status")
 #: Longest message accepted, in bytes: real commands are under 300 bytes.
 MAX_MESSAGE_BYTES = 64 * 1024

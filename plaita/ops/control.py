@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from plaita.fsm import BackoffPolicy, ErrorKind, classify
-from plaita.ops.commands import COMMANDS, BadControlMessage, parse_control_message
+from plaita.ops.commands import BadControlMessage, parse_control_message
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,8 @@ CONTROL_PREFIX = "plaita:control:"
 CONTROL_ALL = "plaita:control:all"
 #: Reply lists expire after this many seconds if nobody reads them.
 REPLY_TTL_S = 60
-__all__ = ["COMMANDS", "CONTROL_ALL", "CONTROL_PREFIX", "ControlListener", "control_channel", "send_command"]
+#: Commands a worker understands.
+COMMANDS = ("stop", "pause", "resume", "status")
 #: Longest wait for one pub/sub message; bounds how long the thread outlives ``stop()``.
 POLL_S = 0.5
 

@@ -21,12 +21,17 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.ops.control import control_channel
 from tests.support.ops import DLQ, QUEUE, OpsWorker, clean_env, enqueue, ops_worker, plaita, task, wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.workers import running_worker, wait_for
 
 pytestmark = pytest.mark.redis
+
+
+def control_channel(instance_id: str) -> str:
+    """The per-instance control channel (literal: operators and other tools rely on the name)."""
+    return f"plaita:control:{instance_id}"
+
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,6 @@ import pytest
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from plaita.ops.control import control_channel, send_command
 from plaita.runtime.worker import Worker
 from plaita.store.leases import LeaseManager, lease_key
 from tests.support.handlers import read_log
@@ -26,6 +25,12 @@ from tests.support.redis_server import RedisServer
 from tests.support.workers import running_worker, wait_for, worker_process
 
 pytestmark = pytest.mark.redis
+
+
+def control_channel(instance_id: str) -> str:
+    """The per-instance control channel (literal: operators and other tools rely on the name)."""
+    return f"plaita:control:{instance_id}"
+
 
 STREAM = "plaita:test:queue"
 #: The issue's bound: a stop takes under a second, whatever Redis does.
@@ -83,7 +88,7 @@ def test_remote_stop_then_redis_frozen_exits_within_a_second(private_redis: Redi
             channel = control_channel(instance)
             wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode(), 0) >= 1, 5.0, "listener")
             started = time.monotonic()
-            assert send_command(client, instance, "stop", now=True) == 1
+            assert client.publish(channel, json.dumps({"command": "stop", "now": True})) == 1
             private_redis.freeze()  # the command is in the listener's socket; every later call hangs
             try:
                 rc = wp.proc.wait(10)
