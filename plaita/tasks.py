@@ -26,6 +26,9 @@ TASK_TYPES = frozenset({"start", "resume"})
 #: A JSON ``\\uD800``..``\\uDFFF`` escape: the only way a lone surrogate gets into a decoded body
 #: (the raw bytes were strict UTF-8). Only payloads containing one pay for the full check.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+#: Deepest JSON nesting a task body may have. A fixed limit, so the verdict on an entry never
+#: depends on the recursion limit or on how deep the decoding thread's stack already is.
+MAX_JSON_DEPTH = 128
 #: Longest value echoed in a BadTaskError reason: reasons end up in logs and DLQ envelopes.
 REASON_VALUE_CHARS = 80
 
@@ -166,10 +169,27 @@ def _decode_payload(raw: bytes | str) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadTaskError(f"payload is not valid JSON: {exc}") from None
     except RecursionError:
-        raise BadTaskError("payload is nested too deep to decode") from None
+        raise BadTaskError(f"payload is nested too deep (more than {MAX_JSON_DEPTH} levels)") from None
+    # Fewer brackets than the limit cannot nest deeper than it: most payloads skip the walk.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth_over(body, MAX_JSON_DEPTH):
+        raise BadTaskError(f"payload is nested too deep (more than {MAX_JSON_DEPTH} levels)")
     if _SURROGATE_ESCAPE.search(text) or not isinstance(raw, bytes):
         _check_encodable(body)
     return body
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """True if ``value`` nests lists/objects deeper than ``limit``; iterative (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def _check_encodable(body: Any) -> None:

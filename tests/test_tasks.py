@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plaita.errors import BadTaskError
-from plaita.tasks import decode_fields, field_name_bytes, parse_entry
+from plaita.tasks import MAX_JSON_DEPTH, decode_fields, field_name_bytes, parse_entry
 
 LIMIT = 1024 * 1024
 GOOD = b'{"type":"start","flow_id":"f"}'
@@ -31,6 +32,20 @@ class TestParseEntryHostile:
         """200000 nested arrays (400 KB, under the limit) used to raise RecursionError."""
         with pytest.raises(BadTaskError, match="nested too deep"):
             parse({"payload": deep(200_000)})
+
+    def test_depth_limit_is_exact_and_independent_of_the_recursion_limit(self) -> None:
+        """128 levels parse, 129 do not, even when a raised recursion limit would let the decoder go deeper
+        (Hypothesis raises it, and a thread's stack depth varies: the verdict must not)."""
+        assert parse({"payload": deep(MAX_JSON_DEPTH - 1)}).body["type"] == "start"
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(20_000)
+        try:
+            with pytest.raises(BadTaskError, match="nested too deep"):
+                parse({"payload": deep(MAX_JSON_DEPTH)})
+            with pytest.raises(BadTaskError, match="nested too deep"):
+                parse({"payload": deep(3_000)})
+        finally:
+            sys.setrecursionlimit(old)
 
     def test_moderately_nested_json_still_parses(self) -> None:
         """Nesting the decoder can handle is a valid body: the fix only catches the overflow."""
