@@ -149,7 +149,10 @@ def test_backoff_starts_again_at_base_after_a_good_read(redis_url: str, rclient:
 
     with running_worker(redis_url, backoff_base_s=base_s, backoff_cap_s=0.32, on_backoff=snapshot) as rw:
         workers.append(rw.worker)
-        rw.plan.arm("xreadgroup_new", RedisConnectionError("injected outage 1"), times=5)
+        # Every read fails during the outage: the new-entries read once, then the re-scan of our
+        # own pending list that follows each recovery (itself a read that would reset the backoff).
+        rw.plan.arm("xreadgroup_new", RedisConnectionError("injected outage 1"), times=1)
+        rw.plan.arm("xreadgroup_own", RedisConnectionError("injected outage 1"), times=4)
         rw.worker.wait_reading_after_backoff(5, timeout_s=10.0)
         mid = add_task(rclient, 1)
         rw.recorder.wait_count(1)  # a good read happened: it delivered this task
