@@ -35,17 +35,15 @@ Encoded = str | dict[str, Any]
 
 
 def _as_bytes(value: bytes | str) -> bytes:
-    # surrogateescape first: a name decoded by decode_fields gets its exact bytes back.
-    return value if isinstance(value, bytes) else field_name_bytes_or_pass(value)
-
-
-def field_name_bytes_or_pass(text: str) -> bytes:
-    """``text`` as bytes: surrogateescape'd bytes restored, any other lone surrogate kept
-    (``surrogatepass``), so that no str input can make the builder raise."""
+    """``value`` as bytes. A str name decoded by ``decode_fields`` gets its exact bytes back
+    (surrogateescape); any other lone surrogate is kept as is (surrogatepass), so that no
+    input can make the builder raise."""
+    if isinstance(value, bytes):
+        return value
     try:
-        return field_name_bytes(text)
+        return field_name_bytes(value)
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass")
+        return value.encode("utf-8", "surrogatepass")
 
 
 def encode_value(raw: bytes | str, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> Encoded:
