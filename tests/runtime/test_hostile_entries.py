@@ -215,5 +215,5 @@ def test_handler_raising_base_exception_is_a_failure_not_a_dead_thread(
         wait_for(lambda: dying in rw.recorder.ids(), CONSUME_S, "the dying task to run")
         assert_still_consumes(rw, rclient)
         assert rw.worker.counters.failed >= 1
-        assert rw.worker.in_flight() == 0
+        assert rw.worker.in_flight == 0
     assert any(dying in r.getMessage() and r.levelno >= logging.ERROR for r in caplog.records)
