@@ -5,6 +5,7 @@ Environment variables are read here and in ``cli.py`` only, never at import time
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -43,6 +44,12 @@ DEFAULT_MAX_PREFETCH = 256
 #: Most entries asked for in one XREADGROUP: with a prefetch of two reads, the next read
 #: overlaps the handling of the previous one.
 READ_BATCH_MAX = 128
+#: Largest millisecond value Redis takes for an idle time without overflow surprises (~24.8 days).
+MAX_MS = 2**31 - 1
+#: Longest any TTL, interval or timeout may be: longer ones are typos, never a plan.
+MAX_DURATION_S = 7 * 24 * 3600.0
+#: Largest entry count for DLQ and payload limits (a sane bound, far above any real use).
+MAX_COUNT = 2**31 - 1
 
 
 def redact_url(url: str) -> str:
@@ -137,27 +144,40 @@ class Settings:
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)
-        checks: list[tuple[bool, str]] = [
+        _check_finite(self)
+        for ok, message in self._checks():
+            if not ok:
+                raise ConfigError(message)
+
+    def _checks(self) -> list[tuple[bool, str]]:
+        """(holds, one-line message) per rule; floats are known finite here."""
+        week = MAX_DURATION_S
+        return [
             (bool(self.queue_name), "--queue-name must not be empty"),
             (bool(self.consumer_group), "--consumer-group must not be empty"),
             (bool(self.consumer_name), "--consumer-name must not be empty"),
             (100 <= self.read_block_ms <= 10_000, "--read-block-ms must be within 100..10000"),
-            (self.claim_min_idle_ms >= 0, "--claim-min-idle-ms must be >= 0"),
-            (self.max_deliveries >= 1, "--max-deliveries must be >= 1"),
-            (self.dlq_max_len >= 1, "--dlq-max-len must be >= 1"),
+            (0 <= self.claim_min_idle_ms <= MAX_MS, f"--claim-min-idle-ms must be within 0..{MAX_MS}"),
+            (1 <= self.max_deliveries <= MAX_COUNT, f"--max-deliveries must be within 1..{MAX_COUNT}"),
+            (1 <= self.dlq_max_len <= MAX_COUNT, f"--dlq-max-len must be within 1..{MAX_COUNT}"),
             (1 <= self.concurrency <= 1024, "--concurrency must be within 1..1024"),
-            (self.prefetch is None or self.prefetch >= 0, "--prefetch must be >= 0"),
-            (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
-            (self.max_payload_bytes >= 1, "--max-payload-bytes must be >= 1"),
-            (self.reclaim_interval_s > 0, "--reclaim-interval-s must be > 0"),
-            (self.lease_ttl_s >= 1, "--lease-ttl-seconds must be >= 1"),
-            (0 < self.backoff_base_s <= self.backoff_cap_s, "backoff needs 0 < base <= cap"),
+            (self.prefetch is None or 0 <= self.prefetch <= 100_000, "--prefetch must be within 0..100000"),
+            (0 <= self.drain_timeout_s <= week, f"--drain-timeout-s must be within 0..{week:.0f}"),
+            (1 <= self.max_payload_bytes <= 512 * 1024 * 1024, "--max-payload-bytes must be within 1..536870912"),
+            (0 < self.reclaim_interval_s <= week, f"--reclaim-interval-s must be within 0 (excluded)..{week:.0f}"),
+            (1 <= self.lease_ttl_s <= week, f"--lease-ttl-seconds must be within 1..{week:.0f}"),
+            (0 < self.backoff_base_s <= self.backoff_cap_s <= week, "backoff needs 0 < base <= cap <= a week"),
+            (0 < self.persistent_backoff_s <= week, "persistent backoff must be within 0 (excluded)..a week"),
+            (
+                0 <= self.consumer_prune_idle_s <= MAX_MS / 1000,
+                f"--consumer-prune-idle-s must be within 0..{MAX_MS // 1000}",
+            ),
+            (0 < self.housekeeping_interval_s <= week, "housekeeping interval must be within 0 (excluded)..a week"),
+            (0 < self.registry_ttl_s <= week, f"--registry-ttl must be within 0 (excluded)..{week:.0f}"),
             (0 < self.heartbeat_interval_s < self.registry_ttl_s, "--heartbeat-interval must be below --registry-ttl"),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be within 0..65535"),
+            (bool(self.metrics_host), "--metrics-host must not be empty"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
 
     @property
     def dlq(self) -> str:
@@ -180,6 +200,54 @@ class Settings:
             f"consumer={self.consumer_name} concurrency={self.concurrency} block_ms={self.read_block_ms} "
             f"claim_min_idle_ms={self.claim_min_idle_ms} max_deliveries={self.max_deliveries} dlq={self.dlq}"
         )
+
+
+#: Settings float fields and their flag names, for the finiteness check.
+_FLOAT_FLAGS = {
+    "drain_timeout_s": "--drain-timeout-s",
+    "reclaim_interval_s": "--reclaim-interval-s",
+    "lease_ttl_s": "--lease-ttl-seconds",
+    "backoff_base_s": "backoff base",
+    "backoff_cap_s": "backoff cap",
+    "persistent_backoff_s": "persistent backoff",
+    "consumer_prune_idle_s": "--consumer-prune-idle-s",
+    "housekeeping_interval_s": "housekeeping interval",
+    "registry_ttl_s": "--registry-ttl",
+    "heartbeat_interval_s": "--heartbeat-interval",
+}
+
+
+def _check_finite(settings: Settings) -> None:
+    """ConfigError for a nan or infinite float: every comparison with nan is False, so a nan
+    would pass a range check written as ``not (x < low)`` and silently stop the worker."""
+    for name, flag in _FLOAT_FLAGS.items():
+        value = getattr(settings, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise ConfigError(f"{flag} must be a finite number (got {value!r})")
+
+
+def check_bindable(host: str, port: int) -> None:
+    """ConfigError unless a TCP server can listen on ``host:port`` right now.
+
+    For ``--metrics-port``: a port in use or an address this machine does not have must stop
+    the worker at start with one line, not with a traceback from the HTTP server thread.
+    Port 0 (any free port) only checks the host. The probe socket is closed at once.
+    """
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--metrics-port must be within 0..65535 (got {port})")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, ValueError) as exc:  # ValueError: an embedded NUL
+        raise ConfigError(f"--metrics-host {host!r} cannot be resolved: {exc}") from None
+    family, kind, proto, _name, address = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on --metrics-host {host!r} --metrics-port {port}: {exc.strerror or exc}"
+        ) from None
 
 
 def env_first(env: Mapping[str, str], *names: str) -> str | None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,14 @@ SCHEMA_FIELD = "schema_version"
 _DECODER = json.JSONDecoder()
 #: Task types a flow worker runs.
 TASK_TYPES = frozenset({"start", "resume"})
+#: A JSON ``\\uD800``..``\\uDFFF`` escape: the only way a lone surrogate gets into a decoded body
+#: (the raw bytes were strict UTF-8). Only payloads containing one pay for the full check.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+#: Deepest JSON nesting a task body may have. A fixed limit, so the verdict on an entry never
+#: depends on the recursion limit or on how deep the decoding thread's stack already is.
+MAX_JSON_DEPTH = 128
+#: Longest value echoed in a BadTaskError reason: reasons end up in logs and DLQ envelopes.
+REASON_VALUE_CHARS = 80
 
 
 class CancelFlag:
@@ -79,6 +88,15 @@ class Task:
         return value if isinstance(value, str) and value else self.message_id
 
 
+def short_repr(value: Any, limit: int = REASON_VALUE_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters; never raises (a hostile value may be deep)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deep>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
 def validate_body(body: Any) -> dict[str, Any]:
     """Return ``body`` if it is a runnable task body, else raise BadTaskError with the reason."""
     if not isinstance(body, dict):
@@ -86,12 +104,13 @@ def validate_body(body: Any) -> dict[str, Any]:
     task_type = body.get("type")
     if task_type is None:
         raise BadTaskError("payload has no 'type' field (expected 'start' or 'resume')")
-    if task_type not in TASK_TYPES:
-        raise BadTaskError(f"unknown task type {task_type!r} (expected 'start' or 'resume')")
+    # A str check first: an unhashable type (a list, an object) would make ``in`` raise TypeError.
+    if not isinstance(task_type, str) or task_type not in TASK_TYPES:
+        raise BadTaskError(f"unknown task type {short_repr(task_type)} (expected 'start' or 'resume')")
     execution_id = body.get("execution_id")
     if execution_id is not None and not (isinstance(execution_id, str) and execution_id):
         # Leases are keyed by it, in Python and in Lua alike: only a string is unambiguous.
-        raise BadTaskError(f"'execution_id' must be a non-empty string (got {execution_id!r})")
+        raise BadTaskError(f"'execution_id' must be a non-empty string (got {short_repr(execution_id)})")
     if task_type == "resume" and not execution_id:
         raise BadTaskError("resume task has no 'execution_id'")
     return body
@@ -119,22 +138,105 @@ def parse_entry(
     delivery_count: int,
     *,
     max_payload_bytes: int,
+    problems: Sequence[str] = (),
 ) -> Task:
-    """Turn a raw stream entry into a Task, or raise BadTaskError saying why it is not one."""
+    """Turn a raw stream entry into a Task, or raise BadTaskError saying why it is not one.
+
+    Nothing but BadTaskError escapes, whatever the entry holds: one hostile entry must end in
+    the DLQ, never stop the worker. ``problems`` are the findings of ``decode_fields``; any
+    of them makes the entry bad.
+    """
+    if problems:
+        raise BadTaskError(f"malformed entry: {'; '.join(problems)}")
     raw = fields.get(PAYLOAD_FIELD)
     if raw is None:
         raise BadTaskError(f"entry has no '{PAYLOAD_FIELD}' field")
-    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8"))
+    size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass"))
     if size > max_payload_bytes:
         raise BadTaskError(f"payload is {size} bytes, over the {max_payload_bytes}-byte limit")
     version = _schema_version(fields, message_id)
     if version > TASK_SCHEMA_VERSION:
         raise BadTaskError(f"unsupported schema_version={version} (this build understands <= {TASK_SCHEMA_VERSION})")
+    body = _decode_payload(raw)
+    return Task(message_id, validate_body(body), delivery_count)
+
+
+def _decode_payload(raw: bytes | str) -> Any:
+    """The JSON value of a payload; BadTaskError for invalid, too deep or unencodable text."""
     try:
-        body = _DECODER.decode(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        body = _DECODER.decode(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadTaskError(f"payload is not valid JSON: {exc}") from None
-    return Task(message_id, validate_body(body), delivery_count)
+    except RecursionError:
+        raise BadTaskError(f"payload is nested too deep (more than {MAX_JSON_DEPTH} levels)") from None
+    # Fewer brackets than the limit cannot nest deeper than it: most payloads skip the walk.
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _depth_over(body, MAX_JSON_DEPTH):
+        raise BadTaskError(f"payload is nested too deep (more than {MAX_JSON_DEPTH} levels)")
+    if _SURROGATE_ESCAPE.search(text) or not isinstance(raw, bytes):
+        _check_encodable(body)
+    return body
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """True if ``value`` nests lists/objects deeper than ``limit``; iterative (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _check_encodable(body: Any) -> None:
+    """BadTaskError if ``body`` holds a lone surrogate: it cannot be sent to Redis or Lua as UTF-8,
+    so every later write of it (lease, DLQ, results) would fail, again on every retry."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise BadTaskError(f"payload holds a lone UTF-16 surrogate {bad!r}, which is not valid Unicode") from None
+    except RecursionError:
+        raise BadTaskError("payload is nested too deep to encode") from None
+
+
+def decode_fields(flat: Sequence[bytes | str]) -> tuple[dict[str, bytes], list[str]]:
+    """A raw flat field list (``[name, value, name, value, ...]``) as a dict, plus its problems.
+
+    Names are decoded as UTF-8. A name that is not UTF-8 is kept losslessly with the
+    ``surrogateescape`` error handler (``field_name_bytes`` gives back the exact bytes), so
+    the entry can still be parsed, dead-lettered and reported instead of failing the whole
+    read. Values stay bytes. Problems (non-UTF-8 name, duplicated name, a name without value)
+    make ``parse_entry`` reject the entry; for a duplicated name the last value wins, as in
+    redis-py. Pure and total: never raises for any list of bytes or str.
+    """
+    fields: dict[str, bytes] = {}
+    problems: list[str] = []
+    if len(flat) % 2:
+        problems.append(f"field {short_repr(flat[-1])} has no value")
+    for i in range(0, len(flat) - 1, 2):
+        name_raw, value = flat[i], flat[i + 1]
+        if isinstance(name_raw, bytes):
+            try:
+                name = name_raw.decode("utf-8")
+            except UnicodeDecodeError:
+                name = name_raw.decode("utf-8", "surrogateescape")
+                problems.append(f"field name {short_repr(name_raw)} is not UTF-8")
+        else:
+            name = name_raw
+        if name in fields:
+            problems.append(f"field {short_repr(name)} appears more than once")
+        fields[name] = value if isinstance(value, bytes) else value.encode("utf-8", "surrogatepass")
+    return fields, problems
+
+
+def field_name_bytes(name: str) -> bytes:
+    """The exact bytes of a field name decoded by ``decode_fields`` (inverse of its decoding)."""
+    return name.encode("utf-8", "surrogateescape")
 
 
 def encode_body(body: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -26,6 +27,9 @@ from plaita.store.streams import StreamQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0
+#: Socket timeout of the admin client: above the reply wait, so a worker that does not answer
+#: (stopped, frozen) is reported as such and not as a Redis timeout.
+ADMIN_SOCKET_TIMEOUT_S = STATUS_REPLY_TIMEOUT_S + 2.0
 #: A stream entry id as Redis prints it (``ms-seq``; a bare ``ms`` is accepted too).
 STREAM_ID = re.compile(r"\d+(-\d+)?")
 
@@ -45,7 +49,7 @@ def _queue(args: argparse.Namespace) -> StreamQueue:
     )
     # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
     # as "did not answer", not as a Redis failure.
-    client = make_client(url, socket_timeout_s=STATUS_REPLY_TIMEOUT_S + 2.0)
+    client = make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S)
     return StreamQueue.from_settings(settings, client=client)
 
 
@@ -108,6 +112,7 @@ def _resolve_instance(client: Client, instance: str) -> str:
             return str(w["instance_id"])
     if fleet.listeners(client, instance):
         # Its registry entry expired (say Redis refused the heartbeat's writes) but it listens.
+        print(f"plaita: {instance!r} is not in the registry (expired?) but listens on its channel", file=sys.stderr)
         return instance
     raise AdminError(f"unknown worker instance {instance!r} (see `plaita workers`)")
 
@@ -231,6 +236,12 @@ def run_admin(args: argparse.Namespace) -> int:
     }
     try:
         return handlers[args.command](args)
+    except BrokenPipeError:
+        # The reader stopped reading (`plaita status | head`): not an error of the command.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except AdminError as exc:
         print(f"plaita {args.command}: {exc}", file=sys.stderr)
         return 1

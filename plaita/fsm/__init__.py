@@ -5,7 +5,7 @@ and the diagrams are built from them.
 """
 
 from plaita.fsm.backoff import BackoffPolicy
-from plaita.fsm.classify import ErrorKind, cause, classify, is_redis_failure
+from plaita.fsm.classify import ErrorKind, cause, classify, describe_failure, is_redis_failure
 from plaita.fsm.machine import Lifecycle, build_machine
 from plaita.fsm.states import ACTIVE_STATES, TERMINAL_STATES, State
 from plaita.fsm.table import TRANSITIONS, triggers
@@ -21,6 +21,7 @@ __all__ = [
     "build_machine",
     "cause",
     "classify",
+    "describe_failure",
     "is_redis_failure",
     "triggers",
 ]

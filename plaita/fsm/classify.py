@@ -134,3 +134,86 @@ def cause(exc: BaseException) -> str:
     if "NoPermissionError" in names or code == "NOPERM":
         return "acl"
     return ""
+
+
+#: Operator cause per Redis error code: what is wrong and, where it is not obvious, what to do.
+CAUSES_BY_CODE: dict[str, str] = {
+    "OOM": "Redis is out of memory (maxmemory): free memory, raise maxmemory or allow eviction",
+    "WRONGPASS": "Redis rejected the credentials (wrong user or password)",
+    "NOAUTH": "Redis requires a password and none was given",
+    "NOPERM": "the Redis user lacks a permission (ACL NOPERM): grant the command or key pattern",
+    "WRONGTYPE": "a key holds the wrong type of value (WRONGTYPE): something else wrote a key plaita uses",
+    "READONLY": "Redis is a read-only replica (READONLY): point the worker at the primary",
+    "MISCONF": "Redis cannot save to disk and refuses writes (MISCONF): fix its persistence",
+    "LOADING": "Redis is loading its dataset into memory",
+    "BUSY": "Redis is busy running a long script",
+    "NOSCRIPT": "a Lua script is missing from the server's cache (NOSCRIPT)",
+    "NOGROUP": "the stream or its consumer group is missing (NOGROUP)",
+    "UNBLOCKED": "the stream was deleted during a blocking read",
+    "EXECABORT": "Redis refused a command of a transaction (EXECABORT)",
+    "MASTERDOWN": "the replica lost its primary (MASTERDOWN)",
+    "CLUSTERDOWN": "the Redis cluster is down (CLUSTERDOWN)",
+    "TRYAGAIN": "the Redis cluster is resharding (TRYAGAIN)",
+}
+
+#: Operator cause per redis-py class name, for failures without an error code.
+CAUSES_BY_CLASS: dict[str, str] = {
+    "AuthenticationError": "Redis rejected the credentials (wrong user or password)",
+    "AuthenticationWrongNumberOfArgsError": "Redis rejected the credentials (this server takes no user name)",
+    "AuthorizationError": "the Redis user is not authorised",
+    "NoPermissionError": CAUSES_BY_CODE["NOPERM"],
+    "OutOfMemoryError": CAUSES_BY_CODE["OOM"],
+    "BusyLoadingError": CAUSES_BY_CODE["LOADING"],
+    "ReadOnlyError": CAUSES_BY_CODE["READONLY"],
+    "NoScriptError": CAUSES_BY_CODE["NOSCRIPT"],
+    "ExecAbortError": CAUSES_BY_CODE["EXECABORT"],
+    "TimeoutError": "Redis did not answer in time (frozen, overloaded or network loss)",
+    "ConnectionError": "Redis is unreachable (refused, reset or closed connection)",
+    "MaxConnectionsError": "the connection pool is exhausted",
+}
+
+#: Longest server message quoted in a cause (a reply can carry a whole script or value).
+DETAIL_CHARS = 200
+
+
+def error_code(exc: BaseException) -> str:
+    """The Redis error code of ``exc`` (``OOM``, ``WRONGTYPE`` …), or "".
+
+    redis-py strips the code from the message of the classes it maps (``OutOfMemoryError``
+    reads "command not allowed when used memory > 'maxmemory'") and keeps it in
+    ``status_code``; a plain ``ResponseError`` keeps it in the message.
+    """
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, str) and status.isupper():
+        return status
+    return response_code(exc)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an operator: the cause of ``exc`` in words, then the server's own text.
+
+    Used by log lines and readiness so that, say, an OOM is reported as Redis being out of
+    memory instead of as a credentials problem.
+    """
+    detail = f"{type(exc).__name__}: {exc}"
+    if len(detail) > DETAIL_CHARS:
+        detail = f"{detail[:DETAIL_CHARS]}... ({len(detail)} chars)"
+    if isinstance(exc, BadTaskError):
+        return f"bad task ({detail})"
+    cause = CAUSES_BY_CODE.get(error_code(exc))
+    if cause is None and "maxmemory" in str(exc):
+        cause = CAUSES_BY_CODE["OOM"]  # an OOM wrapped by a script or transaction error
+    if cause is None:
+        cause = next(
+            (
+                CAUSES_BY_CLASS[c.__name__]
+                for c in type(exc).__mro__
+                if _is_redis_class(c) and c.__name__ in CAUSES_BY_CLASS
+            ),
+            None,
+        )
+    if cause is None and isinstance(exc, OSError):
+        cause = "Redis is unreachable (network error)"
+    if cause is None:
+        return detail if classify(exc) is ErrorKind.NOT_OURS else f"Redis refused the command ({detail})"
+    return f"{cause} ({detail})"

@@ -8,7 +8,6 @@ the original's listener ended for good on its first Redis error.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -16,35 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.fsm import BackoffPolicy, ErrorKind, classify
+from plaita.ops.commands import BadControlMessage, parse_control_message
 from plaita.store import fleet
 from plaita.store.client import Client
 from plaita.store.fleet import CONTROL_ALL, control_channel
 
 logger = logging.getLogger(__name__)
 
-#: Commands a worker understands.
-COMMANDS = ("stop", "pause", "resume", "status")
-#: Longest piece of a hostile message that reaches the log.
-LOGGED_TEXT_MAX = 120
-
-
-def command_problem(command: dict[str, Any]) -> str:
-    """Why a decoded control message cannot be obeyed, or ``""``.
-
-    Flags must be real JSON booleans: ``"now": "false"`` is a string, and reading it as true
-    would skip the drain the sender asked for.
-    """
-    name = command.get("command")
-    if not isinstance(name, str) or name not in COMMANDS:
-        shown = repr(name)[:LOGGED_TEXT_MAX]
-        return f"unknown control command {shown} (known: {', '.join(COMMANDS)})"
-    for flag in ("now", "graceful"):
-        if flag in command and not isinstance(command[flag], bool):
-            return f"{flag!r} must be true or false, got {repr(command[flag])[:LOGGED_TEXT_MAX]}"
-    reply_to = command.get("reply_to")
-    if reply_to is not None and not (isinstance(reply_to, str) and reply_to.startswith(fleet.REPLY_PREFIX)):
-        return f"'reply_to' must be a key starting with {fleet.REPLY_PREFIX!r}"
-    return ""
 #: Longest wait for one pub/sub message; bounds how long the thread outlives ``stop()``.
 POLL_S = 0.5
 
@@ -141,17 +118,11 @@ class ControlListener:
 
     def _handle(self, data: Any) -> None:
         try:
-            text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
-            command = json.loads(text)
-            if not isinstance(command, dict):
-                raise ValueError("not a JSON object")
-            problem = command_problem(command)
-            if problem:
-                raise ValueError(problem)
-        except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's limit
-            logger.warning("ignored a malformed control message (%s)", str(exc)[:LOGGED_TEXT_MAX])
+            message = parse_control_message(data if isinstance(data, bytes | str) else str(data))
+        except BadControlMessage as exc:
+            logger.warning("ignored a control message: %s", exc)
             return
-        name = command["command"]
+        name, command = message.command, message.as_dict()
         logger.info("control command %r received", name)
         try:
             answer = self._on_command(name, command)

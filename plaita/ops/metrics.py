@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from plaita.errors import ConfigError
 from plaita.fsm import State
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,12 @@ class HealthServer:
 
         self._metrics = metrics
         self._readiness = readiness
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), Handler)
+        except (OSError, OverflowError) as exc:  # port in use, an address this host lacks, bad port
+            # A bad flag, not a crash: one line and exit 2 from the CLI instead of a traceback.
+            reason = getattr(exc, "strerror", None) or exc
+            raise ConfigError(f"cannot listen on --metrics-host {host!r} --metrics-port {port}: {reason}") from None
         self.httpd.daemon_threads = True
         self.port = int(self.httpd.server_address[1])
         # A short poll interval keeps shutdown() (and so an idle worker's exit) fast.

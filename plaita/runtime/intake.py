@@ -17,7 +17,7 @@ from plaita.runtime.pool import HandlerPool
 from plaita.runtime.renewer import InFlight, InFlightTable
 from plaita.runtime.settler import Outcome, Settler
 from plaita.store.leases import LEASE_PREFIX, LeaseManager
-from plaita.store.streams import Entry, StreamQueue
+from plaita.store.streams import Entry
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)
@@ -154,6 +154,7 @@ class Intake:
                 entry.fields,
                 entry.delivery_count,
                 max_payload_bytes=self.settings.max_payload_bytes,
+                problems=entry.problems,
             )
         except BadTaskError as exc:
             self._malformed(entry, exc.reason)
@@ -176,5 +177,4 @@ class Intake:
 
     def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
         self.counters.add("dead_lettered", 1)
-        payload = StreamQueue.payload_for_dlq(entry, body)
-        self.settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, payload))
+        self.settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, body, entry.fields))

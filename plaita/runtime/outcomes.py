@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 
 from plaita.runtime.counters import CounterBook
 from plaita.runtime.observer import Observers
@@ -51,6 +52,9 @@ class OutcomeRouter:
             else:
                 counts["failed"] += 1
                 counts["dead_lettered"] += outcome.kind == DEAD
+            if item is not None and outcome.dead is not None and outcome.dead.fields is None:
+                # A handler's dead letter keeps the whole original entry too.
+                outcome = Outcome(outcome.message_id, outcome.kind, replace(outcome.dead, fields=item.fields))
             lease = item.lease if item is not None else None
             if lease is not None:
                 outcome = Outcome(outcome.message_id, outcome.kind, outcome.dead, (lease.key, lease.value))

@@ -42,9 +42,11 @@ class Outcome:
     release: tuple[str, str] | None = None
 
     @classmethod
-    def to_dlq(cls, message_id: str, reason: str, delivery_count: int, payload: object) -> Outcome:
-        """Move ``message_id`` to the DLQ with ``reason``, keeping ``payload``."""
-        return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, payload))
+    def to_dlq(
+        cls, message_id: str, reason: str, delivery_count: int, body: object, fields: dict[str, bytes] | None = None
+    ) -> Outcome:
+        """Move ``message_id`` to the DLQ with ``reason``, keeping its body and fields."""
+        return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, body, fields))
 
 
 class Settler:

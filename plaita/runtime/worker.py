@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.config import Settings, new_instance_id
-from plaita.fsm import ACTIVE_STATES, BackoffPolicy, ErrorKind, Lifecycle, State
+from plaita.fsm import ACTIVE_STATES, BackoffPolicy, ErrorKind, Lifecycle, State, describe_failure
 from plaita.runtime.consume import ConsumePhases
 from plaita.runtime.counters import CounterBook
 from plaita.runtime.intake import Intake
@@ -259,10 +259,9 @@ class Worker:
                 logger.debug("Redis still unavailable during %s (%s)", source, failure.text)
         elif failure.kind is ErrorKind.PERSISTENT:
             logger.error(
-                "Redis refused %s (%s); this will not fix itself: check credentials, ACL and key types "
-                "(retrying every %.0f s)",
+                "Redis refused %s: %s; this will not fix itself (retrying every %.0f s)",
                 source,
-                failure.text,
+                describe_failure(exc),
                 self.settings.persistent_backoff_s,
             )
         else:

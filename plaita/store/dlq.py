@@ -5,8 +5,21 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
+from plaita.envelope import original_fields
 from plaita.store.streams import StreamQueue, _s
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
+
+
+def _replay_fields(row: dict[str, Any]) -> dict[Any, Any]:
+    """The fields to put back on the stream: the original entry's exact bytes when the envelope
+    kept them (and nothing was truncated), else the body as the anchor's envelopes stored it."""
+    try:
+        return dict(original_fields(row))
+    except ValueError:
+        pass
+    body = row.get("payload")
+    payload = encode_body(body) if isinstance(body, dict) else str(body if body is not None else "")
+    return {PAYLOAD_FIELD: payload, SCHEMA_FIELD: "1"}
 
 
 class DeadLetterQueue:
@@ -52,9 +65,7 @@ class DeadLetterQueue:
             rows.append(row)
         pipe = self.client.pipeline(transaction=True)
         for row in rows:
-            body = row.get("payload")
-            payload = encode_body(body) if isinstance(body, dict) else str(body if body is not None else "")
-            pipe.xadd(self.queue.stream, {PAYLOAD_FIELD: payload, SCHEMA_FIELD: "1"})
+            pipe.xadd(self.queue.stream, _replay_fields(row))
         pipe.xdel(self.queue.dlq_key, *dlq_ids)
         results = pipe.execute()
         return [(row["dlq_id"], _s(new_id)) for row, new_id in zip(rows, results[:-1], strict=True)]

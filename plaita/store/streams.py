@@ -9,7 +9,6 @@ so a frozen server costs one socket timeout, not ten.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import time
@@ -20,10 +19,11 @@ import redis
 from redis.client import Pipeline
 
 from plaita.config import Settings
+from plaita.envelope import build_envelope
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, make_client
 from plaita.store.leases import RELEASE_MANY
-from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, raw_payload_text
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body, field_name_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +35,10 @@ def _raw_reply(response: Any, **_options: Any) -> Any:
 HAND_BACK_TIMEOUT_S = 0.3
 
 
-def field_name(raw: bytes) -> str:
-    """A stream field name as text, losslessly: bytes that are not UTF-8 become lone surrogates
-    (``surrogateescape``), so one bad field name never breaks a read and ``raw_fields`` gives
-    the exact bytes back."""
-    return raw.decode("utf-8", "surrogateescape")
-
-
 def raw_fields(fields: dict[str, bytes]) -> dict[bytes, bytes]:
-    """``fields`` with the exact bytes of each name again (the inverse of ``field_name``)."""
-    return {k.encode("utf-8", "surrogateescape"): v for k, v in fields.items()}
+    """``fields`` with the exact bytes of each name again (names are decoded losslessly by
+    ``decode_fields``, so one bad field name never breaks a read)."""
+    return {field_name_bytes(k): v for k, v in fields.items()}
 
 
 def _is_per_key(exc: Exception) -> bool:
@@ -72,6 +66,9 @@ class Entry:
     message_id: str
     fields: dict[str, bytes] | None
     delivery_count: int = 1
+    #: What ``decode_fields`` found wrong with the raw fields (non-UTF-8 or duplicated names):
+    #: any of them makes the entry a bad task.
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,9 @@ class DeadLetter:
     message_id: str
     reason: str
     delivery_count: int
-    payload: Any  # the original body (dict) when it parsed, else the raw payload text
+    payload: Any  # the original body (dict) when it parsed, else None
+    #: The entry's fields, kept whole in the envelope (every field, bytes exact); None if unknown.
+    fields: dict[str, bytes] | None = None
 
 
 class StreamQueue:
@@ -177,10 +176,9 @@ class StreamQueue:
                     entries.append(Entry(_s(message_id), None))
                     continue
                 if isinstance(flat, dict):  # a client with redis-py's callback (tests' shared client)
-                    fields = {field_name(k) if isinstance(k, bytes) else k: v for k, v in flat.items()}
-                else:
-                    fields = {field_name(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
-                entries.append(Entry(_s(message_id), fields))
+                    flat = [x for kv in flat.items() for x in kv]
+                fields, problems = decode_fields(flat)
+                entries.append(Entry(_s(message_id), fields, 1, tuple(problems)))
         return entries
 
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
@@ -198,7 +196,7 @@ class StreamQueue:
         if not entries:
             return entries
         counts = self.delivery_counts([e.message_id for e in entries], consumer=self.consumer)
-        return [Entry(e.message_id, e.fields, counts.get(e.message_id, 1)) for e in entries]
+        return [Entry(e.message_id, e.fields, counts.get(e.message_id, 1), e.problems) for e in entries]
 
     def delivery_counts(self, ids: list[str], *, consumer: str | None = None) -> dict[str, int]:
         """Delivery count of each pending id (one XPENDING range call)."""
@@ -262,17 +260,16 @@ class StreamQueue:
         return refused
 
     def _envelope(self, d: DeadLetter, now: float) -> str:
-        """The DLQ entry's ``payload`` field: the original's envelope, compatible with the anchor."""
-        return json.dumps(
-            {
-                "reason": d.reason,
-                "source_stream": self.stream,
-                "source_id": d.message_id,
-                "delivery_count": d.delivery_count,
-                "dead_lettered_at": now,
-                "payload": d.payload,
-            },
-            ensure_ascii=False,
+        """The DLQ entry's ``payload`` field: the anchor's envelope keys, plus every original
+        field exactly (base64 where not UTF-8, large values truncated with their size and hash)."""
+        return build_envelope(
+            reason=d.reason,
+            source_stream=self.stream,
+            source_id=d.message_id,
+            delivery_count=d.delivery_count,
+            dead_lettered_at=now,
+            fields=None if d.fields is None else [(field_name_bytes(k), v) for k, v in d.fields.items()],
+            body=d.payload,
         )
 
     def ack(self, *ids: str) -> None:
@@ -308,9 +305,8 @@ class StreamQueue:
         )
         entries = []
         for mid, raw_fields, times_delivered in reply[1]:
-            flat = list(raw_fields)
-            fields = {field_name(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
-            entries.append(Entry(_s(mid), fields, int(times_delivered)))
+            fields, problems = decode_fields(list(raw_fields))
+            entries.append(Entry(_s(mid), fields, int(times_delivered), tuple(problems)))
         return _s(reply[0]), entries, int(reply[2])
 
     def renew_pending(self, ids: list[str]) -> list[str]:
@@ -416,11 +412,3 @@ class StreamQueue:
             except Exception:  # closing is best effort during shutdown
                 logger.debug("closing a redis client failed", exc_info=True)
 
-    @staticmethod
-    def payload_for_dlq(entry: Entry, body: Any = None) -> Any:
-        """What the DLQ envelope keeps of an entry: the parsed body, else the raw text."""
-        if body is not None:
-            return body
-        if entry.fields is None:
-            return None
-        return raw_payload_text(entry.fields)
