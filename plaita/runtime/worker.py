@@ -86,7 +86,7 @@ class Worker:
         self._inflight = InFlightTable()
         #: Lazy message-id leases rely on idle time < claim_min_idle_ms until the first renewal
         #: (at most 2/3 of it); with a threshold this short, take every lease eagerly instead.
-        self._eager_leases = settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
+        self._eager_leases = settings.eager_leases or settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
         self.keeper = LeaseKeeper(
             self._inflight,
             self.leases,

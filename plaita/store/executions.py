@@ -1,0 +1,353 @@
+"""Every Redis access of flow executions: state, fenced checkpoints, the status index, cancel
+flags, start dedup, suspension deadlines, and what the keeper reads.
+
+Keys (compatible with the original plaita):
+
+- ``plaita:execution:{id}``: the execution's state, one JSON string.
+- ``plaita:execution:cancel:{id}``: cancel intent (any value), 7 days.
+- ``plaita:start-dedup:{key}``: the execution id a dedup key started, 7 days.
+- ``plaita:executions:status:{status}``: one sorted set per status, member = execution id,
+  score = last update (epoch seconds), so listing by status needs neither KEYS nor SCAN.
+- ``plaita:executions:deadlines``: suspended executions with a deadline, scored by it.
+
+A checkpoint is one EVALSHA: the lease generation is checked inside Lua (a worker that lost
+its lease can never overwrite its successor), then the state, the status index, the deadline
+and the step's staged writes are written together. Every key a script touches is in KEYS.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+from redis.client import Pipeline
+
+from plaita.store import scripts as lua
+from plaita.store.leases import fence_key, lease_key
+from plaita.tasks import PAYLOAD_FIELD
+
+#: Execution state key prefix.
+EXECUTION_PREFIX = "plaita:execution:"
+CANCEL_PREFIX = "plaita:execution:cancel:"
+DEDUP_PREFIX = "plaita:start-dedup:"
+STATUS_PREFIX = "plaita:executions:status:"
+DEADLINES_KEY = "plaita:executions:deadlines"
+#: Set by the keeper when it enqueued a recovery ``retry``: one per cooldown per execution.
+KEEPER_RETRY_PREFIX = "plaita:execution:keeper-retry:"
+KEEPER_LEASE_KEY = "plaita:keeper:lease"
+#: Statuses, in the order the checkpoint script receives their index keys.
+STATUSES = ("running", "suspended", "completed", "error", "cancelled")
+TERMINAL = frozenset({"completed", "error", "cancelled"})
+#: Cancel flags and dedup keys outlive any execution that could still use them.
+FLAG_TTL_S = 7 * 24 * 3600
+#: Staged write operations a step may queue.
+STAGE_OPS = frozenset({"set", "incrby", "rpush"})
+
+# KEYS: lease, fence, execution, cancel, deadlines, the five status sets (STATUSES order),
+# then one key per staged write.
+# ARGV: generation, state_json, status (1-based index into STATUSES), now_s, execution_id,
+# deadline_s ('' = none), retention_s (0 = not terminal), n_staged, then (op, value, ttl_s)
+# per staged write. Returns {1, cancel_requested} or {0, 0} when fenced out.
+CHECKPOINT = lua.Lua("""
+local cur = redis.call('GET', KEYS[1])
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence ~= tonumber(ARGV[1]) or not cur then return {0, 0} end
+local suffix = ':' .. ARGV[1]
+if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, 0} end
+local status = tonumber(ARGV[3])
+local retention = tonumber(ARGV[7])
+redis.call('SET', KEYS[3], ARGV[2])
+for i = 1, 5 do
+  if i == status then redis.call('ZADD', KEYS[5 + i], ARGV[4], ARGV[5])
+  else redis.call('ZREM', KEYS[5 + i], ARGV[5]) end
+end
+if ARGV[6] ~= '' then redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
+else redis.call('ZREM', KEYS[5], ARGV[5]) end
+if retention > 0 then
+  redis.call('EXPIRE', KEYS[3], retention)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5 + status], '-inf', tonumber(ARGV[4]) - retention)
+  redis.call('DEL', KEYS[4])
+end
+for i = 1, tonumber(ARGV[8]) do
+  local key, op, value, ttl = KEYS[10 + i], ARGV[3 * i + 6], ARGV[3 * i + 7], tonumber(ARGV[3 * i + 8])
+  if op == 'set' then redis.call('SET', key, value)
+  elseif op == 'incrby' then redis.call('INCRBY', key, value)
+  else redis.call('RPUSH', key, value) end
+  if ttl > 0 then redis.call('EXPIRE', key, ttl) end
+end
+return {1, redis.call('EXISTS', KEYS[4])}
+""")
+
+# KEYS: lease, fence, execution, running set, [dedup]. ARGV: generation, state_json, now_s,
+# execution_id, dedup_ttl_s. Returns {1, ''} created, {0, ''} fenced out, {2, other_id} the
+# dedup key already started another execution, {3, ''} the execution exists.
+CREATE = lua.Lua("""
+local cur = redis.call('GET', KEYS[1])
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence ~= tonumber(ARGV[1]) or not cur then return {0, ''} end
+local suffix = ':' .. ARGV[1]
+if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, ''} end
+if #KEYS >= 5 then
+  local other = redis.call('GET', KEYS[5])
+  if other and other ~= ARGV[4] then return {2, other} end
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {3, ''} end
+redis.call('SET', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+if #KEYS >= 5 then redis.call('SET', KEYS[5], ARGV[4], 'EX', tonumber(ARGV[5])) end
+return {1, ''}
+""")
+
+# KEYS: deadlines. ARGV: now_s, rearm_at_s, limit. Due members, each re-armed to rearm_at_s so
+# a lost timeout task is sent again after a cooldown rather than never or every pass.
+_CLAIM_DUE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], id) end
+return due
+"""
+
+# KEYS: lease. ARGV: holder, ttl_ms. 1 if this holder holds it now (renewed or taken).
+_HOLD = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end
+return 0
+"""
+
+
+def execution_key(execution_id: str) -> str:
+    return f"{EXECUTION_PREFIX}{execution_id}"
+
+
+def cancel_key(execution_id: str) -> str:
+    return f"{CANCEL_PREFIX}{execution_id}"
+
+
+def dedup_key(key: str) -> str:
+    return f"{DEDUP_PREFIX}{key}"
+
+
+def status_key(status: str) -> str:
+    return f"{STATUS_PREFIX}{status}"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """One write a step queued to commit with its checkpoint."""
+
+    op: str
+    key: str
+    value: str
+    ttl_s: int = 0
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _decode(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    doc = json.loads(raw)
+    return doc if isinstance(doc, dict) else None
+
+
+class ExecutionStore:
+    """Execution state on one Redis client (bytes replies)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._claim_due = client.register_script(_CLAIM_DUE)
+        self._hold = client.register_script(_HOLD)
+
+    # -- the worker's path ---------------------------------------------------------------
+    def load(self, execution_id: str) -> tuple[dict[str, Any] | None, bool]:
+        """(state or None, cancel requested) in one round trip."""
+        raw, flag = cast(list[Any], self.client.mget([execution_key(execution_id), cancel_key(execution_id)]))
+        return _decode(raw), flag is not None
+
+    def create(
+        self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
+    ) -> tuple[int, str]:
+        """Create the state under the lease; see CREATE for the reply codes."""
+        keys = [lease_key(execution_id), fence_key(execution_id), execution_key(execution_id), status_key("running")]
+        if dedup:
+            keys.append(dedup_key(dedup))
+        args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
+        code, other = self._run(CREATE, keys, args)
+        return int(code), _text(other)
+
+    def checkpoint(
+        self,
+        execution_id: str,
+        generation: int,
+        state_json: str,
+        *,
+        status: str,
+        now_s: float,
+        deadline_s: float | None = None,
+        retention_s: int = 0,
+        staged: Sequence[Staged] = (),
+    ) -> tuple[bool, bool]:
+        """One fenced write of the state, index, deadline and staged writes: (written, cancel requested)."""
+        keys = [
+            lease_key(execution_id),
+            fence_key(execution_id),
+            execution_key(execution_id),
+            cancel_key(execution_id),
+            DEADLINES_KEY,
+            *(status_key(s) for s in STATUSES),
+            *(s.key for s in staged),
+        ]
+        args: list[Any] = [
+            generation,
+            state_json,
+            STATUSES.index(status) + 1,
+            repr(now_s),
+            execution_id,
+            "" if deadline_s is None else repr(deadline_s),
+            retention_s if status in TERMINAL else 0,
+            len(staged),
+        ]
+        for s in staged:
+            args.extend((s.op, s.value, s.ttl_s))
+        ok, cancel = self._run(CHECKPOINT, keys, args)
+        return int(ok) == 1, int(cancel) == 1
+
+    def _run(self, script: lua.Lua, keys: list[str], args: list[Any]) -> list[Any]:
+        def build(pipe: Pipeline) -> None:
+            script.queue(pipe, keys, args)
+
+        # A NOSCRIPT reply means the script did not run, so running it again is safe.
+        [reply] = lua.execute(self.client, build, [script], transaction=False)
+        return cast(list[Any], reply)
+
+    def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
+        if not execution_ids:
+            return []
+        return [v is not None for v in cast(list[Any], self.client.mget([cancel_key(e) for e in execution_ids]))]
+
+    # -- producers and operators ---------------------------------------------------------
+    def get(self, execution_id: str) -> dict[str, Any] | None:
+        return _decode(self.client.get(execution_key(execution_id)))
+
+    def request_cancel(self, execution_id: str) -> None:
+        self.client.set(cancel_key(execution_id), "1", ex=FLAG_TTL_S)
+
+    def dedup_target(self, key: str) -> str | None:
+        raw = self.client.get(dedup_key(key))
+        return None if raw is None else _text(raw)
+
+    def by_status(self, status: str, limit: int) -> list[dict[str, Any]]:
+        """The most recently updated executions with ``status`` (index entries whose state has
+        expired are dropped from the index on the way)."""
+        ids = [_text(m) for m in cast(list[Any], self.client.zrevrange(status_key(status), 0, max(0, limit - 1)))]
+        if not ids:
+            return []
+        raws = cast(list[Any], self.client.mget([execution_key(e) for e in ids]))
+        gone = [e for e, raw in zip(ids, raws, strict=True) if raw is None]
+        if gone:
+            self.client.zrem(status_key(status), *gone)
+        return [doc for doc in (_decode(r) for r in raws) if doc is not None]
+
+    def counts(self) -> dict[str, int]:
+        pipe = self.client.pipeline(transaction=False)
+        for s in STATUSES:
+            pipe.zcard(status_key(s))
+        return {s: int(n) for s, n in zip(STATUSES, pipe.execute(), strict=True)}
+
+    # -- the keeper ----------------------------------------------------------------------
+    def hold_keeper_lease(self, holder: str, ttl_ms: int) -> bool:
+        return int(cast(int, self._hold(keys=[KEEPER_LEASE_KEY], args=[holder, ttl_ms]))) == 1
+
+    def due_deadlines(self, now_s: float, rearm_at_s: float, limit: int, *, dry_run: bool) -> list[str]:
+        """Suspended executions past their deadline (re-armed to ``rearm_at_s`` unless dry run)."""
+        if dry_run:
+            raw = self.client.zrangebyscore(DEADLINES_KEY, "-inf", repr(now_s), start=0, num=limit)
+        else:
+            raw = self._claim_due(keys=[DEADLINES_KEY], args=[repr(now_s), repr(rearm_at_s), limit])
+        return [_text(m) for m in cast(list[Any], raw)]
+
+    def running_since(self, before_s: float, limit: int) -> list[tuple[str, float]]:
+        """Running executions last updated before ``before_s``: (id, updated_at)."""
+        raw = self.client.zrangebyscore(
+            status_key("running"), "-inf", repr(before_s), start=0, num=limit, withscores=True
+        )
+        return [(_text(m), float(score)) for m, score in cast(list[Any], raw)]
+
+    def leased(self, execution_ids: Sequence[str]) -> list[bool]:
+        pipe = self.client.pipeline(transaction=False)
+        for e in execution_ids:
+            pipe.exists(lease_key(e))
+        return [int(n) == 1 for n in pipe.execute()]
+
+    def still_running(self, execution_ids: Sequence[str]) -> list[float | None]:
+        """Current update time of each execution that is still running (None = not running)."""
+        pipe = self.client.pipeline(transaction=False)
+        for e in execution_ids:
+            pipe.zscore(status_key("running"), e)
+        return [None if s is None else float(s) for s in pipe.execute()]
+
+    def mark_retry_sent(self, execution_id: str, cooldown_s: int) -> bool:
+        """True if no recovery retry was sent for this execution within the cooldown."""
+        return bool(self.client.set(f"{KEEPER_RETRY_PREFIX}{execution_id}", "1", nx=True, ex=max(1, cooldown_s)))
+
+    def mark_orphaned(
+        self, execution_id: str, updated_at_s: float, error_doc: dict[str, Any], now_s: float, retention_s: int
+    ) -> bool:
+        """Set a running, unleased execution not updated since ``updated_at_s`` to ``error``.
+
+        WATCH makes it a compare-and-set: a worker that takes the lease or checkpoints in
+        between wins, and nothing is written.
+        """
+        key, lease = execution_key(execution_id), lease_key(execution_id)
+        with self.client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(key, lease, status_key("running"))  # type: ignore[no-untyped-call]
+                doc = _decode(pipe.get(key))
+                score = pipe.zscore(status_key("running"), execution_id)
+                if doc is None or doc.get("status") != "running" or pipe.exists(lease) or score != updated_at_s:
+                    return False
+                doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
+                pipe.multi()
+                pipe.set(key, json.dumps(doc, ensure_ascii=False), ex=retention_s)
+                pipe.zrem(status_key("running"), execution_id)
+                pipe.zadd(status_key("error"), {execution_id: now_s})
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False
+
+
+def stream_execution_ids(client: redis.Redis, stream: str, max_entries: int, page: int = 500) -> tuple[set[str], bool]:
+    """Execution ids of every task still in ``stream`` (queued or pending: acked entries are
+    deleted), and whether the whole stream was read within ``max_entries``."""
+    seen: set[str] = set()
+    start, read = "-", 0
+    while read < max_entries:
+        batch = cast(list[Any], client.xrange(stream, min=start, max="+", count=page))
+        if not batch:
+            return seen, True
+        for message_id, fields in batch:
+            seen.update(_ids_in(message_id, fields))
+        read += len(batch)
+        if len(batch) < page:
+            return seen, True
+        start = "(" + _text(batch[-1][0])
+    return seen, False
+
+
+def _ids_in(message_id: Any, fields: dict[Any, Any]) -> Iterable[str]:
+    raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
+    try:
+        body = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return ()
+    if not isinstance(body, dict):
+        return ()
+    value = body.get("execution_id")
+    return (value,) if isinstance(value, str) and value else (_text(message_id),)
