@@ -64,9 +64,7 @@ class FlowClient:
         if resume_type not in model.RESUME_TYPES:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
         doc = self._require(execution_id)
-        body = model.resume_body(
-            execution_id, resume_type, flow_id=doc.get("flow_id"), data=data, resume_id=resume_id
-        )
+        body = model.resume_body(execution_id, resume_type, flow_id=doc.get("flow_id"), data=data, resume_id=resume_id)
         return self.queue.enqueue(body)
 
     def cancel(self, execution_id: str) -> dict[str, Any]:

@@ -17,7 +17,9 @@ and the step's staged writes are written together. Every key a script touches is
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -261,6 +263,15 @@ class ExecutionStore:
         return {s: int(n) for s, n in zip(STATUSES, pipe.execute(), strict=True)}
 
     # -- the keeper ----------------------------------------------------------------------
+    def interrupt(self) -> None:
+        """Cut calls in progress (best effort; they fail with ConnectionError) so a stop is
+        not held up by a frozen server."""
+        for conn in list(getattr(self.client.connection_pool, "_in_use_connections", ())):
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
     def hold_keeper_lease(self, holder: str, ttl_ms: int) -> bool:
         return int(cast(int, self._hold(keys=[KEEPER_LEASE_KEY], args=[holder, ttl_ms]))) == 1
 
@@ -278,6 +289,9 @@ class ExecutionStore:
             status_key("running"), "-inf", repr(before_s), start=0, num=limit, withscores=True
         )
         return [(_text(m), float(score)) for m, score in cast(list[Any], raw)]
+
+    def forget_deadline(self, execution_id: str) -> None:
+        self.client.zrem(DEADLINES_KEY, execution_id)
 
     def leased(self, execution_ids: Sequence[str]) -> list[bool]:
         pipe = self.client.pipeline(transaction=False)
