@@ -159,6 +159,7 @@ def _add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> N
     opt("--metrics-port", int, 0, ["PLAITA_METRICS_PORT"], "serve /metrics, /healthz, /readyz here (0 = off)")
     opt("--metrics-host", str, "0.0.0.0", ["PLAITA_METRICS_HOST"], "address for --metrics-port")
     p.add_argument("--no-registry", action="store_true", help="no registry heartbeat and no remote control listener")
+    p.add_argument("--flows", action="append", metavar="MODULE", help="run the flows of MODULE (repeatable)")
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -272,6 +273,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     m.add_argument("--redis-url", default=None, help="use this Redis instead of a private one (no freeze then)")
     m.add_argument("--tasks", type=int, default=300, help="tasks to enqueue (default %(default)s)")
     m.add_argument("--freeze-s", type=float, default=5.0, help="seconds Redis stays frozen (default %(default)s)")
+    from plaita.cli import executions, keeper
+
+    executions.add_parsers(add, lambda p: _add_redis_options(p, env))
+    keeper.add_parser(add, lambda p: _add_redis_options(p, env))
     return parser
 
 
@@ -313,7 +318,12 @@ def run_worker(args: argparse.Namespace) -> int:
     from plaita.runtime.worker import Worker
 
     settings = settings_from_args(args)
-    handler = load_handler(args.handler)
+    if args.flows:
+        from plaita.cli.executions import flow_worker
+
+        settings, handler = flow_worker(args.flows, settings)
+    else:
+        handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]
     signals_seen = 0
 
@@ -406,6 +416,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from plaita.cli.admin import run_admin
 
             return run_admin(args)
+        if args.command in ("executions", "keeper"):
+            from plaita.cli.executions import run_executions
+            from plaita.cli.keeper import run_keeper
+
+            return run_executions(args) if args.command == "executions" else run_keeper(args)
         if args.command == "demo":
             from plaita.cli.demo import run_demo
 
