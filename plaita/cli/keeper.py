@@ -31,37 +31,16 @@ def add_parser(
     redis_options(k)
     k.add_argument("--once", action="store_true", help="one pass, then exit (1 if Redis failed)")
     k.add_argument("--dry-run", action="store_true", help="log what would be done; change nothing")
-    k.add_argument("--interval-s", type=float, default=5.0, help="seconds between passes (default %(default)s)")
-    k.add_argument(
-        "--zombie-after-s",
-        type=float,
-        default=7200.0,
-        help="running, unleased and not updated this long = error 'orphaned' (default %(default)s)",
+    options = (
+        ("--interval-s", 5.0, "seconds between passes"),
+        ("--zombie-after-s", 7200.0, "running, unleased and not updated this long = error 'orphaned'"),
+        ("--retry-cooldown-s", 900.0, "at most one recovery retry per execution per this many seconds"),
+        ("--timeout-cooldown-s", 60.0, "a timeout not acted on is sent again after this"),
+        ("--orphan-grace-s", 10.0, "running executions updated more recently are left alone"),
+        ("--keeper-lease-ttl-s", 30.0, "the acting keeper's lease; another takes over after it"),
     )
-    k.add_argument(
-        "--retry-cooldown-s",
-        type=float,
-        default=900.0,
-        help="at most one recovery retry per execution per this many seconds (default %(default)s)",
-    )
-    k.add_argument(
-        "--timeout-cooldown-s",
-        type=float,
-        default=60.0,
-        help="a timeout not acted on is sent again after this (default %(default)s)",
-    )
-    k.add_argument(
-        "--orphan-grace-s",
-        type=float,
-        default=10.0,
-        help="running executions updated more recently are left alone (default %(default)s)",
-    )
-    k.add_argument(
-        "--keeper-lease-ttl-s",
-        type=float,
-        default=30.0,
-        help="the acting keeper's lease; another takes over after it (default %(default)s)",
-    )
+    for flag, default, text in options:
+        k.add_argument(flag, type=float, default=default, help=f"{text} (default %(default)s)")
 
 
 def run_keeper(args: argparse.Namespace) -> int:

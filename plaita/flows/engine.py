@@ -174,7 +174,7 @@ class FlowRunner:
             )
         rid = str(body.get("resume_id") or task.message_id)
         status = doc.get("status")
-        if status in TERMINAL or rid in doc.get("applied_resumes", []) or self._stale_timeout(body, doc, rtype):
+        if status in TERMINAL or rid in doc.get("applied_resumes", []) or model.stale_timeout(body, doc, rtype):
             logger.info("resume %s (%s) of execution %s (%s): nothing to do", rid, rtype, eid, status)
             return None
         run = _Run(task, flow, doc, cancel, offload)
@@ -188,17 +188,6 @@ class FlowRunner:
         elif rtype != "retry":
             run.pending = (rtype, body.get("data"), rid)
         return run
-
-    @staticmethod
-    def _stale_timeout(body: dict[str, Any], doc: dict[str, Any], rtype: str) -> bool:
-        """A timeout for a suspension that already ended (resumed, maybe suspended again)."""
-        if rtype != "timeout":
-            return False
-        suspension = doc.get("suspension")
-        if doc.get("status") != "suspended" or not isinstance(suspension, dict):
-            return True
-        wanted = body.get("suspension")
-        return wanted is not None and wanted != suspension.get("seq")
 
     async def _compatible(self, run: _Run) -> bool:
         """True if ``run``'s flow definition can continue it; else it ends in ``error``."""
@@ -323,23 +312,16 @@ class FlowRunner:
         doc, now_s = run.doc, self._clock()
         policy, attempt = step.retry, ctx.attempt
         desc = model.describe_exception(exc)
+        where = f"execution {ctx.execution_id}: step {step.name!r}"
         if not policy.retryable(exc) or attempt >= policy.max_attempts:
-            logger.warning(
-                "execution %s: step %r failed for good (attempt %d): %s", ctx.execution_id, step.name, attempt, desc
-            )
+            logger.warning("%s failed for good (attempt %d): %s", where, attempt, desc)
             model.add_history(doc, model.history_entry(step.name, attempt, started_s, now_s, "error", desc))
             doc.update(attempt=attempt, error=model.error_from_exception(step.name, exc, attempt), ended_at=now_s)
             await self._save(run, "error", step=step)
             return True
         delay_s = policy.delay_s(attempt, self._rng)
         logger.info(
-            "execution %s: step %r failed (attempt %d of %d), retrying in %.2f s: %s",
-            ctx.execution_id,
-            step.name,
-            attempt,
-            policy.max_attempts,
-            delay_s,
-            desc,
+            "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, desc
         )
         model.add_history(doc, model.history_entry(step.name, attempt, started_s, now_s, "failed", desc))
         doc["attempt"] = attempt  # durable: a worker killed during the retries does not reset the budget
@@ -388,20 +370,10 @@ class FlowRunner:
         doc = run.doc
         doc.update(status=status, updated_at=self._clock())
         text = self._encode(doc)
-        if len(text.encode("utf-8")) > self.max_state_bytes and status != "error":
-            size = len(text.encode("utf-8"))
-            message = (
-                f"state is {size} bytes after step {step.name if step else None!r}, over the "
-                f"{self.max_state_bytes}-byte limit"
-            )
+        size = len(text.encode("utf-8"))
+        if size > self.max_state_bytes and status != "error":
+            message = model.make_too_large(doc, size, self.max_state_bytes, step.name if step else None)
             logger.error("execution %s: %s", run.task.execution_id, message)
-            doc.update(
-                state={},
-                results={},
-                resume=None,
-                error=model.error_doc(doc.get("step"), "StateTooLarge", message),
-                status="error",
-            )
             status, staged, deadline_s, text = "error", None, None, self._encode(doc)
         ok, cancel = await self._io(
             run.offload,

@@ -95,6 +95,25 @@ def error_doc(step: str | None, kind: str, message: str) -> dict[str, Any]:
     return {"step": step, "type": kind, "message": message, "attempts": 0, "traceback": None}
 
 
+def make_too_large(doc: dict[str, Any], size: int, limit: int, step: str | None) -> str:
+    """Turn ``doc`` into an ``error`` state small enough to write; returns the message."""
+    message = f"state is {size} bytes after step {step!r}, over the {limit}-byte limit"
+    error = error_doc(doc.get("step"), "StateTooLarge", message)
+    doc.update(state={}, results={}, resume=None, error=error, status="error")
+    return message
+
+
+def stale_timeout(body: dict[str, Any], doc: dict[str, Any], resume_type: str) -> bool:
+    """A timeout for a suspension that already ended (resumed, maybe suspended again)."""
+    if resume_type != "timeout":
+        return False
+    suspension = doc.get("suspension")
+    if doc.get("status") != "suspended" or not isinstance(suspension, dict):
+        return True
+    wanted = body.get("suspension")
+    return wanted is not None and wanted != suspension.get("seq")
+
+
 def apply_resume(doc: dict[str, Any], resume_type: str, data: Any, resume_id: str) -> None:
     """Mark a suspended execution resumed: the suspended step runs again with ``ctx.resume``."""
     doc["status"] = "running"
