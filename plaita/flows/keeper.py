@@ -49,6 +49,8 @@ class KeeperSettings:
     #: The orphan pass reads the whole stream to know which executions have a task; a longer
     #: stream skips that pass (retrying then could duplicate work already queued).
     max_stream_scan: int = 100_000
+    #: Running executions examined per pass at most (in pages of ``batch``).
+    max_candidates: int = 10_000
     retention_s: int = model.DEFAULT_RETENTION_S
     dry_run: bool = False
     backoff_base_s: float = 0.1
@@ -170,11 +172,7 @@ class Keeper:
 
     def _orphans(self, now_s: float, report: KeeperPass) -> None:
         s = self.settings
-        candidates = self.store.running_since(now_s - s.orphan_grace_s, s.batch)
-        if not candidates:
-            return
-        leased = self.store.leased([eid for eid, _ in candidates])
-        unleased = [(eid, at) for (eid, at), held in zip(candidates, leased, strict=True) if not held]
+        unleased = self._unleased(now_s - s.orphan_grace_s)
         if not unleased:
             return
         in_stream, complete = stream_execution_ids(self.queue.client, self.queue.stream, s.max_stream_scan)
@@ -194,6 +192,20 @@ class Keeper:
                 report.retries.append(eid)
                 if not s.dry_run:
                     self.queue.enqueue(model.resume_body(eid, "retry", resume_id=f"keeper:{uuid.uuid4().hex[:12]}"))
+
+    def _unleased(self, before_s: float) -> list[tuple[str, float]]:
+        """Running executions not updated since ``before_s`` whose lease is gone, page by page:
+        long steps of live workers keep old scores, so the first page alone could hide every
+        orphan behind them."""
+        s = self.settings
+        out: list[tuple[str, float]] = []
+        for offset in range(0, s.max_candidates, s.batch):
+            page = self.store.running_since(before_s, offset, s.batch)
+            leased = self.store.leased([eid for eid, _ in page])
+            out.extend(c for c, held in zip(page, leased, strict=True) if not held)
+            if len(page) < s.batch or len(out) >= s.batch:
+                break
+        return out
 
     def _orphaned(self, eid: str, updated_at_s: float, now_s: float, report: KeeperPass) -> None:
         s = self.settings

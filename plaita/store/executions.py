@@ -283,10 +283,10 @@ class ExecutionStore:
             raw = self._claim_due(keys=[DEADLINES_KEY], args=[repr(now_s), repr(rearm_at_s), limit])
         return [_text(m) for m in cast(list[Any], raw)]
 
-    def running_since(self, before_s: float, limit: int) -> list[tuple[str, float]]:
-        """Running executions last updated before ``before_s``: (id, updated_at)."""
+    def running_since(self, before_s: float, offset: int, limit: int) -> list[tuple[str, float]]:
+        """Running executions last updated before ``before_s``, oldest first: (id, updated_at)."""
         raw = self.client.zrangebyscore(
-            status_key("running"), "-inf", repr(before_s), start=0, num=limit, withscores=True
+            status_key("running"), "-inf", repr(before_s), start=offset, num=limit, withscores=True
         )
         return [(_text(m), float(score)) for m, score in cast(list[Any], raw)]
 

@@ -26,25 +26,30 @@ def test_start_wait_show_list_resume_cancel(redis_url: str, tmp_path: Path, monk
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
     with worker_proc(redis_url, tmp_path, "cli-w", *FLOW_ARGS) as w:
         w.wait_reading()
-        r = plaita(redis_url, "executions", "start", "ledger3", "--input", "{}", "--execution-id", "c1", "--wait",
-                   "--json")
+        r = plaita(
+            redis_url, "executions", "start", "ledger3", "--input", "{}", "--execution-id", "c1", "--wait", "--json"
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["status"] == "completed"
         r = plaita(redis_url, "executions", "start", "signup", "--input", '{"name": "cy"}', "--execution-id", "c2")
         assert r.returncode == 0 and r.stdout.strip() == "c2"
-        wait_for(lambda: flowdefs.client().zscore("plaita:executions:status:suspended", "c2") is not None, 10,
-                 "c2 suspended")
+        wait_for(
+            lambda: flowdefs.client().zscore("plaita:executions:status:suspended", "c2") is not None, 10, "c2 suspended"
+        )
         r = plaita(redis_url, "executions", "resume", "c2", "--data", '"cy@example.org"')
         assert r.returncode == 0, r.stderr
-        wait_for(lambda: flowdefs.client().zscore("plaita:executions:status:completed", "c2") is not None, 10,
-                 "c2 completed")
+        wait_for(
+            lambda: flowdefs.client().zscore("plaita:executions:status:completed", "c2") is not None, 10, "c2 completed"
+        )
         plaita(redis_url, "executions", "start", "signup", "--execution-id", "c3")
-        wait_for(lambda: flowdefs.client().zscore("plaita:executions:status:suspended", "c3") is not None, 10,
-                 "c3 suspended")
+        wait_for(
+            lambda: flowdefs.client().zscore("plaita:executions:status:suspended", "c3") is not None, 10, "c3 suspended"
+        )
         r = plaita(redis_url, "executions", "cancel", "c3")
         assert r.returncode == 0 and "cancel requested" in r.stdout
-        wait_for(lambda: flowdefs.client().zscore("plaita:executions:status:cancelled", "c3") is not None, 10,
-                 "c3 cancelled")
+        wait_for(
+            lambda: flowdefs.client().zscore("plaita:executions:status:cancelled", "c3") is not None, 10, "c3 cancelled"
+        )
     r = plaita(redis_url, "executions", "show", "c2")
     assert r.returncode == 0 and "status completed" in r.stdout and "wait_email" in r.stdout
     assert "cy@example.org" in r.stdout

@@ -160,3 +160,11 @@ def queued_on(server: RedisServer) -> list[dict[str, object]]:
         return [json.loads(f[b"payload"]) for _, f in c.xrange(QUEUE)]  # type: ignore[union-attr]
     finally:
         c.close()
+
+
+def test_orphans_behind_a_page_of_live_executions_are_found(h: Harness) -> None:
+    for i in range(5):
+        make_orphan(h, f"busy-{i}", keep_lease=True)  # long steps of live workers: oldest scores
+    make_orphan(h, "behind")
+    settings = KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2, batch=2)
+    assert keeper(h, settings).run_once().retries == ["behind"]
