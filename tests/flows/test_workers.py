@@ -90,3 +90,35 @@ def test_bad_input_goes_to_the_dlq_and_the_worker_lives(redis_url: str, flows: F
     reasons = [str(d["reason"]) for d in dlq(client)]
     assert "unknown flow 'no-such-flow'" in reasons[0]
     assert "JSON object" in reasons[1] and "unknown execution" in reasons[2]
+
+
+def test_keeper_recovers_an_execution_whose_task_was_dead_lettered(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """kill -9 mid-step with --max-deliveries 1: the redelivery goes to the DLQ and the execution
+    is left running with no lease and no task; one keeper pass sends one retry that finishes it."""
+    from tests.flows.test_cli import plaita
+
+    args = (*FLOW_ARGS, "--max-deliveries", "1")
+    eid = flows.start("ledger3", {"sleep_step": "two", "sleep_s": 60})
+    with worker_proc(redis_url, tmp_path, "ka", *args) as a:
+        wait_for(lambda: flowdefs.client().get(f"plaita:test:sleeping:{eid}") == "two", 15, "step two running")
+        a.kill9()
+    raw = make_client(redis_url, socket_timeout_s=5.0)
+    try:
+        with worker_proc(redis_url, tmp_path, "kb", *args) as b:
+            wait_for(lambda: len(dlq(raw)) == 1, 15, "the redelivered start dead-lettered")
+            doc = flows.get(eid)
+            assert doc is not None and doc["status"] == "running"
+            for _ in range(2):  # the second pass is within the cooldown: no second retry
+                r = plaita(redis_url, "keeper", "--once", "--orphan-grace-s", "0")
+                assert r.returncode == 0, r.stderr
+            doc = flows.wait(eid, 20)
+            assert b.terminate() == 0
+    finally:
+        raw.close()
+    assert doc["status"] == "completed"
+    assert ledgers(eid, ["one", "two", "three"]) == [1, 2, 1]
+    assert ledgers(eid, ["one", "two", "three"], "staged") == [1, 1, 1]
+    # Worker b ran exactly one task to completion: the keeper's single retry.
+    assert b.counters()["completed"] == 1 and b.counters()["dead_lettered"] == 1
