@@ -104,10 +104,10 @@ class FlowRunner:
 
     # -- dispatch ------------------------------------------------------------------------
     async def _handle(self, task: Task, *, offload: bool) -> None:
-        doc, cancel = await self._io(offload, self.store.load, task.execution_id)
         if task.body.get("type") == "start":
-            run = await self._begin_start(task, doc, cancel, offload)
+            run = await self._begin_start(task, offload)
         else:
+            doc, cancel = await self._io(offload, self.store.load, task.execution_id)
             run = await self._begin_resume(task, doc, cancel, offload)
         if run is not None:
             await self._advance(run)
@@ -120,7 +120,7 @@ class FlowRunner:
             )
         return flow
 
-    async def _begin_start(self, task: Task, doc: dict[str, Any] | None, cancel: bool, offload: bool) -> _Run | None:
+    async def _begin_start(self, task: Task, offload: bool) -> _Run | None:
         body, eid = task.body, task.execution_id
         flow = self._flow(body.get("flow_id"))
         params = body.get("params")
@@ -130,22 +130,15 @@ class FlowRunner:
         requested = body.get("version")
         if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
             raise BadTaskError(f"flow {flow.flow_id!r} version {requested!r} requested; loaded is {flow.version!r}")
-        if doc is not None:
-            if doc.get("flow_id") != flow.flow_id:
-                raise BadTaskError(f"execution {eid!r} belongs to flow {doc.get('flow_id')!r}, not {flow.flow_id!r}")
-            if doc.get("status") != "running":
-                logger.info("start of execution %s: already %s; duplicate ignored", eid, doc.get("status"))
-                return None
-            run = _Run(task, flow, doc, cancel, offload)  # a redelivered start: continue from the checkpoint
-            return run if await self._compatible(run) else None
         dedup = body.get("dedup_key")
         dedup = str(dedup) if dedup not in (None, "") else None
         doc = model.new_execution(eid, flow, params, dedup_key=dedup, now_s=self._clock())
         text = self._encode(doc)
         if len(text.encode("utf-8")) > self.max_state_bytes:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
-        code, other = await self._io(
-            offload, self.store.create, eid, task.fencing_token, text, doc["created_at"], dedup
+        created_at = doc["created_at"]
+        code, other, cancel = await self._io(
+            offload, self.store.create, eid, task.fencing_token, text, created_at, dedup
         )
         if code == 0:
             raise LeaseLostError(f"lease of execution {eid} lost before it was created")
@@ -153,9 +146,18 @@ class FlowRunner:
             logger.info("start of execution %s: dedup key %r already started %s; duplicate ignored", eid, dedup, other)
             return None
         if code == 3:
-            logger.info("start of execution %s: it exists already; duplicate ignored", eid)
-            return None
+            return await self._restart(_Run(task, flow, json.loads(other), cancel, offload))
         return _Run(task, flow, doc, cancel, offload)
+
+    async def _restart(self, run: _Run) -> _Run | None:
+        """A start of an execution that exists: continue it if its worker died mid-run."""
+        doc, eid = run.doc, run.task.execution_id
+        if doc.get("flow_id") != run.flow.flow_id:
+            raise BadTaskError(f"execution {eid!r} belongs to flow {doc.get('flow_id')!r}, not {run.flow.flow_id!r}")
+        if doc.get("status") != "running":
+            logger.info("start of execution %s: already %s; duplicate ignored", eid, doc.get("status"))
+            return None
+        return run if await self._compatible(run) else None
 
     async def _begin_resume(self, task: Task, doc: dict[str, Any] | None, cancel: bool, offload: bool) -> _Run | None:
         body, eid = task.body, task.execution_id

@@ -83,24 +83,27 @@ end
 return {1, redis.call('EXISTS', KEYS[4])}
 """)
 
-# KEYS: lease, fence, execution, running set, [dedup]. ARGV: generation, state_json, now_s,
-# execution_id, dedup_ttl_s. Returns {1, ''} created, {0, ''} fenced out, {2, other_id} the
-# dedup key already started another execution, {3, ''} the execution exists.
+# KEYS: lease, fence, execution, running set, cancel, [dedup]. ARGV: generation, state_json,
+# now_s, execution_id, dedup_ttl_s. Returns {code, text, cancel_requested}: code 1 created,
+# 0 fenced out, 2 the dedup key already started execution ``text``, 3 the execution exists
+# (``text`` is its state: a start's one round trip both reads and creates).
 CREATE = lua.Lua("""
 local cur = redis.call('GET', KEYS[1])
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence ~= tonumber(ARGV[1]) or not cur then return {0, ''} end
+if fence ~= tonumber(ARGV[1]) or not cur then return {0, '', 0} end
 local suffix = ':' .. ARGV[1]
-if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, ''} end
-if #KEYS >= 5 then
-  local other = redis.call('GET', KEYS[5])
-  if other and other ~= ARGV[4] then return {2, other} end
+if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, '', 0} end
+local cancel = redis.call('EXISTS', KEYS[5])
+local existing = redis.call('GET', KEYS[3])
+if existing then return {3, existing, cancel} end
+if #KEYS >= 6 then
+  local other = redis.call('GET', KEYS[6])
+  if other and other ~= ARGV[4] then return {2, other, cancel} end
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then return {3, ''} end
 redis.call('SET', KEYS[3], ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
-if #KEYS >= 5 then redis.call('SET', KEYS[5], ARGV[4], 'EX', tonumber(ARGV[5])) end
-return {1, ''}
+if #KEYS >= 6 then redis.call('SET', KEYS[6], ARGV[4], 'EX', tonumber(ARGV[5])) end
+return {1, '', cancel}
 """)
 
 # KEYS: deadlines. ARGV: now_s, rearm_at_s, limit. Due members, each re-armed to rearm_at_s so
@@ -174,14 +177,20 @@ class ExecutionStore:
 
     def create(
         self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
-    ) -> tuple[int, str]:
-        """Create the state under the lease; see CREATE for the reply codes."""
-        keys = [lease_key(execution_id), fence_key(execution_id), execution_key(execution_id), status_key("running")]
+    ) -> tuple[int, str, bool]:
+        """Create the state under the lease: (code, text, cancel requested); see CREATE."""
+        keys = [
+            lease_key(execution_id),
+            fence_key(execution_id),
+            execution_key(execution_id),
+            status_key("running"),
+            cancel_key(execution_id),
+        ]
         if dedup:
             keys.append(dedup_key(dedup))
         args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
-        code, other = self._run(CREATE, keys, args)
-        return int(code), _text(other)
+        code, text, cancel = self._run(CREATE, keys, args)
+        return int(code), _text(text), int(cancel) == 1
 
     def checkpoint(
         self,

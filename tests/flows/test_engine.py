@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from plaita.errors import BadTaskError, ConfigError
-from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows
+from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows, model
 from plaita.store.executions import status_key
 from plaita.store.leases import Lease
 from tests.flows.support import Harness, harness, ledgers, resume, start
@@ -238,3 +238,25 @@ def test_run_async_runs_on_the_callers_loop(h: Harness) -> None:
     asyncio.run(h.runner.run_async(task))
     h.leases.release(lease)
     assert h.store.get("a1")["status"] == "completed"  # type: ignore[index]
+
+
+def test_cancel_requested_before_the_start_runs_no_step(h: Harness) -> None:
+    h.store.request_cancel("early")
+    doc = h.run(start("early"))
+    assert doc is not None and doc["status"] == "cancelled" and doc["history"] == []
+    assert ledgers("early", STEPS) == [0, 0, 0]
+
+
+def test_redelivered_start_of_a_running_execution_continues_at_its_step(h: Harness) -> None:
+    """A worker died after step one's checkpoint: the start's redelivery runs two and three only."""
+    flow = h.runner.flows.get("ledger3")
+    assert flow is not None
+    doc = model.new_execution("re1", flow, {}, dedup_key=None, now_s=time.time())
+    doc.update(step_index=1, step="two", state={"one": 1})
+    task, lease = h.task(start("re1"))
+    code, _, _ = h.store.create("re1", lease.generation, json.dumps(doc), doc["created_at"], None)
+    h.leases.release(lease)
+    assert code == 1
+    doc = h.run(start("re1"))
+    assert doc is not None and doc["status"] == "completed" and doc["state"]["three"] == 3
+    assert ledgers("re1", STEPS) == [0, 1, 1]

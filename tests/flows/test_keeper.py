@@ -36,7 +36,7 @@ def make_orphan(h: Harness, eid: str, flow: str = "ledger3", *, keep_lease: bool
     lease = h.leases.acquire(eid)
     assert isinstance(lease, Lease)
     doc = model.new_execution(eid, h.runner.flows.get(flow), {}, dedup_key=None, now_s=time.time())  # type: ignore[arg-type]
-    code, _ = h.store.create(eid, lease.generation, h.runner._encode(doc), doc["created_at"], None)
+    code, _, _ = h.store.create(eid, lease.generation, h.runner._encode(doc), doc["created_at"], None)
     assert code == 1
     if not keep_lease:
         h.leases.release(lease)
