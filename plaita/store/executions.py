@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
-from redis.client import Pipeline
 
 from plaita.store import scripts as lua
 from plaita.store.leases import fence_key, lease_key
@@ -230,12 +229,13 @@ class ExecutionStore:
         return int(ok) == 1, int(cancel) == 1
 
     def _run(self, script: lua.Lua, keys: list[str], args: list[Any]) -> list[Any]:
-        def build(pipe: Pipeline) -> None:
-            script.queue(pipe, keys, args)
-
-        # A NOSCRIPT reply means the script did not run, so running it again is safe.
-        [reply] = lua.execute(self.client, build, [script], transaction=False)
-        return cast(list[Any], reply)
+        """A bare EVALSHA (no pipeline: one call per step, and a pipeline's set-up costs more
+        than the round trip); NOSCRIPT means it did not run, so load and run it once more."""
+        try:
+            return cast(list[Any], self.client.evalsha(script.sha, len(keys), *keys, *args))
+        except redis.exceptions.NoScriptError:
+            self.client.script_load(script.source)
+            return cast(list[Any], self.client.evalsha(script.sha, len(keys), *keys, *args))
 
     def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
         if not execution_ids:
