@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from plaita.store.streams import StreamQueue, make_client
 from tests.flows import flowdefs
 from tests.flows.support import ledgers
 from tests.support.lease_workers import QUEUE, inproc_worker, settings, wait_for, worker_proc
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -122,3 +124,35 @@ def test_keeper_recovers_an_execution_whose_task_was_dead_lettered(
     assert ledgers(eid, ["one", "two", "three"], "staged") == [1, 1, 1]
     # Worker b ran exactly one task to completion: the keeper's single retry.
     assert b.counters()["completed"] == 1 and b.counters()["dead_lettered"] == 1
+
+
+def test_a_redis_freeze_mid_step_loses_nothing_and_commits_staged_writes_once(
+    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP Redis while step two runs, past the lease TTL: the worker rides it out, the
+    execution completes, step one ran once and every staged write committed once."""
+    url = private_redis.url
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", url)
+    flowdefs._clients.clear()
+    client = make_client(url, socket_timeout_s=5.0)
+    queue = StreamQueue(client, stream=QUEUE, group="plaita-workers", consumer="p", dlq_key="", dlq_max_len=1)
+    flows = FlowClient(queue)
+    try:
+        with worker_proc(url, tmp_path, "fz", *FLOW_ARGS) as w:
+            w.wait_reading()
+            eid = flows.start("ledger3", {"sleep_step": "two", "sleep_s": 2.0})
+            wait_for(lambda: flowdefs.client().get(f"plaita:test:sleeping:{eid}") == "two", 15, "step two running")
+            private_redis.freeze()
+            time.sleep(3.0)  # longer than the 2 s lease TTL and the step
+            private_redis.thaw()
+            doc = flows.wait(eid, 30)
+            assert w.alive()
+    finally:
+        if private_redis.frozen:
+            private_redis.thaw()
+        client.close()
+        flowdefs._clients.clear()
+    assert doc["status"] == "completed" and doc["state"]["three"] == 3
+    one, two, three = ledgers(eid, ["one", "two", "three"])
+    assert one == 1 and three == 1 and two in (1, 2)
+    assert ledgers(eid, ["one", "two", "three"], "staged") == [1, 1, 1]
