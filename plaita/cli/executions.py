@@ -208,17 +208,21 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
 }
 
 
-def flow_worker(modules: Sequence[str], settings: Settings) -> tuple[Settings, object]:
+def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = False) -> tuple[Settings, object]:
     """The worker's settings and handler for ``--flows``: a FlowRunner over the loaded flows,
-    with every task leased before it starts (checkpoints are fenced from the first step)."""
+    with every task leased before it starts (checkpoints are fenced from the first step);
+    with ``keeper`` also a keeper on a thread of its own."""
     from plaita.flows import FlowRunner, load_flows
     from plaita.store.executions import ExecutionStore
     from plaita.store.streams import make_client
 
+    if not modules:
+        raise ConfigError("--keeper runs inside a flow worker: give --flows MODULE too")
     registry = load_flows(modules)
-    client = make_client(
-        settings.redis_url,
-        socket_timeout_s=settings.socket_timeout_s,
-        client_name=f"plaita:{settings.consumer_name}:flows".replace(" ", "_"),
-    )
+    name = f"plaita:{settings.consumer_name}:flows".replace(" ", "_")
+    client = make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name)
+    if keeper:
+        from plaita.cli.keeper import start_embedded
+
+        start_embedded(settings.redis_url, settings.queue_name)
     return settings.with_(eager_leases=True), FlowRunner(registry, ExecutionStore(client))

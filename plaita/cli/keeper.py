@@ -7,8 +7,10 @@ runs one pass (exit 1 if Redis failed). A Redis failure never ends the loop.
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import signal
+import threading
 from collections.abc import Callable
 
 from plaita.config import DEFAULT_REDIS_URL, Settings
@@ -41,6 +43,27 @@ def add_parser(
     )
     for flag, default, text in options:
         k.add_argument(flag, type=float, default=default, help=f"{text} (default %(default)s)")
+
+
+def start_embedded(redis_url: str, queue_name: str) -> None:
+    """Run a keeper (default settings) on a daemon thread of a worker process; stopped, and its
+    keeper lease handed over, when the process exits."""
+    from plaita.flows.keeper import Keeper
+    from plaita.store.executions import ExecutionStore
+    from plaita.store.streams import StreamQueue, make_client
+
+    client = make_client(redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
+    queue = StreamQueue(client, stream=queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
+    keeper = Keeper(ExecutionStore(client), queue)
+    thread = threading.Thread(target=keeper.run, name="plaita-keeper", daemon=True)
+
+    def stop() -> None:
+        keeper.request_stop()
+        thread.join(1.5)
+
+    thread.start()
+    atexit.register(stop)
+    logger.info("keeper running in this worker (%s)", keeper.holder)
 
 
 def run_keeper(args: argparse.Namespace) -> int:

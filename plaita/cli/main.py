@@ -160,6 +160,7 @@ def _add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> N
     opt("--metrics-host", str, "0.0.0.0", ["PLAITA_METRICS_HOST"], "address for --metrics-port")
     p.add_argument("--no-registry", action="store_true", help="no registry heartbeat and no remote control listener")
     p.add_argument("--flows", action="append", metavar="MODULE", help="run the flows of MODULE (repeatable)")
+    p.add_argument("--keeper", action="store_true", help="also run a keeper in this worker (needs --flows)")
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -318,10 +319,10 @@ def run_worker(args: argparse.Namespace) -> int:
     from plaita.runtime.worker import Worker
 
     settings = settings_from_args(args)
-    if args.flows:
+    if args.flows or args.keeper:
         from plaita.cli.executions import flow_worker
 
-        settings, handler = flow_worker(args.flows, settings)
+        settings, handler = flow_worker(args.flows or [], settings, keeper=args.keeper)
     else:
         handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]

@@ -31,6 +31,9 @@ from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
 
+#: Longest wait for the keeper lease release when stopping.
+HAND_OVER_S = 0.3
+
 
 @dataclass(frozen=True)
 class KeeperSettings:
@@ -122,9 +125,24 @@ class Keeper:
                 failing_since = None
             backoff.reset()
             if once:
-                return 0
+                break
             self._stop.wait(s.interval_s)
+        self._hand_over()
         return 0
+
+    def _hand_over(self) -> None:
+        """Release the keeper lease so another keeper acts at once; bounded (a frozen server
+        must not delay the stop): past HAND_OVER_S the lease simply expires."""
+
+        def release() -> None:
+            try:
+                self.store.release_keeper_lease(self.holder)
+            except Exception as exc:  # Redis down: the lease expires by itself
+                logger.debug("keeper lease not released: %s: %s", type(exc).__name__, exc)
+
+        thread = threading.Thread(target=release, name="plaita-keeper-handover", daemon=True)
+        thread.start()
+        thread.join(HAND_OVER_S)
 
     @staticmethod
     def log_pass(report: KeeperPass) -> None:

@@ -284,6 +284,15 @@ class ExecutionStore:
     def hold_keeper_lease(self, holder: str, ttl_ms: int) -> bool:
         return int(cast(int, self._hold(keys=[KEEPER_LEASE_KEY], args=[holder, ttl_ms]))) == 1
 
+    def release_keeper_lease(self, holder: str) -> None:
+        """Hand the keeper role over at once (compare-and-delete: only our own lease)."""
+        self.client.eval(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            1,
+            KEEPER_LEASE_KEY,
+            holder,
+        )
+
     def due_deadlines(self, now_s: float, rearm_at_s: float, limit: int, *, dry_run: bool) -> list[str]:
         """Suspended executions past their deadline (re-armed to ``rearm_at_s`` unless dry run)."""
         if dry_run:

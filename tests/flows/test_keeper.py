@@ -3,9 +3,12 @@ deadlines, zombies, dry runs, one acting keeper, and a Redis freeze and restart.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +19,7 @@ from plaita.store.leases import Lease
 from plaita.store.streams import StreamQueue, make_client
 from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, ledgers, start
-from tests.support.lease_workers import QUEUE, wait_for
+from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_env, worker_proc
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -31,11 +34,12 @@ def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
         yield h
 
 
-def make_orphan(h: Harness, eid: str, flow: str = "ledger3", *, keep_lease: bool = False) -> Lease:
+def make_orphan(h: Harness, eid: str, flow: str = "ledger3", *, keep_lease: bool = False, age_s: float = 0) -> Lease:
     """A running execution whose worker died before its first step: state, no task, no lease."""
     lease = h.leases.acquire(eid)
     assert isinstance(lease, Lease)
-    doc = model.new_execution(eid, h.runner.flows.get(flow), {}, dedup_key=None, now_s=time.time())  # type: ignore[arg-type]
+    now_s = time.time() - age_s
+    doc = model.new_execution(eid, h.runner.flows.get(flow), {}, dedup_key=None, now_s=now_s)  # type: ignore[arg-type]
     code, _, _ = h.store.create(eid, lease.generation, h.runner._encode(doc), doc["created_at"], None)
     assert code == 1
     if not keep_lease:
@@ -117,6 +121,8 @@ def test_one_keeper_acts_at_a_time(h: Harness) -> None:
     a, b = keeper(h), keeper(h)
     assert a.run_once().acting and not b.run_once().acting
     assert len(queued(h)) == 1
+    assert a.run(once=True) == 0  # a stopping keeper hands its lease over at once
+    assert b.run_once().acting
 
 
 def test_keeper_rides_out_a_freeze_and_a_restart(private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,3 +174,19 @@ def test_orphans_behind_a_page_of_live_executions_are_found(h: Harness) -> None:
     make_orphan(h, "behind")
     settings = KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2, batch=2)
     assert keeper(h, settings).run_once().retries == ["behind"]
+
+
+def test_worker_with_keeper_recovers_an_orphan(
+    h: Harness, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_orphan(h, "emb", age_s=60)  # past the keeper's 10 s grace already
+    with worker_proc(redis_url, tmp_path, "kw", "--flows", "tests.flows.flowdefs", "--keeper") as w:
+        doc = h.flows.wait("emb", 20)
+        assert w.terminate() == 0
+    assert doc["status"] == "completed" and ledgers("emb", ["one", "two", "three"]) == [1, 1, 1]
+    assert h.client.get("plaita:keeper:lease") is None  # handed over on exit
+    r = subprocess.run(
+        [sys.executable, "-m", "plaita", "worker", "--redis-url", redis_url, "--keeper"],
+        cwd=ROOT, env=worker_env(redis_url), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--flows" in r.stderr
