@@ -18,15 +18,16 @@ and the step's staged writes are written together. Every key a script touches is
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, cast
 
 import redis
 
-from plaita.store import scripts as lua
 from plaita.store.leases import fence_key, lease_key
 from plaita.tasks import PAYLOAD_FIELD
 
@@ -47,80 +48,29 @@ FLAG_TTL_S = 7 * 24 * 3600
 #: Staged write operations a step may queue.
 STAGE_OPS = frozenset({"set", "incrby", "rpush"})
 
-# KEYS: lease, fence, execution, cancel, deadlines, the five status sets (STATUSES order),
-# then one key per staged write.
-# ARGV: generation, state_json, status (1-based index into STATUSES), now_s, execution_id,
-# deadline_s ('' = none), retention_s (0 = not terminal), n_staged, then (op, value, ttl_s)
-# per staged write. Returns {1, cancel_requested} or {0, 0} when fenced out.
-CHECKPOINT = lua.Lua("""
-local cur = redis.call('GET', KEYS[1])
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence ~= tonumber(ARGV[1]) or not cur then return {0, 0} end
-local suffix = ':' .. ARGV[1]
-if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, 0} end
-local status = tonumber(ARGV[3])
-local retention = tonumber(ARGV[7])
-redis.call('SET', KEYS[3], ARGV[2])
-for i = 1, 5 do
-  if i == status then redis.call('ZADD', KEYS[5 + i], ARGV[4], ARGV[5])
-  else redis.call('ZREM', KEYS[5 + i], ARGV[5]) end
-end
-if ARGV[6] ~= '' then redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
-else redis.call('ZREM', KEYS[5], ARGV[5]) end
-if retention > 0 then
-  redis.call('EXPIRE', KEYS[3], retention)
-  redis.call('ZREMRANGEBYSCORE', KEYS[5 + status], '-inf', tonumber(ARGV[4]) - retention)
-  redis.call('DEL', KEYS[4])
-end
-for i = 1, tonumber(ARGV[8]) do
-  local key, op, value, ttl = KEYS[10 + i], ARGV[3 * i + 6], ARGV[3 * i + 7], tonumber(ARGV[3 * i + 8])
-  if op == 'set' then redis.call('SET', key, value)
-  elseif op == 'incrby' then redis.call('INCRBY', key, value)
-  else redis.call('RPUSH', key, value) end
-  if ttl > 0 then redis.call('EXPIRE', key, ttl) end
-end
-return {1, redis.call('EXISTS', KEYS[4])}
-""")
 
-# KEYS: lease, fence, execution, running set, cancel, [dedup]. ARGV: generation, state_json,
-# now_s, execution_id, dedup_ttl_s. Returns {code, text, cancel_requested}: code 1 created,
-# 0 fenced out, 2 the dedup key already started execution ``text``, 3 the execution exists
-# (``text`` is its state: a start's one round trip both reads and creates).
-CREATE = lua.Lua("""
-local cur = redis.call('GET', KEYS[1])
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence ~= tonumber(ARGV[1]) or not cur then return {0, '', 0} end
-local suffix = ':' .. ARGV[1]
-if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, '', 0} end
-local cancel = redis.call('EXISTS', KEYS[5])
-local existing = redis.call('GET', KEYS[3])
-if existing then return {3, existing, cancel} end
-if #KEYS >= 6 then
-  local other = redis.call('GET', KEYS[6])
-  if other and other ~= ARGV[4] then return {2, other, cancel} end
-end
-redis.call('SET', KEYS[3], ARGV[2])
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
-if #KEYS >= 6 then redis.call('SET', KEYS[6], ARGV[4], 'EX', tonumber(ARGV[5])) end
-return {1, '', cancel}
-""")
+class _Script:
+    """One Lua file of ``plaita/store/lua`` (``<name>-<keys|n>.lua``, KEYS/ARGV/reply in its
+    header), run as a bare EVALSHA: no pipeline per call (its set-up costs more Python than
+    the round trip). NOSCRIPT means it did not run, so it is loaded and run once more."""
 
-# KEYS: deadlines. ARGV: now_s, rearm_at_s, limit. Due members, each re-armed to rearm_at_s so
-# a lost timeout task is sent again after a cooldown rather than never or every pass.
-_CLAIM_DUE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-for _, id in ipairs(due) do redis.call('ZADD', KEYS[1], ARGV[2], id) end
-return due
-"""
+    def __init__(self, filename: str) -> None:
+        self.source = resources.files("plaita.store").joinpath("lua", filename).read_text(encoding="utf-8")
+        self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
-# KEYS: lease. ARGV: holder, ttl_ms. 1 if this holder holds it now (renewed or taken).
-_HOLD = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then return 1 end
-return 0
-"""
+    def __call__(self, client: redis.Redis, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        try:
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *keys, *args)
+
+
+CHECKPOINT = _Script("checkpoint_execution-n.lua")
+CREATE = _Script("create_execution-n.lua")
+CLAIM_DEADLINES = _Script("claim_deadlines-1.lua")
+HOLD_KEEPER_LEASE = _Script("hold_keeper_lease-1.lua")
+RELEASE_KEEPER_LEASE = _Script("release_keeper_lease-1.lua")
 
 
 def execution_key(execution_id: str) -> str:
@@ -165,8 +115,6 @@ class ExecutionStore:
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._claim_due = client.register_script(_CLAIM_DUE)
-        self._hold = client.register_script(_HOLD)
 
     # -- the worker's path ---------------------------------------------------------------
     def load(self, execution_id: str) -> tuple[dict[str, Any] | None, bool]:
@@ -188,7 +136,7 @@ class ExecutionStore:
         if dedup:
             keys.append(dedup_key(dedup))
         args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
-        code, text, cancel = self._run(CREATE, keys, args)
+        code, text, cancel = CREATE(self.client, keys, args)
         return int(code), _text(text), int(cancel) == 1
 
     def checkpoint(
@@ -225,17 +173,8 @@ class ExecutionStore:
         ]
         for s in staged:
             args.extend((s.op, s.value, s.ttl_s))
-        ok, cancel = self._run(CHECKPOINT, keys, args)
+        ok, cancel = CHECKPOINT(self.client, keys, args)
         return int(ok) == 1, int(cancel) == 1
-
-    def _run(self, script: lua.Lua, keys: list[str], args: list[Any]) -> list[Any]:
-        """A bare EVALSHA (no pipeline: one call per step, and a pipeline's set-up costs more
-        than the round trip); NOSCRIPT means it did not run, so load and run it once more."""
-        try:
-            return cast(list[Any], self.client.evalsha(script.sha, len(keys), *keys, *args))
-        except redis.exceptions.NoScriptError:
-            self.client.script_load(script.source)
-            return cast(list[Any], self.client.evalsha(script.sha, len(keys), *keys, *args))
 
     def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
         if not execution_ids:
@@ -282,23 +221,18 @@ class ExecutionStore:
                     sock.shutdown(socket.SHUT_RDWR)
 
     def hold_keeper_lease(self, holder: str, ttl_ms: int) -> bool:
-        return int(cast(int, self._hold(keys=[KEEPER_LEASE_KEY], args=[holder, ttl_ms]))) == 1
+        return int(HOLD_KEEPER_LEASE(self.client, [KEEPER_LEASE_KEY], [holder, ttl_ms])) == 1
 
     def release_keeper_lease(self, holder: str) -> None:
         """Hand the keeper role over at once (compare-and-delete: only our own lease)."""
-        self.client.eval(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-            1,
-            KEEPER_LEASE_KEY,
-            holder,
-        )
+        RELEASE_KEEPER_LEASE(self.client, [KEEPER_LEASE_KEY], [holder])
 
     def due_deadlines(self, now_s: float, rearm_at_s: float, limit: int, *, dry_run: bool) -> list[str]:
         """Suspended executions past their deadline (re-armed to ``rearm_at_s`` unless dry run)."""
         if dry_run:
             raw = self.client.zrangebyscore(DEADLINES_KEY, "-inf", repr(now_s), start=0, num=limit)
         else:
-            raw = self._claim_due(keys=[DEADLINES_KEY], args=[repr(now_s), repr(rearm_at_s), limit])
+            raw = CLAIM_DEADLINES(self.client, [DEADLINES_KEY], [repr(now_s), repr(rearm_at_s), limit])
         return [_text(m) for m in cast(list[Any], raw)]
 
     def running_since(self, before_s: float, offset: int, limit: int) -> list[tuple[str, float]]:

@@ -260,3 +260,10 @@ def test_redelivered_start_of_a_running_execution_continues_at_its_step(h: Harne
     doc = h.run(start("re1"))
     assert doc is not None and doc["status"] == "completed" and doc["state"]["three"] == 3
     assert ledgers("re1", STEPS) == [0, 1, 1]
+
+
+def test_scripts_are_reloaded_after_the_server_lost_its_script_cache(h: Harness) -> None:
+    h.run(start("n1"))
+    h.client.script_flush()  # as after a Redis restart: every EVALSHA answers NOSCRIPT once
+    doc = h.run(start("n2"))
+    assert doc is not None and doc["status"] == "completed" and ledgers("n2", STEPS) == [1, 1, 1]
