@@ -83,12 +83,24 @@ class FlowRunner:
 
     # -- entry points --------------------------------------------------------------------
     def __call__(self, task: Task) -> None:
+        # In thread mode nothing in the runner suspends (Redis calls block, async steps run to
+        # completion on this thread's loop in _invoke), so the coroutine is driven by hand: no
+        # event loop is running while a sync step runs, and it may call asyncio.run itself.
+        coro = self._handle(task, offload=False)
+        try:
+            coro.send(None)
+        except StopIteration:
+            return
+        coro.close()
+        raise RuntimeError("flow runner suspended outside an event loop (a plaita bug)")
+
+    def _thread_loop(self) -> asyncio.AbstractEventLoop:
         loop: asyncio.AbstractEventLoop | None = getattr(self._local, "loop", None)
         if loop is None:
             loop = self._local.loop = asyncio.new_event_loop()
             with self._loops_lock:
                 self._loops.append(loop)
-        loop.run_until_complete(self._handle(task, offload=False))
+        return loop
 
     async def run_async(self, task: Task) -> None:
         await self._handle(task, offload=True)
@@ -247,10 +259,15 @@ class FlowRunner:
         return await self._succeeded(run, step, ctx, value, started_s)
 
     async def _invoke(self, step: Step, ctx: StepContext, offload: bool) -> Any:
-        if inspect.iscoroutinefunction(step.fn):
-            return await step.fn(ctx)
-        result = await asyncio.to_thread(step.fn, ctx) if offload else step.fn(ctx)
-        return await result if inspect.isawaitable(result) else result
+        if offload:  # on the caller's loop: sync steps on a thread, never blocking the loop
+            if inspect.iscoroutinefunction(step.fn):
+                return await step.fn(ctx)
+            result = await asyncio.to_thread(step.fn, ctx)
+            return await result if inspect.isawaitable(result) else result
+        result = step.fn(ctx)
+        if inspect.isawaitable(result):
+            return self._thread_loop().run_until_complete(result)
+        return result
 
     async def _succeeded(self, run: _Run, step: Step, ctx: StepContext, value: Any, started_s: float) -> bool:
         doc, now_s = run.doc, self._clock()

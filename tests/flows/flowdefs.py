@@ -177,3 +177,29 @@ def guarded(ctx: StepContext) -> Any:
 
 
 FLOWS = [ledger3, signup, flaky, bad_result, big, loop, patient, overlap]
+
+
+mixed = Flow("mixed")
+
+
+@mixed.step
+def sync_calls_asyncio_run(ctx: StepContext) -> dict[str, Any]:
+    """Sync code that wraps an async library with asyncio.run (needs no running loop here)."""
+    import asyncio
+
+    async def fetch() -> int:
+        await asyncio.sleep(0)
+        return 41
+
+    return {"fetched": asyncio.run(fetch())}
+
+
+@mixed.step
+async def async_awaits(ctx: StepContext) -> dict[str, Any]:
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return {"answer": ctx.state["fetched"] + 1}
+
+
+FLOWS.append(mixed)

@@ -226,7 +226,7 @@ def test_flow_changed_is_refused_unless_a_compatible_version(h: Harness, redis_u
 
 def test_load_flows(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = load_flows(["tests.flows.flowdefs"])
-    assert registry.get("ledger3") is not None and len(registry) == 8
+    assert registry.get("ledger3") is not None and len(registry) == 9
     with pytest.raises(ConfigError, match="cannot import"):
         load_flows(["tests.flows.no_such_module"])
     with pytest.raises(ConfigError, match="no Flow"):
@@ -267,3 +267,13 @@ def test_scripts_are_reloaded_after_the_server_lost_its_script_cache(h: Harness)
     h.client.script_flush()  # as after a Redis restart: every EVALSHA answers NOSCRIPT once
     doc = h.run(start("n2"))
     assert doc is not None and doc["status"] == "completed" and ledgers("n2", STEPS) == [1, 1, 1]
+
+
+def test_sync_step_may_use_asyncio_run_and_async_steps_share_the_thread_loop(h: Harness) -> None:
+    doc = h.run(start("m1", "mixed"))
+    assert doc is not None and doc["status"] == "completed", doc and doc.get("error")
+    assert doc["state"]["answer"] == 42
+    task, lease = h.task(start("m2", "mixed"))
+    asyncio.run(h.runner.run_async(task))  # on the caller's loop, sync steps on threads
+    h.leases.release(lease)
+    assert h.store.get("m2")["state"]["answer"] == 42  # type: ignore[index]
