@@ -4,9 +4,10 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 (the handler is a ``FlowRunner``); start and steer them with ``FlowClient``.
 """
 
+from plaita.flows.checkpoint import LeaseLostError
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
-from plaita.flows.engine import FlowRunner, LeaseLostError
+from plaita.flows.engine import FlowRunner
 
 __all__ = [
     "Flow",

@@ -20,35 +20,18 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from plaita.errors import BadTaskError, PlaitaError
+from plaita.errors import BadTaskError
 from plaita.flows import model
+from plaita.flows.checkpoint import Checkpointer, LeaseLostError, Run, call_io, encode
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.watch import CancelWatch
-from plaita.store.executions import TERMINAL, ExecutionStore, Staged
+from plaita.store.executions import TERMINAL, ExecutionStore
 from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)
-
-
-class LeaseLostError(PlaitaError):
-    """The worker lost the execution's lease mid-run: nothing more is written; the task stays
-    pending and the lease's successor continues from the last checkpoint."""
-
-
-@dataclass
-class _Run:
-    task: Task
-    flow: Flow
-    doc: dict[str, Any]
-    cancel: bool
-    offload: bool
-    #: A resume that arrived while the execution was still running (its worker had died):
-    #: applied at the next suspension instead of being lost.
-    pending: tuple[str, Any, str] | None = None
 
 
 class FlowRunner:
@@ -72,8 +55,8 @@ class FlowRunner:
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
         self.store = store
-        self.retention_s = retention_s
         self.max_state_bytes = max_state_bytes
+        self._checkpoints = Checkpointer(store, retention_s=retention_s, max_state_bytes=max_state_bytes, clock=clock)
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
@@ -119,7 +102,7 @@ class FlowRunner:
         if task.body.get("type") == "start":
             run = await self._begin_start(task, offload)
         else:
-            doc, cancel = await self._io(offload, self.store.load, task.execution_id)
+            doc, cancel = await call_io(offload, self.store.load, task.execution_id)
             run = await self._begin_resume(task, doc, cancel, offload)
         if run is not None:
             await self._advance(run)
@@ -132,7 +115,7 @@ class FlowRunner:
             )
         return flow
 
-    async def _begin_start(self, task: Task, offload: bool) -> _Run | None:
+    async def _begin_start(self, task: Task, offload: bool) -> Run | None:
         body, eid = task.body, task.execution_id
         flow = self._flow(body.get("flow_id"))
         params = body.get("params")
@@ -145,11 +128,11 @@ class FlowRunner:
         dedup = body.get("dedup_key")
         dedup = str(dedup) if dedup not in (None, "") else None
         doc = model.new_execution(eid, flow, params, dedup_key=dedup, now_s=self._clock())
-        text = self._encode(doc)
+        text = encode(doc)
         if len(text.encode("utf-8")) > self.max_state_bytes:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
         created_at = doc["created_at"]
-        code, other, cancel = await self._io(
+        code, other, cancel = await call_io(
             offload, self.store.create, eid, task.fencing_token, text, created_at, dedup
         )
         if code == 0:
@@ -158,10 +141,10 @@ class FlowRunner:
             logger.info("start of execution %s: dedup key %r already started %s; duplicate ignored", eid, dedup, other)
             return None
         if code == 3:
-            return await self._restart(_Run(task, flow, json.loads(other), cancel, offload))
-        return _Run(task, flow, doc, cancel, offload)
+            return await self._restart(Run(task, flow, json.loads(other), cancel, offload))
+        return Run(task, flow, doc, cancel, offload)
 
-    async def _restart(self, run: _Run) -> _Run | None:
+    async def _restart(self, run: Run) -> Run | None:
         """A start of an execution that exists: continue it if its worker died mid-run."""
         doc, eid = run.doc, run.task.execution_id
         if doc.get("flow_id") != run.flow.flow_id:
@@ -171,7 +154,7 @@ class FlowRunner:
             return None
         return run if await self._compatible(run) else None
 
-    async def _begin_resume(self, task: Task, doc: dict[str, Any] | None, cancel: bool, offload: bool) -> _Run | None:
+    async def _begin_resume(self, task: Task, doc: dict[str, Any] | None, cancel: bool, offload: bool) -> Run | None:
         body, eid = task.body, task.execution_id
         if doc is None:
             raise BadTaskError(f"resume of unknown execution {eid!r}")
@@ -191,7 +174,7 @@ class FlowRunner:
         if status in TERMINAL or rid in doc.get("applied_resumes", []) or model.stale_timeout(body, doc, rtype):
             logger.info("resume %s (%s) of execution %s (%s): nothing to do", rid, rtype, eid, status)
             return None
-        run = _Run(task, flow, doc, cancel, offload)
+        run = Run(task, flow, doc, cancel, offload)
         if not await self._compatible(run):
             return None
         if rtype == "cancel" or cancel:
@@ -203,7 +186,7 @@ class FlowRunner:
             run.pending = (rtype, body.get("data"), rid)
         return run
 
-    async def _compatible(self, run: _Run) -> bool:
+    async def _compatible(self, run: Run) -> bool:
         """True if ``run``'s flow definition can continue it; else it ends in ``error``."""
         doc, flow = run.doc, run.flow
         if doc.get("fingerprint") == flow.fingerprint:
@@ -222,7 +205,7 @@ class FlowRunner:
         return False
 
     # -- advancing -----------------------------------------------------------------------
-    async def _advance(self, run: _Run) -> None:
+    async def _advance(self, run: Run) -> None:
         # Every step ends in a checkpoint; the checkpoint's status (not the step's wish: an
         # oversized state turns into ``error``) decides whether another step runs.
         while run.doc.get("status") == "running":
@@ -233,7 +216,7 @@ class FlowRunner:
                 return
             await self._run_step(run, run.flow.steps[int(run.doc["step_index"])])
 
-    async def _run_step(self, run: _Run, step: Step) -> bool:
+    async def _run_step(self, run: Run, step: Step) -> bool:
         """Run ``step`` once; True when the execution left ``running`` (suspended or ended)."""
         doc = run.doc
         resume = doc.get("resume")
@@ -269,7 +252,7 @@ class FlowRunner:
             return self._thread_loop().run_until_complete(result)
         return result
 
-    async def _succeeded(self, run: _Run, step: Step, ctx: StepContext, value: Any, started_s: float) -> bool:
+    async def _succeeded(self, run: Run, step: Step, ctx: StepContext, value: Any, started_s: float) -> bool:
         doc, now_s = run.doc, self._clock()
         if isinstance(value, Suspend):
             return await self._suspended(run, step, ctx, value, started_s)
@@ -302,13 +285,13 @@ class FlowRunner:
         model.add_history(doc, model.history_entry(step.name, ctx.attempt, started_s, now_s, "ok"))
         if index >= len(run.flow.steps):
             doc.update(ended_at=now_s)
-            await self._save(run, "completed", staged=ctx.staged, step=step)
+            await self._checkpoints.save(run, "completed", staged=ctx.staged, step=step)
             return True
         doc.update(step_index=index, step=run.flow.steps[index].name)
-        await self._save(run, "running", staged=ctx.staged, step=step)
+        await self._checkpoints.save(run, "running", staged=ctx.staged, step=step)
         return False
 
-    async def _suspended(self, run: _Run, step: Step, ctx: StepContext, value: Suspend, started_s: float) -> bool:
+    async def _suspended(self, run: Run, step: Step, ctx: StepContext, value: Suspend, started_s: float) -> bool:
         doc, now_s = run.doc, self._clock()
         doc.update(state=ctx.state, attempt=0, resume=None)
         model.add_history(doc, model.history_entry(step.name, ctx.attempt, started_s, now_s, "suspended"))
@@ -319,13 +302,13 @@ class FlowRunner:
             rtype, data, rid = run.pending
             run.pending = None
             model.apply_resume(doc, rtype, data, rid)
-            await self._save(run, "running", staged=ctx.staged, step=step)
+            await self._checkpoints.save(run, "running", staged=ctx.staged, step=step)
             return False
         doc["suspension"] = {"seq": seq, "step": step.name, "since": now_s, "deadline": deadline_s}
-        await self._save(run, "suspended", staged=ctx.staged, deadline_s=deadline_s, step=step)
+        await self._checkpoints.save(run, "suspended", staged=ctx.staged, deadline_s=deadline_s, step=step)
         return True
 
-    async def _failed(self, run: _Run, step: Step, ctx: StepContext, exc: Exception, started_s: float) -> bool:
+    async def _failed(self, run: Run, step: Step, ctx: StepContext, exc: Exception, started_s: float) -> bool:
         if run.task.cancelled.is_set():
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
         doc, now_s = run.doc, self._clock()
@@ -336,7 +319,7 @@ class FlowRunner:
             logger.warning("%s failed for good (attempt %d): %s", where, attempt, desc)
             model.add_history(doc, model.history_entry(step.name, attempt, started_s, now_s, "error", desc))
             doc.update(attempt=attempt, error=model.error_from_exception(step.name, exc, attempt), ended_at=now_s)
-            await self._save(run, "error", step=step)
+            await self._checkpoints.save(run, "error", step=step)
             return True
         delay_s = policy.delay_s(attempt, self._rng)
         logger.info(
@@ -344,23 +327,23 @@ class FlowRunner:
         )
         model.add_history(doc, model.history_entry(step.name, attempt, started_s, now_s, "failed", desc))
         doc["attempt"] = attempt  # durable: a worker killed during the retries does not reset the budget
-        await self._save(run, "running", step=step)
+        await self._checkpoints.save(run, "running", step=step)
         await self._pause(run, delay_s)
         return False
 
-    async def _fail_now(self, run: _Run, step: Step, kind: str, message: str, attempt: int) -> bool:
+    async def _fail_now(self, run: Run, step: Step, kind: str, message: str, attempt: int) -> bool:
         logger.error("execution %s: %s", run.task.execution_id, message)
         now_s = self._clock()
         model.add_history(run.doc, model.history_entry(step.name, attempt, now_s, now_s, "error", message))
         run.doc.update(error=model.error_doc(step.name, kind, message), ended_at=now_s)
-        await self._save(run, "error", step=step)
+        await self._checkpoints.save(run, "error", step=step)
         return True
 
-    async def _end(self, run: _Run, status: str) -> None:
+    async def _end(self, run: Run, status: str) -> None:
         run.doc["ended_at"] = self._clock()
-        await self._save(run, status)
+        await self._checkpoints.save(run, status)
 
-    async def _pause(self, run: _Run, delay_s: float) -> None:
+    async def _pause(self, run: Run, delay_s: float) -> None:
         """Wait ``delay_s`` between attempts; LeaseLostError as soon as the lease is lost."""
         cancelled = run.task.cancelled
         if not run.offload:
@@ -372,49 +355,3 @@ class FlowRunner:
             lost = cancelled.is_set()
         if lost:
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost while waiting to retry")
-
-    # -- persistence -----------------------------------------------------------------------
-    def _encode(self, doc: dict[str, Any]) -> str:
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-
-    async def _save(
-        self,
-        run: _Run,
-        status: str,
-        *,
-        staged: list[Staged] | None = None,
-        deadline_s: float | None = None,
-        step: Step | None = None,
-    ) -> None:
-        doc = run.doc
-        doc.update(status=status, updated_at=self._clock())
-        text = self._encode(doc)
-        size = len(text.encode("utf-8"))
-        if size > self.max_state_bytes and status != "error":
-            message = model.make_too_large(doc, size, self.max_state_bytes, step.name if step else None)
-            logger.error("execution %s: %s", run.task.execution_id, message)
-            status, staged, deadline_s, text = "error", None, None, self._encode(doc)
-        ok, cancel = await self._io(
-            run.offload,
-            self.store.checkpoint,
-            run.task.execution_id,
-            run.task.fencing_token,
-            text,
-            status=status,
-            now_s=doc["updated_at"],
-            deadline_s=deadline_s,
-            retention_s=self.retention_s,
-            staged=staged or (),
-        )
-        if not ok:
-            raise LeaseLostError(
-                f"checkpoint of execution {run.task.execution_id} refused: lease generation "
-                f"{run.task.fencing_token} is no longer current"
-            )
-        run.cancel = run.cancel or cancel
-
-    @staticmethod
-    async def _io(offload: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if offload:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        return fn(*args, **kwargs)

@@ -3,6 +3,7 @@ deadlines, zombies, dry runs, one acting keeper, and a Redis freeze and restart.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -40,7 +41,7 @@ def make_orphan(h: Harness, eid: str, flow: str = "ledger3", *, keep_lease: bool
     assert isinstance(lease, Lease)
     now_s = time.time() - age_s
     doc = model.new_execution(eid, h.runner.flows.get(flow), {}, dedup_key=None, now_s=now_s)  # type: ignore[arg-type]
-    code, _, _ = h.store.create(eid, lease.generation, h.runner._encode(doc), doc["created_at"], None)
+    code, _, _ = h.store.create(eid, lease.generation, json.dumps(doc), doc["created_at"], None)
     assert code == 1
     if not keep_lease:
         h.leases.release(lease)
@@ -48,8 +49,6 @@ def make_orphan(h: Harness, eid: str, flow: str = "ledger3", *, keep_lease: bool
 
 
 def queued(h: Harness) -> list[dict[str, object]]:
-    import json
-
     return [json.loads(f[b"payload"]) for _, f in h.client.xrange(QUEUE)]  # type: ignore[union-attr]
 
 
@@ -159,8 +158,6 @@ def test_keeper_rides_out_a_freeze_and_a_restart(private_redis: RedisServer, mon
 
 
 def queued_on(server: RedisServer) -> list[dict[str, object]]:
-    import json
-
     c = server.client()
     try:
         return [json.loads(f[b"payload"]) for _, f in c.xrange(QUEUE)]  # type: ignore[union-attr]
