@@ -29,11 +29,14 @@ class CancelWatch:
         self._lock = threading.Lock()
         self._active: dict[int, tuple[Any, Task, float]] = {}
         self._stop = threading.Event()
+        #: Set while any step runs: an idle worker's watcher sleeps instead of ticking.
+        self._busy = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, ctx: Any, task: Task) -> None:
         with self._lock:
             self._active[id(ctx)] = (ctx, task, time.monotonic())
+            self._busy.set()
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="plaita-flow-cancel", daemon=True)
                 self._thread.start()
@@ -41,9 +44,12 @@ class CancelWatch:
     def remove(self, ctx: Any) -> None:
         with self._lock:
             self._active.pop(id(ctx), None)
+            if not self._active:
+                self._busy.clear()
 
     def stop(self) -> None:
         self._stop.set()
+        self._busy.set()
         with self._lock:
             thread = self._thread
         if thread is not None:
@@ -52,6 +58,9 @@ class CancelWatch:
     def _run(self) -> None:
         next_poll_s = time.monotonic() + self._poll_s
         while not self._stop.wait(_TICK_S):
+            if not self._busy.is_set():
+                self._busy.wait()  # no step runs: sleep until one starts (or stop)
+                continue
             with self._lock:
                 active = list(self._active.values())
             for ctx, task, _ in active:
