@@ -215,6 +215,10 @@ class FlowRunner:
                 await self._end(run, "cancelled")
                 return
             await self._run_step(run, run.flow.steps[int(run.doc["step_index"])])
+        if run.pending is not None:
+            logger.info(
+                "execution %s ended without suspending: resume %s was not needed", run.task.execution_id, run.pending[2]
+            )
 
     async def _run_step(self, run: Run, step: Step) -> bool:
         """Run ``step`` once; True when the execution left ``running`` (suspended or ended)."""

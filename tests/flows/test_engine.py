@@ -277,3 +277,20 @@ def test_sync_step_may_use_asyncio_run_and_async_steps_share_the_thread_loop(h: 
     asyncio.run(h.runner.run_async(task))  # on the caller's loop, sync steps on threads
     h.leases.release(lease)
     assert h.store.get("m2")["state"]["answer"] == 42  # type: ignore[index]
+
+
+def test_resume_of_a_still_running_execution_is_applied_at_its_suspension(h: Harness) -> None:
+    """The worker died inside wait_email before it suspended; the event arrives first."""
+    flow = h.runner.flows.get("signup")
+    assert flow is not None
+    doc = model.new_execution("pr1", flow, {}, dedup_key=None, now_s=time.time())
+    doc.update(step_index=1, step="wait_email", state={"user": "ann"})
+    task, lease = h.task(start("pr1", "signup"))
+    assert h.store.create("pr1", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
+    h.leases.release(lease)
+    doc = h.run(resume("pr1", "event", "ann@x", resume_id="ev-1"))
+    assert doc is not None and doc["status"] == "completed" and doc["state"]["email"] == "ann@x"
+    assert "ev-1" in doc["applied_resumes"]
+    assert [e["outcome"] for e in doc["history"]] == ["suspended", "ok", "ok"]
+    h.run(start("pr1", "signup"))  # the dead worker's start, redelivered at last: a no-op
+    assert ledgers("pr1", ["create", "wait_email", "finish"]) == [0, 2, 1]
