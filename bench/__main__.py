@@ -12,12 +12,12 @@ import argparse
 import sys
 import time
 
-from bench import latency, plots, recovery, report, shutdown, storm, throughput
+from bench import flows, latency, plots, recovery, report, shutdown, storm, throughput
 from bench import matrix as chaos
 from bench.common import ROOT, exit_on_sigterm  # puts the repository root on sys.path first
 from tests.support.redis_server import RedisServer
 
-SECTIONS = ("throughput", "latency", "recovery", "shutdown", "storm", "matrix")
+SECTIONS = ("throughput", "latency", "recovery", "shutdown", "storm", "flows", "matrix")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         if "storm" in a.sections:
             res.storm = storm.storm(server.url, a.storm_s)
             res.reclaim = storm.reclaim(server.url, a.reclaim_trials)
+        flows_section = ""
+        if "flows" in a.sections:
+            flows_section = flows.render(flows.run(server.url, min(a.tasks, 5000), a.reclaim_trials))
     if "recovery" in a.sections:
         res.recovery = recovery.run(a.recovery_trials, a.fault_s)  # servers of its own (one is killed)
     matrix_s = 0.0
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         make_plots(res)
         if res.matrix is not None:
             chaos.write_doc(chaos.render(res.matrix), a.fault_s, matrix_s, info["commit"])
-    section = report.Renderer(res, info, command_line(raw_argv), wall_s).render()
+    section = report.Renderer(res, info, command_line(raw_argv), wall_s).render() + flows_section
     print()
     print(section)
     if a.write:

@@ -141,6 +141,9 @@ class Settings:
     #: /metrics, /healthz, /readyz port; None = off (the CLI's 0), 0 here = any free port.
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
+    #: Lease every task before it starts, even one without an ``execution_id`` (flow workers:
+    #: the runner's checkpoints are fenced by the lease generation from the first step).
+    eager_leases: bool = False
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)

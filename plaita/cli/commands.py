@@ -25,7 +25,12 @@ def run_worker(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     check_status_file(settings.status_file)
-    handler = load_handler(args.handler)
+    if args.flows or args.keeper:
+        from plaita.cli.executions import flow_worker
+
+        settings, handler = flow_worker(args.flows or [], settings, keeper=args.keeper)
+    else:
+        handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]
     try:
         attach_operations(worker)  # binds --metrics-port

@@ -16,6 +16,8 @@ from typing import Any
 
 from plaita import __version__
 from plaita.cli import dashboard as dashboard_cli
+from plaita.cli import executions as executions_cli
+from plaita.cli import keeper as keeper_cli
 from plaita.cli.options import add_redis_options, add_worker_options
 from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ
 from plaita.errors import ConfigError
@@ -194,6 +196,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_dlq(add, env)
     _add_tools(add)
     dashboard_cli.add_parser(add, env)
+    executions_cli.add_parsers(add, lambda p: add_redis_options(p, env))
+    keeper_cli.add_parser(add, lambda p: add_redis_options(p, env))
     return parser
 
 
@@ -214,6 +218,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from plaita.cli.admin import run_admin
 
         return run_admin(args)
+    if args.command == "executions":
+        return executions_cli.run_executions(args)
+    if args.command == "keeper":
+        return keeper_cli.run_keeper(args)
     if args.command == "dashboard":
         return dashboard_cli.run_dashboard(args)
     if args.command == "demo":

@@ -216,6 +216,8 @@ def add_redis_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
 def add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     add_options(p, env, WORKER_OPTIONS)
     p.add_argument("--no-registry", action="store_true", help="no registry heartbeat and no remote control listener")
+    p.add_argument("--flows", action="append", metavar="MODULE", help="run the flows of MODULE (repeatable)")
+    p.add_argument("--keeper", action="store_true", help="also run a keeper in this worker (needs --flows)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -49,7 +49,7 @@ class Intake:
         self.counters = counters
         #: Lazy message-id leases rely on idle time < claim_min_idle_ms until the first renewal
         #: (at most 2/3 of it); with a threshold this short, take every lease eagerly instead.
-        self.eager_leases = settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
+        self.eager_leases = settings.eager_leases or settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
         self._bad_keys_seen: set[str] = set()
 
     def ours(self) -> set[str]:

@@ -1,0 +1,61 @@
+"""Flows for ``bench/flows.py``, importable by subprocess workers (``--flows bench.flowdefs``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from plaita.flows import Flow, StepContext
+
+noop3 = Flow("bench-noop3")
+
+
+@noop3.step
+def a(ctx: StepContext) -> None:
+    pass
+
+
+@noop3.step
+def b(ctx: StepContext) -> None:
+    pass
+
+
+@noop3.step
+def c(ctx: StepContext) -> None:
+    pass
+
+
+slow = Flow("bench-slow")
+_clients: dict[str, redis.Redis] = {}
+
+
+def _client() -> redis.Redis:
+    url = os.environ["PLAITA_BENCH_REDIS_URL"]
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url, socket_timeout=5)
+    return _clients[url]
+
+
+@slow.step
+def first(ctx: StepContext) -> None:
+    pass
+
+
+@slow.step
+def hang(ctx: StepContext) -> None:
+    """On its first run: say which process runs it, then wait to be killed (bounded: 60 s)."""
+    if int(_client().incr(f"bench:flows:hang:{ctx.execution_id}")) == 1:  # type: ignore[arg-type]
+        _client().set(f"bench:flows:hanging:{ctx.execution_id}", os.getpid())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not ctx.cancelled:
+            time.sleep(0.05)
+
+
+@slow.step
+def last(ctx: StepContext) -> None:
+    pass
+
+
+FLOWS = [noop3, slow]

@@ -1,0 +1,229 @@
+"""``plaita executions start | resume | cancel | list | show`` and the flow worker's handler.
+
+Exit codes: 0 done, 1 unknown execution, a Redis failure or a wait that timed out (one
+line on stderr), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
+from plaita.errors import ConfigError, PlaitaError
+
+Add = Callable[..., argparse.ArgumentParser]
+
+#: Statuses ``list`` understands (the index has one sorted set each).
+LIST_STATUSES = ("running", "suspended", "completed", "error", "cancelled")
+
+
+def add_parsers(add: Add, redis_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The ``executions`` command group, on the main parser's ``add`` (subcommand factory)."""
+    ex = add(
+        "executions",
+        help="start, steer and inspect flow executions",
+        description="start FLOW | resume ID | cancel ID | list | show ID",
+    )
+    redis_options(ex)
+    sub = ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex))
+    st = sub.add_parser("start", help="start an execution of FLOW")
+    st.add_argument("flow", help="flow id")
+    st.add_argument("--input", default="{}", help="params as a JSON object (default {})")
+    st.add_argument("--execution-id", help="use this execution id (default: a new one)")
+    st.add_argument("--dedup-key", help="start at most one execution per key")
+    st.add_argument("--wait", action="store_true", help="wait until the execution ends and print its state")
+    st.add_argument("--timeout-s", type=float, default=60.0, help="longest --wait (default %(default)s)")
+    st.add_argument("--json", action="store_true", help="print JSON")
+    rs = sub.add_parser("resume", help="resume a suspended execution")
+    rs.add_argument("id", help="execution id")
+    rs.add_argument("--type", default="event", choices=["event", "continue", "retry", "timeout", "cancel"])
+    rs.add_argument("--data", help="resume data as JSON")
+    rs.add_argument("--resume-id", help="idempotency key: a second resume with it is a no-op")
+    cn = sub.add_parser("cancel", help="cancel an execution (at the next step; a suspended one at once)")
+    cn.add_argument("id", help="execution id")
+    ls = sub.add_parser("list", help="executions by status, newest update first")
+    ls.add_argument("--status", choices=LIST_STATUSES, action="append", help="only this status (repeatable)")
+    ls.add_argument("--flow", help="only this flow")
+    ls.add_argument("--count", type=int, default=50, help="most rows per status (default %(default)s)")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    sh = sub.add_parser("show", help="one execution: state and step timeline")
+    sh.add_argument("id", help="execution id")
+    sh.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _json_arg(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from plaita.flows.client import FlowClient
+    from plaita.store.client import make_client
+    from plaita.store.streams import StreamQueue
+
+    url = args.redis_url or DEFAULT_REDIS_URL
+    Settings(redis_url=url, queue_name=args.queue_name)  # validates the URL
+    client = make_client(url, socket_timeout_s=5.0)
+    queue = StreamQueue(client, stream=args.queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
+    return FlowClient(queue)
+
+
+def run_executions(args: argparse.Namespace) -> int:
+    from plaita.fsm import is_redis_failure
+
+    if args.executions_command == "start":
+        params = _json_arg(args.input, "--input")
+        if not isinstance(params, dict):
+            raise ConfigError("--input must be a JSON object")
+    flows = _client(args)
+    try:
+        return _COMMANDS[args.executions_command](flows, args)
+    except PlaitaError as exc:  # unknown execution, wait timed out
+        print(f"plaita executions {args.executions_command}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if not is_redis_failure(exc):
+            raise
+        url = redact_url(args.redis_url or DEFAULT_REDIS_URL)
+        print(f"plaita executions: Redis at {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        flows.queue.client.close()
+
+
+def _start(flows: Any, args: argparse.Namespace) -> int:
+    params = json.loads(args.input)
+    eid = flows.start(args.flow, params, execution_id=args.execution_id, dedup_key=args.dedup_key)
+    if not args.wait:
+        print(json.dumps({"execution_id": eid}) if args.json else eid)
+        return 0
+    doc = flows.wait(eid, args.timeout_s)
+    _print_doc(doc, as_json=args.json)
+    return 0 if doc.get("status") == "completed" else 1
+
+
+def _resume(flows: Any, args: argparse.Namespace) -> int:
+    task_id = flows.resume(args.id, args.type, _json_arg(args.data, "--data"), resume_id=args.resume_id)
+    print(task_id)
+    return 0
+
+
+def _cancel(flows: Any, args: argparse.Namespace) -> int:
+    doc = flows.cancel(args.id)
+    status = doc.get("status")
+    if status in ("completed", "error", "cancelled"):
+        print(f"execution {args.id} already ended ({status}); nothing to cancel")
+    else:
+        print(f"cancel requested for execution {args.id} ({status})")
+    return 0
+
+
+def _list(flows: Any, args: argparse.Namespace) -> int:
+    rows: list[dict[str, Any]] = []
+    for status in args.status or LIST_STATUSES:
+        rows.extend(
+            d for d in flows.store.by_status(status, max(1, args.count)) if args.flow in (None, d.get("flow_id"))
+        )
+    rows.sort(key=lambda d: d.get("updated_at") or 0, reverse=True)
+    if args.json:
+        print(json.dumps([_summary(d) for d in rows], indent=2))
+        return 0
+    print(f"{'EXECUTION':34} {'FLOW':16} {'STATUS':10} {'STEP':18} UPDATED")
+    for d in rows:
+        print(
+            f"{d.get('execution_id', '?')!s:34} {d.get('flow_id', '?')!s:16} {d.get('status', '?')!s:10} "
+            f"{d.get('step', '')!s:18} {_when(d.get('updated_at'))}"
+        )
+    if not rows:
+        print("(no executions)")
+    return 0
+
+
+def _show(flows: Any, args: argparse.Namespace) -> int:
+    doc = flows.get(args.id)
+    if doc is None:
+        print(f"plaita executions show: no execution {args.id!r}", file=sys.stderr)
+        return 1
+    _print_doc(doc, as_json=args.json)
+    return 0
+
+
+def _summary(d: dict[str, Any]) -> dict[str, Any]:
+    keys = ("execution_id", "flow_id", "status", "step", "steps_run", "created_at", "updated_at", "ended_at")
+    return {k: d.get(k) for k in keys}
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, int | float):
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        return
+    print(
+        f"execution {doc.get('execution_id')}  flow {doc.get('flow_id')}  status {doc.get('status')}  "
+        f"step {doc.get('step')}"
+    )
+    print(
+        f"created {_when(doc.get('created_at'))}  updated {_when(doc.get('updated_at'))}  "
+        f"ended {_when(doc.get('ended_at'))}"
+    )
+    suspension = doc.get("suspension")
+    if isinstance(suspension, dict):
+        print(
+            f"suspended in {suspension.get('step')} since {_when(suspension.get('since'))}, "
+            f"deadline {_when(suspension.get('deadline'))}"
+        )
+    error = doc.get("error")
+    if isinstance(error, dict):
+        print(f"error in {error.get('step')}: {error.get('type')}: {error.get('message')}")
+    print(f"state {json.dumps(doc.get('state'), ensure_ascii=False)[:500]}")
+    print("timeline:")
+    for e in doc.get("history") or []:
+        took_ms = ((e.get("ended_at") or 0) - (e.get("started_at") or 0)) * 1000
+        extra = f"  {e['error']}" if e.get("error") else ""
+        print(
+            f"  {_when(e.get('started_at'))}  {e.get('step')!s:18} attempt {e.get('attempt')}  "
+            f"{e.get('outcome')!s:9} {took_ms:8.1f} ms{extra}"
+        )
+
+
+_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+    "start": _start,
+    "resume": _resume,
+    "cancel": _cancel,
+    "list": _list,
+    "show": _show,
+}
+
+
+def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = False) -> tuple[Settings, object]:
+    """The worker's settings and handler for ``--flows``: a FlowRunner over the loaded flows,
+    with every task leased before it starts (checkpoints are fenced from the first step);
+    with ``keeper`` also a keeper on a thread of its own."""
+    from plaita.flows import FlowRunner, load_flows
+    from plaita.store.client import make_client
+    from plaita.store.executions import ExecutionStore
+
+    if not modules:
+        raise ConfigError("--keeper runs inside a flow worker: give --flows MODULE too")
+    registry = load_flows(modules)
+    name = f"plaita:{settings.consumer_name}:flows".replace(" ", "_")
+    client = make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name)
+    if keeper:
+        from plaita.cli.keeper import start_embedded
+
+        start_embedded(settings.redis_url, settings.queue_name)
+    return settings.with_(eager_leases=True), FlowRunner(registry, ExecutionStore(client))

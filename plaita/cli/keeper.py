@@ -1,0 +1,104 @@
+"""``plaita keeper``: recover orphaned executions, time out suspensions, mark zombies.
+
+Runs until SIGTERM/SIGINT (stops within about a second, even with Redis frozen); ``--once``
+runs one pass (exit 1 if Redis failed). A Redis failure never ends the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from plaita.config import DEFAULT_REDIS_URL, Settings
+from plaita.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Socket timeout of the keeper's client: short, so a frozen server costs a pass, not a minute.
+KEEPER_SOCKET_TIMEOUT_S = 2.0
+
+
+def add_parser(
+    add: Callable[..., argparse.ArgumentParser], redis_options: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    k = add(
+        "keeper",
+        help="recover orphaned executions and time out suspensions",
+        description="Any number may run; one acts at a time (lease plaita:keeper:lease).",
+    )
+    redis_options(k)
+    k.add_argument("--once", action="store_true", help="one pass, then exit (1 if Redis failed)")
+    k.add_argument("--dry-run", action="store_true", help="log what would be done; change nothing")
+    options = (
+        ("--interval-s", 5.0, "seconds between passes"),
+        ("--zombie-after-s", 7200.0, "running, unleased and not updated this long = error 'orphaned'"),
+        ("--retry-cooldown-s", 900.0, "at most one recovery retry per execution per this many seconds"),
+        ("--timeout-cooldown-s", 60.0, "a timeout not acted on is sent again after this"),
+        ("--orphan-grace-s", 10.0, "running executions updated more recently are left alone"),
+        ("--keeper-lease-ttl-s", 30.0, "the acting keeper's lease; another takes over after it"),
+    )
+    for flag, default, text in options:
+        k.add_argument(flag, type=float, default=default, help=f"{text} (default %(default)s)")
+
+
+def start_embedded(redis_url: str, queue_name: str) -> None:
+    """Run a keeper (default settings) on a daemon thread of a worker process; stopped, and its
+    keeper lease handed over, when the process exits."""
+    from plaita.flows.keeper import Keeper
+    from plaita.store.client import make_client
+    from plaita.store.executions import ExecutionStore
+    from plaita.store.streams import StreamQueue
+
+    client = make_client(redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
+    queue = StreamQueue(client, stream=queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
+    keeper = Keeper(ExecutionStore(client), queue)
+    thread = threading.Thread(target=keeper.run, name="plaita-keeper", daemon=True)
+
+    def stop() -> None:
+        keeper.request_stop()
+        thread.join(1.5)
+
+    thread.start()
+    atexit.register(stop)
+    logger.info("keeper running in this worker (%s)", keeper.holder)
+
+
+def run_keeper(args: argparse.Namespace) -> int:
+    from plaita.flows.keeper import Keeper, KeeperSettings
+    from plaita.store.client import make_client
+    from plaita.store.executions import ExecutionStore
+    from plaita.store.streams import StreamQueue
+
+    url = args.redis_url or DEFAULT_REDIS_URL
+    Settings(redis_url=url, queue_name=args.queue_name)  # validates the URL
+    try:
+        settings = KeeperSettings(
+            interval_s=args.interval_s,
+            zombie_after_s=args.zombie_after_s,
+            retry_cooldown_s=args.retry_cooldown_s,
+            timeout_cooldown_s=args.timeout_cooldown_s,
+            orphan_grace_s=args.orphan_grace_s,
+            lease_ttl_s=args.keeper_lease_ttl_s,
+            dry_run=args.dry_run,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    client = make_client(url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
+    queue = StreamQueue(client, stream=args.queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
+    keeper = Keeper(ExecutionStore(client), queue, settings)
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        keeper.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logger.info("plaita keeper starting on %s (%s)%s", queue.stream, keeper.holder, " dry run" if args.dry_run else "")
+    try:
+        return keeper.run(once=args.once)
+    finally:
+        client.close()
+        logger.info("plaita keeper stopped")

@@ -1,0 +1,24 @@
+"""Flow executions: durable steps, suspend and resume, cancel, retries, and the keeper.
+
+Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --flows MODULE``
+(the handler is a ``FlowRunner``); start and steer them with ``FlowClient``.
+"""
+
+from plaita.flows.checkpoint import LeaseLostError
+from plaita.flows.context import Resume, StepContext, Suspend
+from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
+from plaita.flows.engine import FlowRunner
+
+__all__ = [
+    "Flow",
+    "FlowRegistry",
+    "FlowRunner",
+    "LeaseLostError",
+    "NonRetryableError",
+    "Resume",
+    "RetryPolicy",
+    "Step",
+    "StepContext",
+    "Suspend",
+    "load_flows",
+]

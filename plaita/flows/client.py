@@ -1,0 +1,102 @@
+"""The producer API (what a web app calls): start, resume, cancel, get, wait.
+
+Every call is a task on the stream or a read of the state: the worker holding the
+execution's lease is the only writer of an execution, so a producer never races a step.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from plaita.errors import PlaitaError
+from plaita.flows import model
+from plaita.store.executions import TERMINAL, ExecutionStore
+from plaita.store.streams import StreamQueue
+
+#: Polling interval of ``wait`` (bounded: the wait has a timeout).
+WAIT_POLL_S = 0.05
+
+
+class ExecutionNotFound(PlaitaError):
+    """No execution with that id (never started, or expired after its retention)."""
+
+
+class WaitTimeout(PlaitaError):
+    """``wait`` reached its timeout before the execution ended."""
+
+
+class FlowClient:
+    """Producer side of executions over one stream."""
+
+    def __init__(self, queue: StreamQueue, store: ExecutionStore | None = None) -> None:
+        self.queue = queue
+        self.store = store if store is not None else ExecutionStore(queue.client)
+
+    def start(
+        self,
+        flow_id: str,
+        params: dict[str, Any] | None = None,
+        *,
+        execution_id: str | None = None,
+        dedup_key: str | None = None,
+        version: str | None = None,
+    ) -> str:
+        """Enqueue a start; returns the execution id (an earlier one when ``dedup_key`` was seen)."""
+        if params is not None and not isinstance(params, dict):
+            raise TypeError("params must be a dict (a JSON object)")
+        if dedup_key is not None:
+            earlier = self.store.dedup_target(dedup_key)
+            if earlier is not None:
+                return earlier
+        eid = execution_id or uuid.uuid4().hex
+        self.queue.enqueue(model.start_body(flow_id, params or {}, eid, dedup_key=dedup_key, version=version))
+        return eid
+
+    def resume(
+        self, execution_id: str, resume_type: str = "event", data: Any = None, *, resume_id: str | None = None
+    ) -> str:
+        """Enqueue a resume (``resume_type`` event, continue, retry, timeout or cancel); returns its task id.
+
+        Pass ``resume_id`` to make a repeated call (say, a webhook delivered twice) a no-op.
+        """
+        if resume_type not in model.RESUME_TYPES:
+            raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
+        doc = self._require(execution_id)
+        body = model.resume_body(execution_id, resume_type, flow_id=doc.get("flow_id"), data=data, resume_id=resume_id)
+        return self.queue.enqueue(body)
+
+    def cancel(self, execution_id: str) -> dict[str, Any]:
+        """Request a cancel: honoured at the next step boundary; a suspended execution is
+        cancelled at once (a ``cancel`` resume is enqueued for it). Returns the state seen."""
+        doc = self._require(execution_id)
+        if doc.get("status") in TERMINAL:
+            return doc
+        self.store.request_cancel(execution_id)
+        if doc.get("status") == "suspended":
+            self.queue.enqueue(model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id")))
+        return doc
+
+    def get(self, execution_id: str) -> dict[str, Any] | None:
+        return self.store.get(execution_id)
+
+    def wait(self, execution_id: str, timeout_s: float, *, poll_s: float = WAIT_POLL_S) -> dict[str, Any]:
+        """The state once terminal; WaitTimeout after ``timeout_s`` (a start not yet run by a
+        worker has no state: waiting covers that too)."""
+        deadline_s = time.monotonic() + timeout_s
+        while True:
+            doc = self.store.get(execution_id)
+            if doc is not None and doc.get("status") in TERMINAL:
+                return doc
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0:
+                status = doc.get("status") if doc else "not started"
+                raise WaitTimeout(f"execution {execution_id} still {status} after {timeout_s} s")
+            time.sleep(min(poll_s, left_s))
+
+    def _require(self, execution_id: str) -> dict[str, Any]:
+        doc = self.store.get(execution_id)
+        if doc is None:
+            raise ExecutionNotFound(f"no execution {execution_id!r}")
+        return doc

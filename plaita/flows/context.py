@@ -1,0 +1,98 @@
+"""What a step receives (``StepContext``) and what it may return (``Suspend``). Pure: no Redis."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from plaita.store.executions import STAGE_OPS, Staged
+from plaita.tasks import CancelFlag
+
+#: Staged writes may not touch execution bookkeeping: the checkpoint owns those keys.
+_RESERVED_PREFIXES = ("plaita:execution:", "plaita:executions:", "plaita:start-dedup:")
+
+
+@dataclass(frozen=True)
+class Resume:
+    """How a suspended step was resumed: ``type`` is event, continue, retry or timeout."""
+
+    type: str
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class Suspend:
+    """Returned by a step (``return ctx.suspend(...)``): checkpoint and wait for a resume.
+
+    The same step runs again when the execution is resumed, with ``ctx.resume`` set.
+    """
+
+    timeout_s: float | None = None
+
+
+class StepContext:
+    """One run of one step.
+
+    ``state`` is the execution's state (mutable: changes are checkpointed with the step);
+    a dict the step returns is merged into it. ``cancel`` is set when a cancel was requested
+    or the worker lost the lease: a long step should poll ``cancelled`` and return early.
+    """
+
+    def __init__(
+        self,
+        *,
+        execution_id: str,
+        flow_id: str,
+        step: str,
+        params: dict[str, Any],
+        state: dict[str, Any],
+        results: dict[str, Any],
+        resume: Resume | None,
+        attempt: int,
+        cancel: CancelFlag,
+    ) -> None:
+        self.execution_id = execution_id
+        self.flow_id = flow_id
+        self.step = step
+        self.params = params
+        self.state = state
+        self.results = results
+        self.resume = resume
+        self.attempt = attempt
+        self.cancel = cancel
+        self.next_step: str | None = None
+        self.staged: list[Staged] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
+
+    def suspend(self, timeout_s: float | None = None) -> Suspend:
+        """The value to return to suspend; past ``timeout_s`` the keeper resumes with ``timeout``."""
+        if timeout_s is not None and timeout_s < 0:
+            raise ValueError("timeout_s must be >= 0")
+        return Suspend(timeout_s)
+
+    def goto(self, step_name: str) -> None:
+        """Run ``step_name`` next instead of the following step (branches and loops)."""
+        self.next_step = step_name
+
+    def stage(self, key: str, value: Any, *, ttl_s: int = 0) -> None:
+        """SET ``key`` atomically with this step's checkpoint: it happens exactly once."""
+        self._stage("set", key, value, ttl_s)
+
+    def stage_incr(self, key: str, amount: int = 1, *, ttl_s: int = 0) -> None:
+        """INCRBY ``key`` with this step's checkpoint."""
+        self._stage("incrby", key, int(amount), ttl_s)
+
+    def stage_push(self, key: str, value: Any, *, ttl_s: int = 0) -> None:
+        """RPUSH ``value`` onto ``key`` with this step's checkpoint."""
+        self._stage("rpush", key, value, ttl_s)
+
+    def _stage(self, op: str, key: str, value: Any, ttl_s: int) -> None:
+        assert op in STAGE_OPS
+        if not isinstance(key, str) or not key or key.startswith(_RESERVED_PREFIXES):
+            raise ValueError(f"cannot stage a write to {key!r}: execution keys belong to the checkpoint")
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        self.staged.append(Staged(op, key, text, max(0, int(ttl_s))))

@@ -1,0 +1,185 @@
+"""Flow definitions: a named, ordered list of steps, their retry policy, and loading them.
+
+Pure: no Redis. A 3-step flow::
+
+    flow = Flow("signup")
+
+    @flow.step
+    def create(ctx): return {"user": ctx.params["name"]}
+
+    @flow.step(max_attempts=5)
+    async def send_email(ctx): ...
+
+    @flow.step
+    def wait_confirm(ctx): return ctx.suspend(timeout_s=3600) if ctx.resume is None else None
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from plaita.errors import ConfigError, PlaitaError
+
+StepFn = Callable[[Any], Any]
+
+#: Attempts of a step before the execution ends in ``error`` (the first run counts).
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_RETRY_BASE_S = 0.5
+DEFAULT_RETRY_CAP_S = 30.0
+
+
+class NonRetryableError(PlaitaError):
+    """Raised by a step whose failure no retry can fix: the execution ends in ``error`` at once."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter: attempt n (1-based) waits about base * 2**(n-1), capped."""
+
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    base_s: float = DEFAULT_RETRY_BASE_S
+    cap_s: float = DEFAULT_RETRY_CAP_S
+    jitter: float = 0.5
+    #: Exceptions that end the execution at once (NonRetryableError always does).
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1 or self.base_s < 0 or self.cap_s < self.base_s or not 0 <= self.jitter <= 1:
+            raise ConfigError("retry policy needs max_attempts >= 1, 0 <= base_s <= cap_s, 0 <= jitter <= 1")
+
+    def delay_s(self, failed_attempt: int, rng: random.Random) -> float:
+        nominal = min(self.cap_s, self.base_s * float(2 ** min(failed_attempt - 1, 62)))
+        return nominal * (1.0 - self.jitter * rng.random())
+
+    def retryable(self, exc: BaseException) -> bool:
+        # Every plaita error (NonRetryableError, BadTaskError, ...) is deliberate, not flaky.
+        return not isinstance(exc, (PlaitaError, *self.non_retryable))
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    fn: StepFn
+    retry: RetryPolicy
+
+
+@dataclass
+class Flow:
+    """A named, ordered list of steps.
+
+    ``version`` declares compatibility: an execution started under another fingerprint (steps
+    renamed, added or reordered since) continues only if it was started with ``version`` or a
+    version listed in ``compatible_with``; otherwise its resume is refused with an error state.
+    """
+
+    flow_id: str
+    version: str | None = None
+    compatible_with: Sequence[str] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    steps: list[Step] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.flow_id:
+            raise ConfigError("a flow needs a non-empty flow_id")
+
+    @overload
+    def step(self, fn: StepFn, /) -> StepFn: ...
+
+    @overload
+    def step(
+        self, fn: None = None, /, *, name: str | None = None, retry: RetryPolicy | None = None, **policy: Any
+    ) -> Callable[[StepFn], StepFn]: ...
+
+    def step(
+        self, fn: StepFn | None = None, /, *, name: str | None = None, retry: RetryPolicy | None = None, **policy: Any
+    ) -> StepFn | Callable[[StepFn], StepFn]:
+        """Append a step (decorator, bare or with ``name=``, ``retry=`` or RetryPolicy fields)."""
+
+        def add(f: StepFn) -> StepFn:
+            step_name = name or getattr(f, "__name__", "")
+            if not step_name or step_name in self.step_names:
+                raise ConfigError(f"flow {self.flow_id!r}: step name {step_name!r} is empty or used twice")
+            chosen = retry or (_replace(self.retry, policy) if policy else self.retry)
+            self.steps.append(Step(step_name, f, chosen))
+            return f
+
+        return add(fn) if fn is not None else add
+
+    @property
+    def step_names(self) -> list[str]:
+        return [s.name for s in self.steps]
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever steps are renamed, added, removed or reordered."""
+        return hashlib.sha256("\n".join(self.step_names).encode("utf-8")).hexdigest()[:16]
+
+    def index_of(self, step_name: str) -> int | None:
+        for i, s in enumerate(self.steps):
+            if s.name == step_name:
+                return i
+        return None
+
+    def accepts_version(self, version: str | None) -> bool:
+        """True if an execution started with ``version`` may run on this definition."""
+        return (
+            self.version is not None
+            and version is not None
+            and (version == self.version or version in self.compatible_with)
+        )
+
+
+def _replace(policy: RetryPolicy, changes: dict[str, Any]) -> RetryPolicy:
+    try:
+        return RetryPolicy(**{**policy.__dict__, **changes})
+    except TypeError as exc:
+        raise ConfigError(f"unknown step option: {exc}") from None
+
+
+class FlowRegistry:
+    """Flows by id."""
+
+    def __init__(self, flows: Iterable[Flow] = ()) -> None:
+        self._flows: dict[str, Flow] = {}
+        for f in flows:
+            self.add(f)
+
+    def add(self, flow: Flow) -> None:
+        if not flow.steps:
+            raise ConfigError(f"flow {flow.flow_id!r} has no steps")
+        known = self._flows.get(flow.flow_id)
+        if known is not None and known is not flow:
+            raise ConfigError(f"flow {flow.flow_id!r} is defined twice")
+        self._flows[flow.flow_id] = flow
+
+    def get(self, flow_id: Any) -> Flow | None:
+        return self._flows.get(flow_id) if isinstance(flow_id, str) else None
+
+    def __iter__(self) -> Iterator[Flow]:
+        return iter(self._flows.values())
+
+    def __len__(self) -> int:
+        return len(self._flows)
+
+
+def load_flows(modules: Iterable[str]) -> FlowRegistry:
+    """Import ``modules`` and collect their flows: a module-level ``FLOWS`` list if present,
+    else every ``Flow`` attribute. ConfigError when a module cannot be imported or has none."""
+    registry = FlowRegistry()
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # any import-time failure of user code is a configuration error
+            raise ConfigError(f"--flows {name!r}: cannot import: {type(exc).__name__}: {exc}") from None
+        declared = getattr(module, "FLOWS", None)
+        found = list(declared) if declared is not None else [v for v in vars(module).values() if isinstance(v, Flow)]
+        if not found or not all(isinstance(f, Flow) for f in found):
+            raise ConfigError(f"--flows {name!r}: no Flow objects found (define them at module level or in FLOWS)")
+        for f in found:
+            registry.add(f)
+    return registry

@@ -1,0 +1,234 @@
+"""The keeper: finds executions no worker will pick up again and enqueues what continues them.
+
+- A ``running`` execution with no live lease and no task in the stream (its worker died and
+  its task went to the DLQ, or was lost with a Redis that restarted without its data) gets a
+  ``resume`` ``retry``, at most once per cooldown.
+- A suspension past its deadline gets a ``resume`` ``timeout`` (carrying the suspension's
+  number, so a late one cannot time out a later suspension).
+- A running, unleased execution not updated for ``zombie_after_s`` is set to ``error``
+  ("orphaned"): retrying it has not helped for that long.
+
+Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``. A Redis
+failure never ends the keeper: it backs off (``BackoffPolicy``) and tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from plaita.errors import ConfigError
+from plaita.flows import model
+from plaita.fsm import BackoffPolicy, ErrorKind, classify
+from plaita.store.executions import ExecutionStore, stream_execution_ids
+from plaita.store.streams import StreamQueue
+
+logger = logging.getLogger(__name__)
+
+#: Longest wait for the keeper lease release when stopping.
+HAND_OVER_S = 0.3
+
+
+@dataclass(frozen=True)
+class KeeperSettings:
+    interval_s: float = 5.0
+    #: Running and unleased this long without an update = orphaned for good (the original ~2 h).
+    zombie_after_s: float = 7200.0
+    #: At most one recovery retry per execution per cooldown (the original ~15 min).
+    retry_cooldown_s: float = 900.0
+    #: A timeout task not acted on is sent again after this.
+    timeout_cooldown_s: float = 60.0
+    #: Running executions updated more recently than this are left alone (a worker between
+    #: reading a task and taking its lease, or between a step and its checkpoint).
+    orphan_grace_s: float = 10.0
+    lease_ttl_s: float = 30.0
+    batch: int = 100
+    #: The orphan pass reads the whole stream to know which executions have a task; a longer
+    #: stream skips that pass (retrying then could duplicate work already queued).
+    max_stream_scan: int = 100_000
+    #: Running executions examined per pass at most (in pages of ``batch``).
+    max_candidates: int = 10_000
+    retention_s: int = model.DEFAULT_RETENTION_S
+    dry_run: bool = False
+    backoff_base_s: float = 0.1
+    backoff_cap_s: float = 1.0
+    persistent_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.zombie_after_s <= 0 or self.retry_cooldown_s < 1 or self.batch < 1:
+            raise ConfigError("keeper needs interval, zombie-after > 0, a cooldown >= 1 s and a batch >= 1")
+        if self.lease_ttl_s <= self.interval_s:
+            raise ConfigError("--keeper-lease-ttl-s must be longer than --interval-s")
+
+
+@dataclass
+class KeeperPass:
+    """What one pass did (or, in dry-run mode, would have done)."""
+
+    acting: bool = True
+    timeouts: list[str] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)
+    orphaned: list[str] = field(default_factory=list)
+    skipped_scan: bool = False
+
+
+class Keeper:
+    def __init__(
+        self,
+        store: ExecutionStore,
+        queue: StreamQueue,
+        settings: KeeperSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.settings = settings or KeeperSettings()
+        self.holder = f"keeper:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._clock = clock
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        """Safe from any thread or a signal handler: the loop ends within about a second."""
+        self._stop.set()
+        self.store.interrupt()
+
+    def run(self, *, once: bool = False) -> int:
+        """Pass after pass until stopped; with ``once`` a single pass (exit 1 if Redis failed)."""
+        s = self.settings
+        backoff = BackoffPolicy(base_s=s.backoff_base_s, cap_s=s.backoff_cap_s, persistent_s=s.persistent_backoff_s)
+        failing_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                self.log_pass(self.run_once())
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                kind = classify(exc)
+                if once:
+                    logger.error("keeper pass failed: %s: %s", type(exc).__name__, exc)
+                    return 1
+                delay_s = backoff.schedule(persistent=kind is not ErrorKind.TRANSIENT)
+                level = logging.WARNING if failing_since is None else logging.DEBUG
+                failing_since = failing_since or time.monotonic()
+                logger.log(level, "keeper: Redis failed (%s: %s); retrying in %.2f s", type(exc).__name__, exc, delay_s)
+                self._stop.wait(delay_s)
+                continue
+            if failing_since is not None:
+                logger.info("keeper: Redis is back after %.1f s", time.monotonic() - failing_since)
+                failing_since = None
+            backoff.reset()
+            if once:
+                break
+            self._stop.wait(s.interval_s)
+        self._hand_over()
+        return 0
+
+    def _hand_over(self) -> None:
+        """Release the keeper lease so another keeper acts at once; bounded (a frozen server
+        must not delay the stop): past HAND_OVER_S the lease simply expires."""
+
+        def release() -> None:
+            try:
+                self.store.release_keeper_lease(self.holder)
+            except Exception as exc:  # Redis down: the lease expires by itself
+                logger.debug("keeper lease not released: %s: %s", type(exc).__name__, exc)
+
+        thread = threading.Thread(target=release, name="plaita-keeper-handover", daemon=True)
+        thread.start()
+        thread.join(HAND_OVER_S)
+
+    @staticmethod
+    def log_pass(report: KeeperPass) -> None:
+        if report.timeouts or report.retries or report.orphaned:
+            logger.info(
+                "keeper: %d timeout(s) %s, %d recovery retr%s %s, %d orphaned %s",
+                len(report.timeouts),
+                report.timeouts[:10],
+                len(report.retries),
+                "y" if len(report.retries) == 1 else "ies",
+                report.retries[:10],
+                len(report.orphaned),
+                report.orphaned[:10],
+            )
+
+    def run_once(self) -> KeeperPass:
+        s = self.settings
+        if not self.store.hold_keeper_lease(self.holder, int(s.lease_ttl_s * 1000)):
+            return KeeperPass(acting=False)
+        report = KeeperPass()
+        now_s = self._clock()
+        self._timeouts(now_s, report)
+        self._orphans(now_s, report)
+        return report
+
+    def _timeouts(self, now_s: float, report: KeeperPass) -> None:
+        s = self.settings
+        for eid in self.store.due_deadlines(now_s, now_s + s.timeout_cooldown_s, s.batch, dry_run=s.dry_run):
+            doc = self.store.get(eid)
+            suspension = doc.get("suspension") if doc else None
+            if doc is None or doc.get("status") != "suspended" or not isinstance(suspension, dict):
+                if not s.dry_run:
+                    self.store.forget_deadline(eid)
+                continue
+            report.timeouts.append(eid)
+            if not s.dry_run:
+                body = model.resume_body(
+                    eid,
+                    "timeout",
+                    flow_id=doc.get("flow_id"),
+                    suspension=suspension.get("seq"),
+                    resume_id=f"timeout:{suspension.get('seq')}",
+                )
+                self.queue.enqueue(body)
+
+    def _orphans(self, now_s: float, report: KeeperPass) -> None:
+        s = self.settings
+        unleased = self._unleased(now_s - s.orphan_grace_s)
+        if not unleased:
+            return
+        in_stream, complete = stream_execution_ids(self.queue.client, self.queue.stream, s.max_stream_scan)
+        if not complete:
+            logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
+            report.skipped_scan = True
+            return
+        unqueued = [(eid, at) for eid, at in unleased if eid not in in_stream]
+        # Read again after the scan: an execution that moved on meanwhile is not an orphan.
+        now_scores = self.store.still_running([eid for eid, _ in unqueued])
+        for (eid, at), score in zip(unqueued, now_scores, strict=True):
+            if score is None or score != at:
+                continue
+            if now_s - at > s.zombie_after_s:
+                self._orphaned(eid, at, now_s, report)
+            elif s.dry_run or self.store.mark_retry_sent(eid, int(s.retry_cooldown_s)):
+                report.retries.append(eid)
+                if not s.dry_run:
+                    self.queue.enqueue(model.resume_body(eid, "retry", resume_id=f"keeper:{uuid.uuid4().hex[:12]}"))
+
+    def _unleased(self, before_s: float) -> list[tuple[str, float]]:
+        """Running executions not updated since ``before_s`` whose lease is gone, page by page:
+        long steps of live workers keep old scores, so the first page alone could hide every
+        orphan behind them."""
+        s = self.settings
+        out: list[tuple[str, float]] = []
+        for offset in range(0, s.max_candidates, s.batch):
+            page = self.store.running_since(before_s, offset, s.batch)
+            leased = self.store.leased([eid for eid, _ in page])
+            out.extend(c for c, held in zip(page, leased, strict=True) if not held)
+            if len(page) < s.batch or len(out) >= s.batch:
+                break
+        return out
+
+    def _orphaned(self, eid: str, updated_at_s: float, now_s: float, report: KeeperPass) -> None:
+        s = self.settings
+        message = f"orphaned: running with no worker and no task for {now_s - updated_at_s:.0f} s"
+        if s.dry_run or self.store.mark_orphaned(
+            eid, updated_at_s, model.error_doc(None, "Orphaned", message), now_s, s.retention_s
+        ):
+            report.orphaned.append(eid)

@@ -1,0 +1,86 @@
+"""Tell running steps about a cancel: the cancel key, or the worker losing the lease.
+
+Steps shorter than ``poll_s`` cost nothing here (their checkpoint reports the cancel key);
+longer ones get their flag within about ``poll_s`` from one MGET for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from plaita.store.executions import ExecutionStore
+from plaita.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+#: How often lease loss (``task.cancelled``) is copied to running steps' flags.
+_TICK_S = 0.1
+
+
+class CancelWatch:
+    """One daemon thread, started with the first step, polling for the steps that run now."""
+
+    def __init__(self, store: ExecutionStore, *, poll_s: float) -> None:
+        self._store = store
+        self._poll_s = poll_s
+        self._lock = threading.Lock()
+        self._active: dict[int, tuple[Any, Task, float]] = {}
+        self._stop = threading.Event()
+        #: Set while any step runs: an idle worker's watcher sleeps instead of ticking.
+        self._busy = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, ctx: Any, task: Task) -> None:
+        with self._lock:
+            self._active[id(ctx)] = (ctx, task, time.monotonic())
+            self._busy.set()
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name="plaita-flow-cancel", daemon=True)
+                self._thread.start()
+
+    def remove(self, ctx: Any) -> None:
+        with self._lock:
+            self._active.pop(id(ctx), None)
+            if not self._active:
+                self._busy.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._busy.set()
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(2.0)
+
+    def _run(self) -> None:
+        next_poll_s = time.monotonic() + self._poll_s
+        while not self._stop.wait(_TICK_S):
+            if not self._busy.is_set():
+                self._busy.wait()  # no step runs: sleep until one starts (or stop)
+                continue
+            with self._lock:
+                active = list(self._active.values())
+            for ctx, task, _ in active:
+                if task.cancelled.is_set():
+                    ctx.cancel.set()
+            now = time.monotonic()
+            if now < next_poll_s:
+                continue
+            next_poll_s = now + self._poll_s
+            long_running = [ctx for ctx, _, since in active if now - since >= self._poll_s and not ctx.cancelled]
+            self._poll(long_running)
+
+    def _poll(self, contexts: list[Any]) -> None:
+        if not contexts:
+            return
+        try:
+            flags = self._store.cancel_requested_many([ctx.execution_id for ctx in contexts])
+        except Exception as exc:  # Redis down: the next checkpoint reports the cancel anyway
+            logger.debug("cancel poll failed: %s: %s", type(exc).__name__, exc)
+            return
+        for ctx, flag in zip(contexts, flags, strict=True):
+            if flag:
+                ctx.cancel.set()

@@ -1,0 +1,31 @@
+-- Create a flow execution under its lease (fenced like a checkpoint), or report why not. A
+-- start's one round trip: it also returns an existing execution's state and the cancel flag.
+-- KEYS[1]  lease key
+-- KEYS[2]  fence counter
+-- KEYS[3]  execution state
+-- KEYS[4]  running index set
+-- KEYS[5]  cancel flag
+-- KEYS[6]  start dedup key (optional)
+-- ARGV[1]  the writer's generation
+-- ARGV[2]  state JSON
+-- ARGV[3]  now (epoch seconds)
+-- ARGV[4]  execution id
+-- ARGV[5]  dedup key TTL in seconds
+-- Returns  {code, text, cancel_requested}: 1 created; 0 refused (fenced out); 2 the dedup key
+--          started execution <text>; 3 the execution exists and <text> is its state
+local cur = redis.call('GET', KEYS[1])
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence ~= tonumber(ARGV[1]) or not cur then return {0, '', 0} end
+local suffix = ':' .. ARGV[1]
+if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, '', 0} end
+local cancel = redis.call('EXISTS', KEYS[5])
+local existing = redis.call('GET', KEYS[3])
+if existing then return {3, existing, cancel} end
+if #KEYS >= 6 then
+  local other = redis.call('GET', KEYS[6])
+  if other and other ~= ARGV[4] then return {2, other, cancel} end
+end
+redis.call('SET', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+if #KEYS >= 6 then redis.call('SET', KEYS[6], ARGV[4], 'EX', tonumber(ARGV[5])) end
+return {1, '', cancel}
