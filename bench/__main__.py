@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             res.latency = latency.run(server.url, a.latency_rate, a.latency_s)
         if "shutdown" in a.sections:
             res.shutdown = shutdown.run(server.url, a.shutdown_trials)
+            res.shutdown_frozen = shutdown.run_frozen(server, a.shutdown_trials)
         if "storm" in a.sections:
             res.storm = storm.storm(server.url, a.storm_s)
             res.reclaim = storm.reclaim(server.url, a.reclaim_trials)

@@ -49,6 +49,7 @@ class Results:
     latency: LatencyResult | None = None
     recovery: list[FaultResult] | None = None
     shutdown: ShutdownResult | None = None
+    shutdown_frozen: ShutdownResult | None = None
     storm: StormResult | None = None
     reclaim: ReclaimResult | None = None
     matrix: list[chaos.Cell] | None = None
@@ -192,6 +193,18 @@ class Renderer:
                     f"< {TARGET_SHUTDOWN_S:g} s",
                     sd.max_s < TARGET_SHUTDOWN_S and set(sd.exit_codes) == {0},
                     f"slowest trial {_ms(sd.max_s)}",
+                )
+            )
+        fz = self.res.shutdown_frozen
+        if fz is not None:
+            codes = ",".join(str(c) for c in sorted(set(fz.exit_codes)))
+            rows.append(
+                (
+                    f"SIGTERM → exit with Redis frozen, {len(fz.latencies_s)} trials",
+                    f"max {_ms(fz.max_s)} (median {_ms(fz.median_s)}, p95 {_ms(fz.p95_s)}; exit codes {codes})",
+                    f"< {TARGET_SHUTDOWN_S:g} s",
+                    fz.max_s < TARGET_SHUTDOWN_S and set(fz.exit_codes) == {0},
+                    f"slowest trial {_ms(fz.max_s)}",
                 )
             )
         if tp is not None and tp.idle is not None:
@@ -376,6 +389,20 @@ class Renderer:
             f"{len(sd.latencies_s)} idle workers, each SIGTERMed 0.05–0.45 s after it reported READING (inside the "
             f"500 ms BLOCK): max **{_ms(sd.max_s)}**, p95 {_ms(sd.p95_s)}, median {_ms(sd.median_s)}; exit codes "
             f"{sorted(set(sd.exit_codes))}. Time from the signal to the process exit (`waitpid`).",
+            *self._frozen_shutdown(),
+        ]
+
+    def _frozen_shutdown(self) -> list[str]:
+        fz = self.res.shutdown_frozen
+        if fz is None:
+            return []
+        return [
+            "",
+            f"With Redis frozen: {len(fz.latencies_s)} idle workers; once each reported READING its Redis got "
+            "SIGSTOP, and 0.3–3.5 s later (so the worker was blocked on a call to the frozen server, or backing "
+            f"off) the worker got SIGTERM: max **{_ms(fz.max_s)}**, p95 {_ms(fz.p95_s)}, median "
+            f"{_ms(fz.median_s)}; exit codes {sorted(set(fz.exit_codes))}. A stop cuts the owner's Redis call in "
+            "progress and bounds every Redis round trip on the way out.",
         ]
 
     def resources(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""Idle SIGTERM shutdown latency of ``plaita worker`` subprocesses: a new worker per trial."""
+"""SIGTERM shutdown latency of idle ``plaita worker`` subprocesses, a new worker per trial: with
+Redis answering, and with Redis frozen (SIGSTOP) for a while before the signal."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from bench.common import Progress, WorkerProcess, median, percentile
 
@@ -13,6 +15,16 @@ from bench.common import Progress, WorkerProcess, median, percentile
 EXIT_TIMEOUT_S = 10.0
 #: SIGTERM lands this long after READING: spread over the 500 ms BLOCK window.
 SETTLE_STEPS_S = (0.05, 0.15, 0.25, 0.35, 0.45)
+#: How long Redis is frozen before the SIGTERM (the worker is then blocked on it, or backing off).
+FROZEN_FOR_S = (0.3, 0.8, 1.5, 2.2, 3.5)
+
+
+class Freezable(Protocol):
+    url: str
+
+    def freeze(self) -> None: ...
+
+    def thaw(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,38 @@ def run(url: str, trials: int) -> ShutdownResult:
     progress = Progress("idle SIGTERM -> exit", trials)
     for i in range(trials):
         latency, code = one_trial(url, "bench:shutdown", SETTLE_STEPS_S[i % len(SETTLE_STEPS_S)])
+        latencies.append(latency)
+        codes.append(code)
+        progress.step(note=f"{latency * 1000:.0f} ms, exit {code}")
+    result = ShutdownResult(latencies, codes)
+    progress.finish(f"max {result.max_s * 1000:.0f} ms, median {result.median_s * 1000:.0f} ms")
+    return result
+
+
+def one_frozen_trial(server: Freezable, stream: str, frozen_for_s: float) -> tuple[float, int]:
+    """Start a worker, wait READING, SIGSTOP Redis, wait ``frozen_for_s``, SIGTERM, time the exit."""
+    with WorkerProcess(server.url, stream=stream, group="bench-shutdown-frozen") as worker:
+        worker.wait_state("READING")
+        server.freeze()
+        try:
+            time.sleep(frozen_for_s)  # the fault's duration, not synchronisation
+            t_kill = time.monotonic()
+            worker.proc.send_signal(signal.SIGTERM)
+            try:
+                worker.proc.wait(EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                return EXIT_TIMEOUT_S, -9
+            return time.monotonic() - t_kill, int(worker.proc.returncode)
+        finally:
+            server.thaw()
+
+
+def run_frozen(server: Freezable, trials: int) -> ShutdownResult:
+    latencies: list[float] = []
+    codes: list[int] = []
+    progress = Progress("SIGTERM with Redis frozen -> exit", trials)
+    for i in range(trials):
+        latency, code = one_frozen_trial(server, "bench:shutdown-frozen", FROZEN_FOR_S[i % len(FROZEN_FOR_S)])
         latencies.append(latency)
         codes.append(code)
         progress.step(note=f"{latency * 1000:.0f} ms, exit {code}")

@@ -89,6 +89,43 @@ STATE_DOCS: Final[dict[State, str]] = {
 }
 
 
+#: The isolation rule, for docs/states.md: a failure caused by one entry or one key stays with that
+#: entry or key; only a failure of Redis itself (or of a key every task needs) means BACKOFF.
+ISOLATION_RULES: Final[list[tuple[str, str]]] = [
+    (
+        "an entry that is not a task: no or undecodable payload, invalid or too deeply nested JSON, lone "
+        "surrogates, a non-UTF-8 or duplicated field name, unknown type, newer schema_version, over the size limit",
+        "DLQ at once with the reason; the envelope keeps every original field exactly (base64 where not UTF-8, "
+        "values over 64 KiB truncated with size and sha256); counter `bad_input`",
+    ),
+    (
+        "a handler raising `BadTaskError`",
+        "DLQ at once with the handler's reason",
+    ),
+    (
+        "a handler raising anything else, `SystemExit` and `KeyboardInterrupt` included",
+        "left pending for redelivery (logged with the task id, counter `failed`); at `--max-deliveries` it goes to "
+        "the DLQ. A handler that kills its own process (`os._exit`) is charged a delivery by the next read",
+    ),
+    (
+        "a lease or fence key that is not what plaita writes (another type, a fence that is no integer, a lease "
+        "value without TTL)",
+        "that task stays pending, one error line per execution naming the key to fix, counter `bad_keys`; every "
+        "other task goes on",
+    ),
+    (
+        "a DLQ key of another type",
+        "the dead letter stays pending (logged); the acks of the same batch land and consumption goes on",
+    ),
+    (
+        "anything else Redis refuses or fails at: timeouts, resets, LOADING, READONLY, NOGROUP (transient); auth, "
+        "NOPERM, OOM, WRONGTYPE of the stream itself (persistent)",
+        "`redis_failed` → BACKOFF (transient: quick exponential retries; persistent: every 5 s, one error line each "
+        "attempt with the cause in words); the process never exits",
+    ),
+]
+
+
 def triggers() -> list[str]:
     """Every trigger name in the table, in first-appearance order."""
     seen: dict[str, None] = {}

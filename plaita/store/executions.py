@@ -18,16 +18,15 @@ and the step's staged writes are written together. Every key a script touches is
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, cast
 
 import redis
 
+from plaita.store import scripts
 from plaita.store.leases import fence_key, lease_key
 from plaita.tasks import PAYLOAD_FIELD
 
@@ -49,28 +48,11 @@ FLAG_TTL_S = 7 * 24 * 3600
 STAGE_OPS = frozenset({"set", "incrby", "rpush"})
 
 
-class _Script:
-    """One Lua file of ``plaita/store/lua`` (``<name>-<keys|n>.lua``, KEYS/ARGV/reply in its
-    header), run as a bare EVALSHA: no pipeline per call (its set-up costs more Python than
-    the round trip). NOSCRIPT means it did not run, so it is loaded and run once more."""
-
-    def __init__(self, filename: str) -> None:
-        self.source = resources.files("plaita.store").joinpath("lua", filename).read_text(encoding="utf-8")
-        self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
-
-    def __call__(self, client: redis.Redis, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except redis.exceptions.NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-
-
-CHECKPOINT = _Script("checkpoint_execution-n.lua")
-CREATE = _Script("create_execution-n.lua")
-CLAIM_DEADLINES = _Script("claim_deadlines-1.lua")
-HOLD_KEEPER_LEASE = _Script("hold_keeper_lease-1.lua")
-RELEASE_KEEPER_LEASE = _Script("release_keeper_lease-1.lua")
+CHECKPOINT = scripts.script("checkpoint_execution")
+CREATE = scripts.script("create_execution")
+CLAIM_DEADLINES = scripts.script("claim_deadlines")
+HOLD_KEEPER_LEASE = scripts.script("hold_keeper_lease")
+RELEASE_KEEPER_LEASE = scripts.script("release_keeper_lease")
 
 
 def execution_key(execution_id: str) -> str:

@@ -3,7 +3,8 @@
 ``record`` appends one line per execution to the file named by $PLAITA_TEST_LOG (O_APPEND
 writes of a short line are atomic), so counts survive Redis faults. ``count_in_redis``
 counts executions in Redis itself ($PLAITA_TEST_REDIS_URL), for exclusivity tests.
-Body ``params``: ``sleep_s`` (cancel-aware), ``fail`` (raise RuntimeError), ``bad`` (BadTaskError).
+Body ``params``: ``sleep_s`` (cancel-aware), ``fail`` (raise RuntimeError), ``bad`` (BadTaskError),
+``exit_process`` (``os._exit(3)``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def _params(task: Task) -> dict[str, Any]:
 
 def _behave(task: Task) -> None:
     params = _params(task)
+    if params.get("exit_process"):
+        os._exit(3)  # a handler that kills its own process, ack and all
     if params.get("sleep_s"):
         task.cancelled.wait(float(params["sleep_s"]))
     if params.get("bad"):
