@@ -47,18 +47,23 @@ class ShutdownResult:
         return percentile(self.latencies_s, 95)
 
 
+def _time_sigterm(worker: WorkerProcess) -> tuple[float, int]:
+    """SIGTERM ``worker``; (seconds to its exit, exit code), or (timeout, -9) if it hangs."""
+    t_kill = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    try:
+        worker.proc.wait(EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return EXIT_TIMEOUT_S, -9
+    return time.monotonic() - t_kill, int(worker.proc.returncode)
+
+
 def one_trial(url: str, stream: str, settle_s: float) -> tuple[float, int]:
     """Start a worker, wait READING (+``settle_s`` so it sits in a BLOCK), SIGTERM, time the exit."""
     with WorkerProcess(url, stream=stream, group="bench-shutdown") as worker:
         worker.wait_state("READING")
         time.sleep(settle_s)  # land somewhere inside a BLOCK, not right at its start
-        t_kill = time.monotonic()
-        worker.proc.send_signal(signal.SIGTERM)
-        try:
-            worker.proc.wait(EXIT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return EXIT_TIMEOUT_S, -9
-        return time.monotonic() - t_kill, int(worker.proc.returncode)
+        return _time_sigterm(worker)
 
 
 def run(url: str, trials: int) -> ShutdownResult:
@@ -82,13 +87,7 @@ def one_frozen_trial(server: Freezable, stream: str, frozen_for_s: float) -> tup
         server.freeze()
         try:
             time.sleep(frozen_for_s)  # the fault's duration, not synchronisation
-            t_kill = time.monotonic()
-            worker.proc.send_signal(signal.SIGTERM)
-            try:
-                worker.proc.wait(EXIT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                return EXIT_TIMEOUT_S, -9
-            return time.monotonic() - t_kill, int(worker.proc.returncode)
+            return _time_sigterm(worker)
         finally:
             server.thaw()
 

@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
-from plaita.fsm import is_redis_failure
+from plaita.cli.common import redis_failed
+from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.store import fleet
 from plaita.store.client import Client, make_client
 from plaita.store.dlq import DeadLetterQueue
@@ -246,8 +246,4 @@ def run_admin(args: argparse.Namespace) -> int:
         print(f"plaita {args.command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        if not is_redis_failure(exc):
-            raise
-        url = redact_url(args.redis_url or DEFAULT_REDIS_URL)
-        print(f"plaita {args.command}: Redis at {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return redis_failed(args.command, args.redis_url, exc)

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
+from plaita.cli.common import redis_failed
+from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.errors import ConfigError, PlaitaError
 
 Add = Callable[..., argparse.ArgumentParser]
@@ -78,7 +79,6 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def run_executions(args: argparse.Namespace) -> int:
-    from plaita.fsm import is_redis_failure
 
     if args.executions_command == "start":
         params = _json_arg(args.input, "--input")
@@ -91,11 +91,7 @@ def run_executions(args: argparse.Namespace) -> int:
         print(f"plaita executions {args.executions_command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        if not is_redis_failure(exc):
-            raise
-        url = redact_url(args.redis_url or DEFAULT_REDIS_URL)
-        print(f"plaita executions: Redis at {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        return redis_failed("executions", args.redis_url, exc)
     finally:
         flows.queue.client.close()
 
