@@ -104,6 +104,27 @@ def host_label() -> str:
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    """CA bundle and client certificate for ``rediss://`` (None = the system default / none)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+def check_readable(flag: str, path: str | None) -> None:
+    """ConfigError unless ``path`` can be read. The path itself is never printed: key and
+    certificate locations are as private as the password they stand in for."""
+    if path is None:
+        return
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot read the file ({exc.strerror or type(exc).__name__})") from None
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything a worker needs to know; built by the CLI, passed explicitly."""
 
@@ -144,10 +165,20 @@ class Settings:
     #: Lease every task before it starts, even one without an ``execution_id`` (flow workers:
     #: the runner's checkpoints are fenced by the lease generation from the first step).
     eager_leases: bool = False
+    #: ``rediss://`` CA bundle and client certificate/key (see ``TlsFiles``).
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)
         _check_finite(self)
+        for flag, path in (
+            ("--tls-ca-file", self.tls_ca_file),
+            ("--tls-cert-file", self.tls_cert_file),
+            ("--tls-key-file", self.tls_key_file),
+        ):
+            check_readable(flag, path)
         for ok, message in self._checks():
             if not ok:
                 raise ConfigError(message)
@@ -181,6 +212,10 @@ class Settings:
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be within 0..65535"),
             (bool(self.metrics_host), "--metrics-host must not be empty"),
         ]
+
+    @property
+    def tls(self) -> TlsFiles:
+        return TlsFiles(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
     @property
     def dlq(self) -> str:

@@ -23,6 +23,10 @@ apt_install() {
 if ! command -v redis-server >/dev/null 2>&1; then
   apt_install redis-server
 fi
+# The TLS tests make their certificates with the openssl command line.
+if ! command -v openssl >/dev/null 2>&1; then
+  apt_install openssl
+fi
 
 # The dashboard's browser test drives the system chromium (Playwright cannot download one
 # here); without it that one test is skipped, so a failed install does not stop the setup.

@@ -155,6 +155,30 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         shown="off",
     ),
     Opt("--metrics-host", "metrics_host", str, ("PLAITA_METRICS_HOST",), "address for --metrics-port"),
+    Opt(
+        "--tls-ca-file",
+        "tls_ca_file",
+        str,
+        ("PLAITA_TLS_CA_FILE",),
+        "CA bundle that signed the server's certificate (rediss:// URLs)",
+        shown="the system's CAs",
+    ),
+    Opt(
+        "--tls-cert-file",
+        "tls_cert_file",
+        str,
+        ("PLAITA_TLS_CERT_FILE",),
+        "client certificate (rediss://)",
+        shown="none",
+    ),
+    Opt(
+        "--tls-key-file",
+        "tls_key_file",
+        str,
+        ("PLAITA_TLS_KEY_FILE",),
+        "client certificate's key (rediss://)",
+        shown="none",
+    ),
 )
 
 #: Settings defaults by field name (a default_factory field has none: its flag shows "computed").

@@ -97,10 +97,22 @@ def response_code(exc: BaseException) -> str:
     return word if word.isupper() else ""
 
 
+#: Texts of a failed TLS handshake that waiting will not fix (redis-py wraps them in a
+#: ConnectionError): the operator must fix a CA, a certificate or the URL.
+TLS_REFUSALS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "WRONG_VERSION_NUMBER", "SSLV3_ALERT")
+
+
+def is_tls_refusal(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in TLS_REFUSALS)
+
+
 def classify(exc: BaseException) -> ErrorKind:
     """Decide how the worker treats ``exc``."""
     if isinstance(exc, BadTaskError):
         return ErrorKind.BAD_INPUT
+    if is_tls_refusal(exc):
+        return ErrorKind.PERSISTENT
     for cls in type(exc).__mro__:
         if not _is_redis_class(cls):
             continue
@@ -133,6 +145,8 @@ def cause(exc: BaseException) -> str:
         return "auth"
     if "NoPermissionError" in names or code == "NOPERM":
         return "acl"
+    if is_tls_refusal(exc):
+        return "tls"
     return ""
 
 
@@ -201,6 +215,8 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, BadTaskError):
         return f"bad task ({detail})"
     cause = CAUSES_BY_CODE.get(error_code(exc))
+    if cause is None and is_tls_refusal(exc):
+        cause = "the TLS handshake with Redis failed (wrong CA, an expired or untrusted certificate, or not a TLS port)"
     if cause is None and "maxmemory" in str(exc):
         cause = CAUSES_BY_CODE["OOM"]  # an OOM wrapped by a script or transaction error
     if cause is None:

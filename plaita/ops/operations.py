@@ -53,6 +53,7 @@ class Operations:
                 settings.redis_url,
                 socket_timeout_s=settings.socket_timeout_s,
                 client_name=f"plaita-control:{settings.consumer_name}".replace(" ", "_"),
+                tls=settings.tls,
             )
             self.control = ControlListener(
                 control_client, instance_id=worker.instance_id, on_command=worker.on_command, close_client=True

@@ -10,6 +10,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from plaita.config import TlsFiles
+
 #: Seconds to wait for a TCP connection before counting the attempt as a transient failure.
 CONNECT_TIMEOUT_S = 2.0
 
@@ -17,8 +19,18 @@ CONNECT_TIMEOUT_S = 2.0
 Client = redis.Redis
 
 
-def make_client(url: str, *, socket_timeout_s: float, client_name: str | None = None) -> redis.Redis:
-    """A redis-py client tuned for a worker: no hidden retries, keepalive, bounded timeouts."""
+def make_client(
+    url: str, *, socket_timeout_s: float, client_name: str | None = None, tls: TlsFiles | None = None
+) -> redis.Redis:
+    """A redis-py client tuned for a worker: no hidden retries, keepalive, bounded timeouts.
+
+    ``tls`` names the CA bundle and client certificate for a ``rediss://`` URL. redis-py reads
+    them on every new connection, so an operator who replaces a wrong CA file is picked up at
+    the next reconnect, without a restart.
+    """
+    options: dict[str, object] = {}
+    if tls is not None and url.startswith("rediss://"):
+        options = {"ssl_ca_certs": tls.ca_file, "ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file}
     return redis.Redis.from_url(
         url,
         socket_timeout=socket_timeout_s,
@@ -27,6 +39,7 @@ def make_client(url: str, *, socket_timeout_s: float, client_name: str | None = 
         retry=Retry(NoBackoff(), 0),
         client_name=client_name,
         decode_responses=False,
+        **{k: v for k, v in options.items() if v is not None},
     )
 
 

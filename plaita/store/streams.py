@@ -119,10 +119,12 @@ class StreamQueue:
         never raises for Redis down). Without its own ``read_client`` the queue reads on ``client``."""
         name = f"plaita:{settings.consumer_name}".replace(" ", "_")
         if client is None:
-            client = make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name)
+            client = make_client(
+                settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
+            )
             if read_client is None:
                 read_client = make_client(
-                    settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name
+                    settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
                 )
         return cls(
             client,
