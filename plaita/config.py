@@ -67,15 +67,50 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
+#: Scheme of a Sentinel-managed deployment: ``redis+sentinel://[user:pass@]host:port[,host:port]/service[/db]``.
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A parsed ``redis+sentinel://`` URL: the sentinels to ask and the master to follow."""
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """The parts of a ``redis+sentinel://`` URL; ConfigError (password redacted) when malformed."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for item in hosts.split(","):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: sentinels must be host:port[,host:port]")
+        sentinels.append((host.strip("[]"), int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: expected /SERVICE_NAME[/DB] after the sentinels")
+    user, _, password = userinfo.partition(":")
+    return SentinelTarget(sentinels, path[0], int(path[1]) if len(path) == 2 else 0, user or None, password or None)
+
+
 def validate_redis_url(url: str) -> None:
     """Raise ConfigError (never echoing a password) unless ``url`` is a usable Redis URL."""
+    if url.startswith(f"{SENTINEL_SCHEME}://"):
+        parse_sentinel_url(url)
+        return
     try:
         parts = urlsplit(url)
         _ = parts.port  # raises ValueError on a non-numeric port
     except ValueError as exc:
         raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: {exc}") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: scheme must be redis://, rediss:// or unix://")
+        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: scheme must be redis://, rediss://, unix:// or redis+sentinel://")
     if parts.scheme != "unix" and not parts.hostname:
         raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: no host")
     db = parts.path.lstrip("/")

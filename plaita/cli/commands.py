@@ -77,7 +77,7 @@ def _run_owner(worker: Any) -> None:
 def run_enqueue(args: argparse.Namespace) -> int:
     from plaita.fsm import is_redis_failure
     from plaita.store.client import make_client
-    from plaita.store.streams import StreamQueue
+    from plaita.store.streams import ReplicationLagError, StreamQueue
     from plaita.tasks import validate_body
 
     url = args.redis_url or DEFAULT_REDIS_URL
@@ -94,8 +94,14 @@ def run_enqueue(args: argparse.Namespace) -> int:
     client = make_client(url, socket_timeout_s=5.0)
     q = StreamQueue(client, stream=args.queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
     try:
-        for message_id in q.enqueue_many(bodies):
+        for message_id in q.enqueue_many(
+            bodies, wait_replicas=args.wait_replicas, wait_timeout_ms=args.wait_timeout_ms
+        ):
             print(message_id)
+    except ReplicationLagError as exc:
+        print("\n".join(exc.ids))
+        print(f"plaita enqueue: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         if not is_redis_failure(exc):
             raise

@@ -79,6 +79,14 @@ def _add_enqueue(add: Any, env: Mapping[str, str]) -> None:
     )
     add_redis_options(e, env)
     e.add_argument("body", nargs="?", help='task body, e.g. \'{"type":"start","flow_id":"f1"}\'')
+    e.add_argument(
+        "--wait-replicas",
+        type=int,
+        default=0,
+        help="durable enqueue: return only once this many replicas have the tasks (WAIT), else exit 1; "
+        "without it a failover can lose tasks the old master had not replicated yet (default 0)",
+    )
+    e.add_argument("--wait-timeout-ms", type=int, default=1000, help="how long --wait-replicas waits (default 1000)")
 
 
 def _admin(add: Any, env: Mapping[str, str], name: str, text: str, description: str) -> argparse.ArgumentParser:

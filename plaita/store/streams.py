@@ -20,6 +20,7 @@ from redis.client import Pipeline
 
 from plaita.config import Settings
 from plaita.envelope import build_envelope
+from plaita.errors import PlaitaError
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, make_client
 from plaita.store.leases import RELEASE_MANY
@@ -57,6 +58,14 @@ DEAD_LETTER = scripts.script("dead_letter")
 _RENEW_OWN = scripts.script("renew_own")
 _PRUNE_CONSUMERS = scripts.script("prune_consumers")
 _SWEEP_RESIDUE = scripts.script("sweep_residue")
+
+
+class ReplicationLagError(PlaitaError):
+    """A durable enqueue's entries reached fewer replicas than asked within the timeout."""
+
+    def __init__(self, ids: list[str], acked: int, wanted: int) -> None:
+        super().__init__(f"{len(ids)} task(s) added, but only {acked} of {wanted} replica(s) confirmed them in time")
+        self.ids, self.acked, self.wanted = ids, acked, wanted
 
 
 @dataclass(frozen=True)
@@ -153,12 +162,31 @@ class StreamQueue:
         fields = {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: str(schema_version)}
         return _s(cast(bytes, self.client.xadd(self.stream, fields)))  # type: ignore[arg-type]
 
-    def enqueue_many(self, bodies: list[dict[str, Any]], *, schema_version: int = 1) -> list[str]:
-        """XADD many bodies in one pipeline; returns their ids in order."""
+    def enqueue_many(
+        self,
+        bodies: list[dict[str, Any]],
+        *,
+        schema_version: int = 1,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> list[str]:
+        """XADD many bodies in one pipeline; returns their ids in order.
+
+        ``wait_replicas``: a durable enqueue. Replication is asynchronous, so a failover can lose
+        entries the old master acknowledged but never sent on; WAIT makes the call return only
+        once that many replicas have them (or raise ``ReplicationLagError`` after the timeout,
+        when the ids are on the master but not proven on a replica).
+        """
         pipe = self.client.pipeline(transaction=False)
         for body in bodies:
             pipe.xadd(self.stream, {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: str(schema_version)})
-        return [_s(i) for i in pipe.execute()]
+        if wait_replicas > 0:
+            pipe.execute_command("WAIT", wait_replicas, wait_timeout_ms)  # type: ignore[no-untyped-call]
+        replies = pipe.execute()
+        ids = [_s(i) for i in replies[: len(bodies)]]
+        if wait_replicas > 0 and int(replies[-1]) < wait_replicas:
+            raise ReplicationLagError(ids, int(replies[-1]), wait_replicas)
+        return ids
 
     # -- consume ----------------------------------------------------------------------
     @staticmethod
