@@ -11,6 +11,7 @@ from urllib.parse import quote
 import pytest
 import redis
 
+from plaita.dashboard.executions import LIST_ROWS, SCAN_PAGE
 from plaita.store.acl import ADMIN_ACL_RULES, DASHBOARD_READ_ACL_RULES, setuser_command
 from plaita.store.executions import cancel_key, status_key
 from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, csrf_of, login, plant, sample
@@ -61,6 +62,19 @@ class TestReadPages:
         assert _ids(dash.get("/executions", params={"flow": "f2", "status": "running"}).text) == []
         bad = dash.get("/executions", params={"status": "nonsense"})
         assert bad.status_code == 200 and "unknown status &#39;nonsense&#39;" in bad.text and _ids(bad.text) == []
+
+    def test_a_flow_filter_looks_past_the_first_index_page(
+        self, make_dashboard: MakeDashboard, rclient: redis.Redis
+    ) -> None:
+        now = time.time()
+        plant(rclient, "old-f2", "completed", now - 1000, flow_id="f2")
+        for n in range(SCAN_PAGE + 50):
+            plant(rclient, f"new{n}", "completed", now - n)
+        dash = make_dashboard()
+        assert _ids(dash.get("/executions", params={"flow": "f2"}).text) == ["old-f2"]
+        full = dash.get("/executions", params={"status": "completed"}).text
+        assert len(_ids(full)) == LIST_ROWS and f'id="executions-count">{LIST_ROWS}+<' in full
+        assert _ids(full)[0] == "new0", "newest update first"
 
     def test_the_overview_and_the_list_count_executions_by_status(
         self, make_dashboard: MakeDashboard, rclient: redis.Redis
