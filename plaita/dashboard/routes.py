@@ -87,7 +87,7 @@ class Views:
         pretty = json.dumps(row, indent=2, sort_keys=True, ensure_ascii=False, default=str) if row else ""
         return self.dash.render(request, "dlq_entry.html", active="dlq", row=row, pretty=pretty, page_error=error)
 
-    async def executions(self, request: Request) -> Response:
+    async def execution_list(self, request: Request) -> Response:
         status = request.query_params.get("status", "").strip()[:40]
         flow = request.query_params.get("flow", "").strip()[:200]
         try:
@@ -99,7 +99,7 @@ class Views:
             statuses=executions.STATUSES, limit=executions.LIST_ROWS, page_error=error,
         )  # fmt: skip
 
-    async def execution(self, request: Request) -> Response:
+    async def execution_page(self, request: Request) -> Response:
         eid = request.path_params["execution_id"]
         if not executions.valid_id(eid):
             return self.dash.render(request, "message.html", 404, active="executions", title="Not an id", text=eid)
@@ -210,10 +210,10 @@ def routes(dash: Dashboard) -> list[Route]:
         Route("/dlq/entry/{dlq_id}", v.dlq_entry),
         Route("/dlq/requeue", v.requeue, methods=["POST"]),
         Route("/dlq/purge", v.purge, methods=["POST"]),
-        Route("/executions", v.executions),
+        Route("/executions", v.execution_list),
         Route("/executions/cancel", v.cancel_execution, methods=["POST"]),
         Route("/executions/resume", v.resume_execution, methods=["POST"]),
-        Route("/executions/{execution_id:path}", v.execution),
+        Route("/executions/{execution_id:path}", v.execution_page),
         Route("/login", v.login_page),
         Route("/login", v.login, methods=["POST"]),
         Route("/logout", v.logout, methods=["POST"]),
