@@ -32,8 +32,10 @@ from plaita.dashboard.actions import REPLY_TIMEOUT_S
 from plaita.dashboard.monitor import SAMPLE_EVERY_S, FleetMonitor
 from plaita.dashboard.security import Guard, SecurityHeaders
 from plaita.dashboard.svg import lifecycle_svg, throughput_svg
+from plaita.flows.client import FlowClient
 from plaita.store.client import Client, make_client
 from plaita.store.dlq import DeadLetterQueue
+from plaita.store.executions import ExecutionStore
 from plaita.store.streams import StreamQueue
 
 HERE = Path(__file__).resolve().parent
@@ -45,8 +47,13 @@ PAGE_TIMEOUT_S = 2.0
 REFRESH_MS = 1000
 #: Notices (the outcome of an action, shown after its redirect) kept at once.
 MAX_NOTICES = 200
-#: The tabs, in order: (name, path, title). The executions tab joins here once flows exist.
-TABS = [("overview", "/", "Overview"), ("workers", "/workers", "Workers"), ("dlq", "/dlq", "DLQ")]
+#: The tabs, in order: (name, path, title).
+TABS = [
+    ("overview", "/", "Overview"),
+    ("workers", "/workers", "Workers"),
+    ("dlq", "/dlq", "DLQ"),
+    ("executions", "/executions", "Executions"),
+]
 #: Host headers accepted when bound to loopback (a DNS-rebinding page sends its own name).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -146,8 +153,10 @@ class Dashboard:
             queue(SAMPLER_TIMEOUT_S, sampler_client), scrub=self.scrub, sample_every_s=config.sample_every_s
         )
         self.page_dlq = DeadLetterQueue(queue(PAGE_TIMEOUT_S))
+        self.page_executions = ExecutionStore(self.page_dlq.client)
         self.action_queue = queue(REPLY_TIMEOUT_S + 2.0)
         self.action_dlq = DeadLetterQueue(self.action_queue)
+        self.action_flows = FlowClient(self.action_queue)
         self.guard = Guard(allow_actions=config.allow_actions, token=config.token)
         self.notices = Notices()
         self.templates = _templates()

@@ -9,15 +9,17 @@ so reloading a page never repeats an action. A Redis failure is a message, never
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from plaita.dashboard import actions
+from plaita.dashboard import actions, executions
 from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.app import Dashboard
 from plaita.dashboard.security import SESSION_COOKIE, Forbidden
@@ -84,6 +86,46 @@ class Views:
             )
         pretty = json.dumps(row, indent=2, sort_keys=True, ensure_ascii=False, default=str) if row else ""
         return self.dash.render(request, "dlq_entry.html", active="dlq", row=row, pretty=pretty, page_error=error)
+
+    async def execution_list(self, request: Request) -> Response:
+        status = request.query_params.get("status", "").strip()[:40]
+        flow = request.query_params.get("flow", "").strip()[:200]
+        try:
+            rows, error = await _read(self.dash, lambda: executions.listing(self.dash.page_executions, status, flow))
+        except ActionError as exc:
+            rows, error = [], str(exc)
+        return self.dash.render(
+            request, "executions.html", active="executions", rows=rows or [], status=status, flow=flow,
+            statuses=executions.STATUSES, limit=executions.LIST_ROWS, page_error=error,
+        )  # fmt: skip
+
+    async def execution_page(self, request: Request) -> Response:
+        eid = request.path_params["execution_id"]
+        if not executions.valid_id(eid):
+            return self.dash.render(request, "message.html", 404, active="executions", title="Not an id", text=eid)
+        doc, error = await _read(self.dash, lambda: self.dash.page_executions.get(eid))
+        if doc is None and error is None:
+            return self.dash.render(
+                request, "message.html", 404, active="executions", title="No such execution", text=eid
+            )
+        return self.dash.render(
+            request, "execution.html", active="executions", doc=doc, eid=eid, page_error=error,
+            steps=executions.timeline(doc) if doc else [], pretty=executions.pretty, terminal=executions.TERMINAL,
+            resume_types=executions.RESUME_TYPES, resume_id=secrets.token_hex(8),
+        )  # fmt: skip
+
+    async def cancel_execution(self, request: Request) -> Response:
+        eid = str((await _form(request)).get("execution_id", ""))
+        return await self.act(request, _execution_path(eid), lambda _f: executions.cancel(self.dash.action_flows, eid))
+
+    async def resume_execution(self, request: Request) -> Response:
+        eid = str((await _form(request)).get("execution_id", ""))
+
+        def run(form: dict[str, Any]) -> Outcome:
+            flows = self.dash.action_flows
+            return executions.resume(flows, eid, form.get("type", ""), form.get("data", ""), form.get("resume_id", ""))
+
+        return await self.act(request, _execution_path(eid), run)
 
     async def act(self, request: Request, back: str, run: Callable[[dict[str, Any]], Outcome]) -> Response:
         form = await _form(request)
@@ -168,10 +210,20 @@ def routes(dash: Dashboard) -> list[Route]:
         Route("/dlq/entry/{dlq_id}", v.dlq_entry),
         Route("/dlq/requeue", v.requeue, methods=["POST"]),
         Route("/dlq/purge", v.purge, methods=["POST"]),
+        Route("/executions", v.execution_list),
+        Route("/executions/cancel", v.cancel_execution, methods=["POST"]),
+        Route("/executions/resume", v.resume_execution, methods=["POST"]),
+        Route("/executions/{execution_id:path}", v.execution_page),
         Route("/login", v.login_page),
         Route("/login", v.login, methods=["POST"]),
         Route("/logout", v.logout, methods=["POST"]),
     ]
+
+
+def _execution_path(execution_id: str) -> str:
+    if not executions.valid_id(execution_id):
+        return "/executions"
+    return f"/executions/{quote(execution_id, safe='')}"
 
 
 def _int(text: Any) -> int:

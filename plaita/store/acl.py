@@ -3,7 +3,8 @@
 ``WORKER_ACL_RULES`` lets ``plaita worker`` run its whole cycle: consume, ack, dead-letter,
 leases (Lua), reclaim, housekeeping, hand-back, registry heartbeat and remote control.
 ``ADMIN_ACL_RULES`` covers the operator commands (``plaita workers | status | stop | pause |
-resume | dlq | enqueue``), ``DASHBOARD_READ_ACL_RULES`` the dashboard's read pages. All
+resume | dlq | enqueue`` and the dashboard's actions, including cancelling and resuming
+executions), ``DASHBOARD_READ_ACL_RULES`` the dashboard's read pages. All
 confine keys and channels to the ``plaita:`` prefix; widen ``~plaita:*`` if ``--queue-name``
 or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0 (``command|subcommand`` rules).
 tests/ops/test_security.py proves the first two suffice, tests/dashboard the third.
@@ -25,13 +26,14 @@ WORKER_ACL_RULES = (
 ADMIN_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels &plaita:* -@all "
     "+scan +mget +exists +xlen +xinfo|groups +xpending +xrange +xadd +xdel +del "
-    "+multi +exec +publish +blpop +pubsub|numsub"
+    "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard"
 )
 
 #: Rules for a read-only dashboard (``plaita dashboard`` without ``--allow-actions``): registry,
-#: queue statistics and the DLQ pages, nothing that writes or publishes.
+#: queue statistics, the DLQ and executions pages, nothing that writes or publishes.
 DASHBOARD_READ_ACL_RULES = (
-    "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange"
+    "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange "
+    "+get +zrevrange +zcard"
 )
 
 #: The worker's rules under the name the issue uses.

@@ -174,15 +174,18 @@ class ExecutionStore:
         raw = self.client.get(dedup_key(key))
         return None if raw is None else _text(raw)
 
-    def by_status(self, status: str, limit: int) -> list[dict[str, Any]]:
-        """The most recently updated executions with ``status`` (index entries whose state has
-        expired are dropped from the index on the way)."""
-        ids = [_text(m) for m in cast(list[Any], self.client.zrevrange(status_key(status), 0, max(0, limit - 1)))]
+    def by_status(self, status: str, limit: int, *, offset: int = 0, prune: bool = True) -> list[dict[str, Any]]:
+        """The most recently updated executions with ``status``, skipping the newest ``offset``
+        (index entries whose state has expired are dropped from the index on the way, unless
+        ``prune`` is false: a read-only user may not write)."""
+        first = max(0, offset)
+        raw_ids = self.client.zrevrange(status_key(status), first, first + max(0, limit - 1))
+        ids = [_text(m) for m in cast(list[Any], raw_ids)]
         if not ids:
             return []
         raws = cast(list[Any], self.client.mget([execution_key(e) for e in ids]))
         gone = [e for e, raw in zip(ids, raws, strict=True) if raw is None]
-        if gone:
+        if gone and prune:
             self.client.zrem(status_key(status), *gone)
         return [doc for doc in (_decode(r) for r in raws) if doc is not None]
 

@@ -3,7 +3,8 @@
 One scenario on a private Redis with a real worker and a real ``plaita dashboard`` process:
 the overview updates itself; freezing Redis shows the outage banner and the worker in BACKOFF
 (from its own health endpoint), thawing recovers without a reload; a click requeues a dead
-letter and the DLQ count drops; a ``<script>`` payload renders as text and never runs. The
+letter and the DLQ count drops; a ``<script>`` payload (or flow id) renders as text and never runs;
+a click cancels a suspended execution. The
 overview's screenshot is written to docs/img/dashboard.png (for the README) with PLAITA_UPDATE_SCREENSHOT=1.
 """
 
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,8 @@ from typing import Any
 import pytest
 import redis
 
-from tests.dashboard.conftest import TOKEN, dead_letter
+from plaita.store.executions import cancel_key
+from tests.dashboard.conftest import TOKEN, dead_letter, plant
 from tests.support.ops import QUEUE, clean_env, enqueue, ops_worker, task, wait_until
 from tests.support.redis_server import RedisServer
 
@@ -153,6 +156,16 @@ def test_overview_outage_recovery_requeue_and_escaping_in_a_real_browser(
         wait_until(lambda: any(n == "9001" for ev, _m, n, _d in w.executions() if ev == "done"), 10, "requeued ran")
         page.goto(dashboard_url + "/")
         expect(page.locator("#dlq-length")).to_have_text("1")
+
+        # Executions: a hostile flow id shows as text; a click cancels the suspended execution.
+        plant(client, "ex-b1", "suspended", time.time(), flow_id=XSS)
+        page.goto(dashboard_url + "/executions?status=suspended")
+        expect(page.locator('tr[data-execution="ex-b1"]')).to_contain_text("<script>")
+        page.locator('tr[data-execution="ex-b1"] a').first.click()
+        expect(page.locator("#execution-status")).to_have_text("suspended")
+        page.click("#cancel")
+        expect(page.locator("#notice")).to_contain_text("cancel requested for execution 'ex-b1'")
+        assert client.exists(cancel_key("ex-b1")) == 1
 
         assert dialogs == [], "no script from Redis data ran"
         assert page.evaluate("window.__pwned === undefined")

@@ -12,14 +12,15 @@ from starlette.testclient import TestClient
 
 from plaita.dashboard.app import DashboardConfig, create_app
 from plaita.store.acl import ADMIN_ACL_RULES, DASHBOARD_READ_ACL_RULES, setuser_command
-from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, register, sample
+from plaita.store.executions import status_key
+from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, plant, register, sample
 from tests.support.ops import QUEUE, enqueue, ops_worker, task, wait_until
 from tests.support.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
 PASSWORD = "s3cret-Pa55word-xyz"
-READ_PAGES = ("/", "/fragment/overview", "/api/overview", "/workers", "/dlq", "/login")
+READ_PAGES = ("/", "/fragment/overview", "/api/overview", "/workers", "/dlq", "/executions", "/login")
 
 
 def _everything(dash: TestClient, extra: tuple[str, ...] = ()) -> str:
@@ -149,10 +150,14 @@ class TestReadOnlyAcl:
         rclient.xgroup_create(QUEUE, "plaita-workers", id="0", mkstream=True)
         enqueue(rclient, task(1))
         dlq_id = dead_letter(rclient, reason="boom", payload={"n": 1})
+        plant(rclient, "ex1", "suspended", time.time())
+        rclient.zadd(status_key("completed"), {"expired-state": time.time()})  # a read must not try to prune it
         dash = make_dashboard(url=read_only_user, allow_actions=False)
         snap = sample(dash)
         assert snap["redis"]["ok"] is True and snap["stats"]["length"] == 1 and snap["stats"]["dlq_length"] == 1
-        for path in (*READ_PAGES, f"/dlq/entry/{dlq_id}"):
+        assert snap["executions"]["suspended"] == 1
+        assert 'data-execution="ex1"' in dash.get("/executions").text
+        for path in (*READ_PAGES, f"/dlq/entry/{dlq_id}", "/executions/ex1", "/executions?status=completed"):
             r = dash.get(path)
             assert r.status_code == 200 and 'id="page-error"' not in r.text and 'id="outage"' not in r.text, path
         denials = [e for e in rclient.acl_log() if e.get("reason") != "auth"]

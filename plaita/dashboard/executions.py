@@ -1,0 +1,130 @@
+"""The executions tab's reads and buttons: lists from the status index, one execution, cancel, resume.
+
+Listing reads the per-status sorted sets newest first (never SCAN), then the states in one MGET
+per page; a flow filter is applied to those states, so it reads at most MAX_SCANNED index
+entries per status before it stops looking. Reads never prune the index: the read-only ACL user
+may not write. Cancel and resume go through FlowClient, exactly like ``plaita executions``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from plaita.dashboard.actions import ActionError, Outcome
+from plaita.flows import model
+from plaita.flows.client import ExecutionNotFound, FlowClient
+from plaita.store.executions import STATUSES, TERMINAL, ExecutionStore
+
+#: Executions listed on one page at most.
+LIST_ROWS = 200
+#: Index entries read per status while looking for a flow filter's matches.
+MAX_SCANNED = 2000
+#: Index entries read per round trip.
+SCAN_PAGE = 200
+#: Longest execution id the pages accept (ids are the producer's choice, usually 32 hex digits).
+MAX_ID_CHARS = 512
+#: Largest resume data accepted from the form (it becomes part of the execution's state).
+MAX_DATA_BYTES = 64 * 1024
+#: Resume types the form offers, the common one first.
+RESUME_TYPES = ("event", *sorted(model.RESUME_TYPES - {"event"}))
+
+
+def _newest_of(store: ExecutionStore, status: str, flow: str, limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` executions with ``status`` (and ``flow``, when given), newest update first."""
+    found: list[dict[str, Any]] = []
+    for offset in range(0, MAX_SCANNED, SCAN_PAGE):
+        page = store.by_status(status, SCAN_PAGE, offset=offset, prune=False)
+        found.extend(d for d in page if not flow or d.get("flow_id") == flow)
+        if len(found) >= limit or len(page) < SCAN_PAGE:
+            break
+    return found[:limit]
+
+
+def listing(store: ExecutionStore, status: str, flow: str, limit: int = LIST_ROWS) -> list[dict[str, Any]]:
+    """Executions with ``status`` (every status when empty) of ``flow`` (any when empty), newest first."""
+    if status and status not in STATUSES:
+        raise ActionError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
+    rows: list[dict[str, Any]] = []
+    for s in (status,) if status else STATUSES:
+        rows.extend(_newest_of(store, s, flow, limit))
+    rows.sort(key=lambda d: _float(d.get("updated_at")), reverse=True)
+    return rows[:limit]
+
+
+def valid_id(execution_id: str) -> bool:
+    return 0 < len(execution_id) <= MAX_ID_CHARS
+
+
+def timeline(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The history entries as the page shows them, with each step's duration."""
+    rows = []
+    for entry in doc.get("history") or []:
+        if not isinstance(entry, dict):
+            continue
+        started, ended = entry.get("started_at"), entry.get("ended_at")
+        took = _float(ended) - _float(started) if started is not None and ended is not None else None
+        rows.append({**entry, "took_s": took})
+    return rows
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def cancel(flows: FlowClient, execution_id: str) -> Outcome:
+    doc = _known(execution_id, lambda: flows.cancel(execution_id))
+    status = doc.get("status")
+    if status in TERMINAL:
+        raise ActionError(f"execution {execution_id!r} already ended ({status}): nothing to cancel")
+    when = "at once" if status == "suspended" else "at its next step boundary"
+    return Outcome(f"cancel requested for execution {execution_id!r}: it stops {when}", [])
+
+
+def resume(flows: FlowClient, execution_id: str, resume_type: str, data_text: str, resume_id: str) -> Outcome:
+    """Enqueue a resume; ``resume_id`` (the form's own) makes a form sent twice resume once."""
+    if resume_type not in model.RESUME_TYPES:
+        raise ActionError(f"unknown resume type {resume_type!r} (one of {', '.join(RESUME_TYPES)})")
+    data = _data(data_text)
+    doc = _known(execution_id, lambda: flows.get(execution_id) or {})
+    if doc.get("status") in TERMINAL:
+        raise ActionError(f"execution {execution_id!r} already ended ({doc.get('status')}): nothing to resume")
+    task_id = flows.resume(execution_id, resume_type, data, resume_id=resume_id or None)
+    return Outcome(f"{resume_type} resume of execution {execution_id!r} enqueued as task {task_id}", [])
+
+
+def _data(text: str) -> Any:
+    if not text.strip():
+        return None
+    if len(text.encode("utf-8")) > MAX_DATA_BYTES:
+        raise ActionError(f"resume data is over {MAX_DATA_BYTES} bytes")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ActionError(f"resume data is not valid JSON: {exc}") from None
+
+
+def _known(execution_id: str, call: Callable[[], dict[str, Any] | None]) -> dict[str, Any]:
+    if not valid_id(execution_id):
+        raise ActionError("not an execution id")
+    try:
+        doc = call()
+    except ExecutionNotFound:
+        doc = None
+    if not doc:
+        raise ActionError(f"no execution {execution_id!r} (never started, or expired)")
+    return dict(doc)
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+__all__ = [
+    "LIST_ROWS", "RESUME_TYPES", "STATUSES", "TERMINAL",
+    "cancel", "listing", "pretty", "resume", "timeline", "valid_id",
+]  # fmt: skip
