@@ -28,7 +28,9 @@ def run_worker(args: argparse.Namespace) -> int:
     if args.flows or args.keeper:
         from plaita.cli.executions import flow_worker
 
-        settings, handler = flow_worker(args.flows or [], settings, keeper=args.keeper)
+        settings, runner = flow_worker(args.flows or [], settings, keeper=args.keeper)
+        # Steps run as coroutines on the async pool's loop; sync steps move to threads there.
+        handler: object = runner.run_async
     else:
         handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]

@@ -130,5 +130,3 @@ class Freeze:
             return 0.0
         end = self.ended_at if self.ended_at is not None else time.monotonic()
         return end - self.started_at
-
-
