@@ -25,6 +25,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     check_status_file(settings.status_file)
+    runner = None
     if args.flows or args.keeper:
         from plaita.cli.executions import flow_worker
 
@@ -35,11 +36,14 @@ def run_worker(args: argparse.Namespace) -> int:
         handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]
     try:
-        attach_operations(worker)  # binds --metrics-port
+        ops = attach_operations(worker)  # binds --metrics-port
     except OSError as exc:
         raise ConfigError(
             f"--metrics-port {settings.metrics_port} on {settings.metrics_host}: cannot listen ({exc.strerror or exc})"
         ) from None
+    if runner is not None:
+        runner.observer = worker.observers  # execution metrics and the in-flight count
+        ops.track_executions()
     signals_seen = 0
 
     def on_signal(signum: int, _frame: object) -> None:
