@@ -195,12 +195,17 @@ class FlowRunner:
             )
         rid = str(body.get("resume_id") or task.message_id)
         status = doc.get("status")
-        if status in TERMINAL or rid in doc.get("applied_resumes", []) or model.stale_timeout(body, doc, rtype):
+        applied = rid in doc.get("applied_resumes", [])
+        # Applied but still running: the worker that applied it died in a later step, and this
+        # is its redelivery (the lease rules out a live one). Continue, as a start does.
+        if status in TERMINAL or (applied and status != "running") or model.stale_timeout(body, doc, rtype):
             logger.info("resume %s (%s) of execution %s (%s): nothing to do", rid, rtype, eid, status)
             return None
         run = Run(task, flow, doc, cancel, offload)
         if not await self._compatible(run):
             return None
+        if applied:
+            return run
         if rtype == "cancel" or cancel:
             await self._end(run, "cancelled")
             return None
