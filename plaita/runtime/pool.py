@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from plaita.errors import BadTaskError
+from plaita.fsm import is_redis_failure
 from plaita.runtime.settler import RETRY, Outcome
 from plaita.tasks import Task
 
@@ -181,6 +182,16 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
             reason,
         )
         return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
+    if is_redis_failure(exc):  # an outage, not a bug in the handler: one line, no traceback
+        logger.warning(
+            "task %s failed on delivery %d of %d: Redis failed (%s: %s); left pending for redelivery",
+            task.message_id,
+            task.delivery_count,
+            max_deliveries,
+            type(exc).__name__,
+            exc,
+        )
+        return Outcome(task.message_id, RETRY)
     logger.error(
         "task %s failed on delivery %d of %d (%s); left pending for redelivery",
         task.message_id,
