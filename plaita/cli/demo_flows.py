@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import json
 import os
 import sys
 import time
@@ -115,6 +117,8 @@ class FlowDemo:
         self.worker: WorkerProcess | None = None
         self.docs: dict[str, dict[str, Any]] = {}
         self.resumed: set[str] = set()
+        #: Registry entries of the flow workers (a killed one's stays until its TTL: deleted).
+        self.instance_ids: set[str] = set()
         self.unexpected_exits: list[int] = []
         self.killed_at: float | None = None
         #: The executions whose step the kill cut (their recovery time is reported).
@@ -182,6 +186,8 @@ class FlowDemo:
             self.recovered_s = time.monotonic() - self.killed_at
 
     def poll(self) -> None:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # not written yet, or mid-write
+            self.instance_ids.add(str(json.loads(self.status_path.read_text(encoding="utf-8"))["instance_id"]))
         for eid in self.ids:
             doc = self.flows.get(eid)
             if doc is not None:
@@ -284,10 +290,11 @@ class FlowDemo:
 
     def _delete_keys(self) -> None:
         from plaita.store.executions import DEADLINES_KEY, STATUSES, cancel_key, execution_key, status_key
+        from plaita.store.fleet import registry_key
         from plaita.store.leases import fence_key, lease_key
 
         assert self.client is not None
-        keys = [self.stream, f"{self.stream}:dlq"]
+        keys = [self.stream, f"{self.stream}:dlq", *(registry_key(i) for i in self.instance_ids)]
         for eid in self.ids:
             keys += [execution_key(eid), cancel_key(eid), lease_key(eid), fence_key(eid)]
         if not delete_or_say(self.client, keys, self.say):
