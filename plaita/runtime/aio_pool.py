@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from plaita.runtime.pool import Done, Handler, judge, stream_order
 from plaita.runtime.settler import Outcome
@@ -60,6 +61,10 @@ class AsyncHandlerPool:
         self._running = 0
         self._finished: list[Done] = []
         self._loop = asyncio.new_event_loop()
+        # asyncio.to_thread (sync flow steps, blocking Redis calls) uses the default executor,
+        # by default min(32, cores + 4) threads: sized to --concurrency, so none waits for one.
+        self._offload = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="plaita-async-offload")
+        self._loop.set_default_executor(self._offload)
         self._thread = threading.Thread(target=self._serve, name="plaita-async-handlers", daemon=True)
         # Strong references: the loop keeps only weak ones, and a collected task just vanishes.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -103,6 +108,7 @@ class AsyncHandlerPool:
         self._call_soon(self._loop.stop)
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(_STOP_JOIN_S)
+        self._offload.shutdown(wait=False)
 
     # -- on the loop thread ----------------------------------------------------------------
     def _call_soon(self, fn: Callable[[], object]) -> None:
