@@ -122,7 +122,10 @@ class AsyncHandlerPool:
         try:
             self._loop.run_forever()
         finally:
-            self._loop.close()
+            # With coroutines abandoned at a stop-now, closing would make their offloaded calls
+            # fail noisily as they finish; the process is exiting, so leave the loop to it.
+            if not self._tasks:
+                self._loop.close()
 
     def _fill(self) -> None:
         """Start waiting tasks while fewer than ``concurrency`` run."""
