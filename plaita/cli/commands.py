@@ -25,19 +25,25 @@ def run_worker(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     check_status_file(settings.status_file)
+    runner = None
     if args.flows or args.keeper:
         from plaita.cli.executions import flow_worker
 
-        settings, handler = flow_worker(args.flows or [], settings, keeper=args.keeper)
+        settings, runner = flow_worker(args.flows or [], settings, keeper=args.keeper)
+        # Steps run as coroutines on the async pool's loop; sync steps move to threads there.
+        handler: object = runner.run_async
     else:
         handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]
     try:
-        attach_operations(worker)  # binds --metrics-port
+        ops = attach_operations(worker)  # binds --metrics-port
     except OSError as exc:
         raise ConfigError(
             f"--metrics-port {settings.metrics_port} on {settings.metrics_host}: cannot listen ({exc.strerror or exc})"
         ) from None
+    if runner is not None:
+        runner.observer = worker.observers  # execution metrics and the in-flight count
+        ops.track_executions()
     signals_seen = 0
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from plaita.cli.demo_flows import FlowDemo
 from plaita.cli.demo_parts import (
     CONCURRENCY,
     DEMO_LOG_ENV,
@@ -44,10 +45,13 @@ from plaita.cli.demo_parts import (
     ExecutionLog,
     Freeze,
     WorkerProcess,
+    delete_or_say,
+    log_tail,
+    print_tally,
 )
 from plaita.config import redact_url, validate_redis_url
 from plaita.fsm import is_redis_failure
-from plaita.store.client import Client, delete_keys, make_client
+from plaita.store.client import Client, make_client
 from plaita.store.fleet import registry_key
 from plaita.store.leases import fence_key, lease_key
 from plaita.store.server import PrivateRedis, RedisServerError
@@ -82,6 +86,7 @@ class Demo:
         self.instance_ids: set[str] = set()
         self.started_at = time.monotonic()
         self._last_line_len = 0
+        self.flows = FlowDemo(self.dir, self.token, self.say)
 
     # -- output -------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -100,7 +105,7 @@ class Demo:
             redis_text = f"thawed (frozen {self.freeze.seconds:.1f} s)"
         line = (
             f"[{elapsed:5.1f} s] done {self.log.unique:>{len(str(self.tasks))}}/{self.tasks}"
-            f" | worker {self.worker_state():<12} | redis {redis_text}"
+            f" | flows {self.flows.summary()} | worker {self.worker_state():<12} | redis {redis_text}"
         )
         if self.tty:
             pad = max(0, self._last_line_len - len(line))
@@ -225,31 +230,21 @@ class Demo:
             return False
 
     def maybe_freeze(self) -> None:
-        if self.server is None or self.freeze_s <= 0:
-            return
-        now = time.monotonic()
-        if self.freeze.started_at is None and self.log.unique >= max(1, self.tasks // 3):
-            self.freeze.at_done = self.log.unique
-            self.server.freeze()
-            self.freeze.started_at = now
-            self.say(f"-- {self.log.unique}/{self.tasks} done: freezing Redis (SIGSTOP) for {self.freeze_s:g} s")
-        elif (
-            self.freeze.ended_at is None
-            and self.freeze.started_at is not None
-            and now - self.freeze.started_at >= self.freeze_s
-        ):
-            self.server.thaw()
-            self.freeze.ended_at = time.monotonic()
-            self.say(f"-- thawed Redis (SIGCONT) after {self.freeze.seconds:.1f} s")
+        if self.server is not None and self.freeze_s > 0:
+            self.freeze.step(self.server, self.log.unique, self.tasks, self.freeze_s, self.say)
 
     # -- the run ------------------------------------------------------------------------
     def run(self) -> int:
         deadline = self.started_at + TIME_LIMIT_S + self.freeze_s
         self.connect()
         self.start_worker()
+        self.flows.start(self.url)
         self.wait_reading(deadline)
         self.say(f"worker running (concurrency {CONCURRENCY}); enqueueing {self.tasks} tasks of {TASK_SLEEP_S:g} s")
         self.enqueue()
+        self.say(f"flow worker running; starting {len(self.flows.ids)} executions of a 3-step flow that suspends")
+        self.flows.enqueue()
+        freeze_planned = self.server is not None and self.freeze_s > 0
         refresh_s = TTY_REFRESH_S if self.tty else PLAIN_REFRESH_S
         next_refresh = 0.0
         gave_up = False
@@ -262,7 +257,9 @@ class Demo:
                 self.progress()
                 next_refresh = now + refresh_s
             frozen = self.freeze.started_at is not None and self.freeze.ended_at is None
-            if not frozen and self.log.unique >= self.tasks and self.settled():
+            if not frozen:  # the kill -9 comes after the thaw, so each fault is seen on its own
+                self.flows.tick(may_kill=self.freeze.ended_at is not None or not freeze_planned)
+            if not frozen and self.log.unique >= self.tasks and self.flows.done() and self.settled():
                 break
             if now >= deadline:
                 gave_up = True
@@ -275,8 +272,9 @@ class Demo:
                 f"completed, worker {self.worker_state()}"
             )
         stop_code, stop_s = self.stop_worker()
+        flow_rows, flows_ok = self.flows.tally(self.flows.stop())
         self.log.poll()
-        return self.tally(stop_code, stop_s, gave_up)
+        return self.tally(stop_code, stop_s, gave_up, flow_rows, flows_ok)
 
     def stop_worker(self) -> tuple[int | None, float]:
         self.record_exit()
@@ -288,7 +286,9 @@ class Demo:
         self.worker = None
         return code, seconds
 
-    def tally(self, stop_code: int | None, stop_s: float, gave_up: bool) -> int:
+    def tally(
+        self, stop_code: int | None, stop_s: float, gave_up: bool, flow_rows: list[tuple[str, str]], flows_ok: bool
+    ) -> int:
         lost = self.tasks - self.log.unique
         duplicates = self.log.executions - self.log.unique
         rows: list[tuple[str, str]] = [
@@ -316,33 +316,17 @@ class Demo:
             last = max((t for times in self.log.times_by_id.values() for t in times), default=None)
             if last is not None and self.freeze.ended_at is not None and last > self.freeze.ended_at:
                 rows.append(("last task done", f"{last - self.freeze.ended_at:.2f} s after SIGCONT"))
-        ok = lost == 0 and not self.unexpected_exits and not gave_up and stop_code == 0
-        rows.append(("result", "PASS: nothing lost, the worker never exited" if ok else "FAIL"))
+        rows += flow_rows
+        ok = lost == 0 and not self.unexpected_exits and not gave_up and stop_code == 0 and flows_ok
+        rows.append(("result", "PASS: nothing lost, the workers never exited on their own" if ok else "FAIL"))
         self.print_tally(rows)
         return 0 if ok else 1
 
     def print_tally(self, rows: list[tuple[str, str]]) -> None:
-        self.say("")
-        self.say("plaita demo: tally")
-        width = max(len(k) for k, _ in rows)
-        for key, value in rows:
-            self.say(f"  {key:<{width}}  {value}")
-        notes = self.worker_log_lines()
-        if notes:
-            self.say("")
-            self.say("worker log (warnings and errors):")
-            for line in notes:
-                self.say(f"  {line}")
+        print_tally(rows, self.worker_log_lines(), self.say)
 
-    def worker_log_lines(self, most: int = 8) -> list[str]:
-        try:
-            lines = self.stderr_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            return []
-        lines = [ln for ln in lines if ln.strip()]
-        if len(lines) > most:
-            return [*lines[: most // 2], f"... ({len(lines) - most} more lines)", *lines[-(most // 2) :]]
-        return lines
+    def worker_log_lines(self) -> list[str]:
+        return log_tail(self.stderr_path) + log_tail(self.flows.stderr_path)
 
     # -- cleanup ------------------------------------------------------------------------
     def cleanup(self) -> None:
@@ -354,6 +338,7 @@ class Demo:
                 self.worker.stop(WORKER_DRAIN_S + 5)
             self.worker.close()
             self.worker = None
+        self.flows.cleanup(delete=self.server is None)
         if self.client is not None:
             if self.server is None:
                 self.delete_demo_keys()
@@ -370,12 +355,7 @@ class Demo:
         keys = [self.stream, f"{self.stream}:dlq", *(registry_key(i) for i in self.instance_ids)]
         for i in range(self.tasks):
             keys += [lease_key(self.execution_id(i)), fence_key(self.execution_id(i))]
-        try:
-            delete_keys(self.client, keys)
-        except Exception as exc:
-            if not is_redis_failure(exc):
-                raise
-            self.say(f"!! could not delete the demo keys ({type(exc).__name__}: {exc}); stream {self.stream}")
+        delete_or_say(self.client, keys, self.say)
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:

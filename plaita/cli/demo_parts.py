@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plaita.store.server import stop_process
+from plaita.fsm import is_redis_failure
+from plaita.store.client import Client, delete_keys
+from plaita.store.server import PrivateRedis, stop_process
 from plaita.tasks import Task
 
 #: Environment variable naming the file ``demo_handler`` appends one line per execution to.
@@ -32,6 +35,44 @@ PLAIN_REFRESH_S = 1.0
 TICK_S = 0.05
 #: Longest freeze the demo accepts (the server is SIGSTOPped for this long).
 MAX_FREEZE_S = 60.0
+
+
+def log_tail(path: Path, most: int = 8) -> list[str]:
+    """The non-blank lines of a worker's log, the middle elided past ``most`` lines."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    lines = [ln for ln in lines if ln.strip()]
+    if len(lines) > most:
+        return [*lines[: most // 2], f"... ({len(lines) - most} more lines)", *lines[-(most // 2) :]]
+    return lines
+
+
+def delete_or_say(client: Client, keys: list[str], say: Callable[[str], None]) -> bool:
+    """Delete ``keys``; on a Redis failure say so instead of raising. True if deleted."""
+    try:
+        delete_keys(client, keys)
+    except Exception as exc:
+        if not is_redis_failure(exc):
+            raise
+        say(f"!! could not delete the demo keys ({type(exc).__name__}: {exc}); first key {keys[0]}")
+        return False
+    return True
+
+
+def print_tally(rows: list[tuple[str, str]], notes: list[str], say: Callable[[str], None]) -> None:
+    """The tally as aligned rows, then the workers' warnings and errors, if any."""
+    say("")
+    say("plaita demo: tally")
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        say(f"  {key:<{width}}  {value}")
+    if notes:
+        say("")
+        say("worker log (warnings and errors):")
+        for line in notes:
+            say(f"  {line}")
 
 
 class DemoError(Exception):
@@ -124,11 +165,22 @@ class Freeze:
     ended_at: float | None = None
     at_done: int = 0
 
+    def step(self, server: PrivateRedis, done: int, total: int, freeze_s: float, say: Callable[[str], None]) -> None:
+        """Freeze ``server`` once a third of ``total`` is done; thaw it ``freeze_s`` later."""
+        now = time.monotonic()
+        if self.started_at is None and done >= max(1, total // 3):
+            self.at_done = done
+            server.freeze()
+            self.started_at = now
+            say(f"-- {done}/{total} done: freezing Redis (SIGSTOP) for {freeze_s:g} s")
+        elif self.ended_at is None and self.started_at is not None and now - self.started_at >= freeze_s:
+            server.thaw()
+            self.ended_at = time.monotonic()
+            say(f"-- thawed Redis (SIGCONT) after {self.seconds:.1f} s")
+
     @property
     def seconds(self) -> float:
         if self.started_at is None:
             return 0.0
         end = self.ended_at if self.ended_at is not None else time.monotonic()
         return end - self.started_at
-
-

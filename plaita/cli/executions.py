@@ -205,7 +205,7 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
 }
 
 
-def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = False) -> tuple[Settings, object]:
+def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = False) -> tuple[Settings, Any]:
     """The worker's settings and handler for ``--flows``: a FlowRunner over the loaded flows,
     with every task leased before it starts (checkpoints are fenced from the first step);
     with ``keeper`` also a keeper on a thread of its own."""

@@ -52,9 +52,17 @@ class Checkpointer:
     """Writes a run's state with one fenced call; LeaseLostError when the lease moved on."""
 
     def __init__(
-        self, store: ExecutionStore, *, retention_s: int, max_state_bytes: int, clock: Callable[[], float]
+        self,
+        store: ExecutionStore,
+        *,
+        retention_s: int,
+        max_state_bytes: int,
+        clock: Callable[[], float],
+        on_saved: Callable[[Run, str], None] | None = None,
     ) -> None:
         self.store = store
+        #: Told the status each checkpoint really wrote (an oversized state turns into error).
+        self.on_saved = on_saved
         self.retention_s = retention_s
         self.max_state_bytes = max_state_bytes
         self._clock = clock
@@ -94,3 +102,5 @@ class Checkpointer:
                 f"{run.task.fencing_token} is no longer current"
             )
         run.cancel = run.cancel or cancel
+        if self.on_saved is not None:
+            self.on_saved(run, status)

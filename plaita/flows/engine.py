@@ -28,10 +28,14 @@ from plaita.flows.checkpoint import Checkpointer, LeaseLostError, Run, call_io, 
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.watch import CancelWatch
+from plaita.runtime.observer import ExecutionObserver
 from plaita.store.executions import TERMINAL, ExecutionStore
 from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)
+
+#: Checkpoint status -> the execution event observers are told (``running`` is no event).
+_STATUS_EVENTS = {"suspended": "suspended", "completed": "completed", "error": "failed", "cancelled": "cancelled"}
 
 
 class FlowRunner:
@@ -52,11 +56,16 @@ class FlowRunner:
         cancel_poll_s: float = 0.5,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
+        observer: ExecutionObserver | None = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
         self.store = store
         self.max_state_bytes = max_state_bytes
-        self._checkpoints = Checkpointer(store, retention_s=retention_s, max_state_bytes=max_state_bytes, clock=clock)
+        #: Told about executions and steps (metrics); set it before the first task runs.
+        self.observer = observer
+        self._checkpoints = Checkpointer(
+            store, retention_s=retention_s, max_state_bytes=max_state_bytes, clock=clock, on_saved=self._saved
+        )
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
@@ -104,8 +113,21 @@ class FlowRunner:
         else:
             doc, cancel = await call_io(offload, self.store.load, task.execution_id)
             run = await self._begin_resume(task, doc, cancel, offload)
-        if run is not None:
+        if run is None:
+            return
+        observer, flow_id = self.observer, run.flow.flow_id
+        if observer is not None:
+            observer.run_began(flow_id)
+        try:
             await self._advance(run)
+        finally:
+            if observer is not None:
+                observer.run_ended(flow_id)
+
+    def _saved(self, run: Run, status: str) -> None:
+        event = _STATUS_EVENTS.get(status)
+        if event is not None and self.observer is not None:
+            self.observer.execution_event(run.flow.flow_id, event)
 
     def _flow(self, flow_id: Any) -> Flow:
         flow = self.flows.get(flow_id)
@@ -142,6 +164,8 @@ class FlowRunner:
             return None
         if code == 3:
             return await self._restart(Run(task, flow, json.loads(other), cancel, offload))
+        if self.observer is not None:
+            self.observer.execution_event(flow.flow_id, "started")
         return Run(task, flow, doc, cancel, offload)
 
     async def _restart(self, run: Run) -> Run | None:
@@ -171,12 +195,17 @@ class FlowRunner:
             )
         rid = str(body.get("resume_id") or task.message_id)
         status = doc.get("status")
-        if status in TERMINAL or rid in doc.get("applied_resumes", []) or model.stale_timeout(body, doc, rtype):
+        applied = rid in doc.get("applied_resumes", [])
+        # Applied but still running: the worker that applied it died in a later step, and this
+        # is its redelivery (the lease rules out a live one). Continue, as a start does.
+        if status in TERMINAL or (applied and status != "running") or model.stale_timeout(body, doc, rtype):
             logger.info("resume %s (%s) of execution %s (%s): nothing to do", rid, rtype, eid, status)
             return None
         run = Run(task, flow, doc, cancel, offload)
         if not await self._compatible(run):
             return None
+        if applied:
+            return run
         if rtype == "cancel" or cancel:
             await self._end(run, "cancelled")
             return None
@@ -235,15 +264,21 @@ class FlowRunner:
             attempt=int(doc.get("attempt", 0)) + 1,
             cancel=CancelFlag(),
         )
-        started_s = self._clock()
+        started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)
         try:
             value = await self._invoke(step, ctx, run.offload)
         except Exception as exc:
+            self._step_finished(run, step, "failed", began_s)
             return await self._failed(run, step, ctx, exc, started_s)
         finally:
             self._watch.remove(ctx)
+        self._step_finished(run, step, "suspended" if isinstance(value, Suspend) else "ok", began_s)
         return await self._succeeded(run, step, ctx, value, started_s)
+
+    def _step_finished(self, run: Run, step: Step, outcome: str, began_s: float) -> None:
+        if self.observer is not None:
+            self.observer.step_finished(run.flow.flow_id, step.name, outcome, time.monotonic() - began_s)
 
     async def _invoke(self, step: Step, ctx: StepContext, offload: bool) -> Any:
         if offload:  # on the caller's loop: sync steps on a thread, never blocking the loop

@@ -45,6 +45,27 @@ class Metrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
             registry=r,
         )
+        self.executions = Counter(
+            "plaita_executions",
+            "Flow executions started here, or checkpointed here as suspended/completed/failed/cancelled",
+            ["flow", "event"],
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "plaita_step_duration_seconds",
+            "Flow step run time (until it returned, suspended or raised; the checkpoint excluded)",
+            ["flow", "step", "outcome"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
+            registry=r,
+        )
+        self.executions_in_flight = Gauge(
+            "plaita_executions_in_flight", "Executions this worker is advancing now", registry=r
+        )
+        self.executions_suspended = Gauge(
+            "plaita_executions_suspended",
+            "Suspended executions of every worker (sampled from the status index)",
+            registry=r,
+        )
         self.queue_length = Gauge("plaita_queue_stream_length", "Entries in the stream (XLEN)", registry=r)
         self.queue_pending = Gauge("plaita_queue_pending", "Entries delivered and not acked (group PEL)", registry=r)
         self.queue_lag = Gauge("plaita_queue_lag", "Entries not yet delivered to the group", registry=r)

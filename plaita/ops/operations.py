@@ -22,6 +22,7 @@ from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
+from plaita.store.executions import ExecutionStore
 from plaita.store.stats import stream_stats
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,12 @@ class Operations:
         self._monitor = threading.Thread(target=self._monitor_loop, name="plaita-monitor", daemon=True)
         self._ready_sent = False
         self._task_counters: dict[str, Any] = {}
+        #: Set for a flow worker: the suspended-executions gauge is sampled with the queue's.
+        self.executions: ExecutionStore | None = None
+
+    def track_executions(self) -> None:
+        """This worker runs flows: sample the suspended gauge (one ZCARD per status, pipelined)."""
+        self.executions = ExecutionStore(self.worker.queue.client)
 
     def _registry_entry(self) -> dict[str, Any]:
         """The worker's status plus where its health endpoints listen: during a Redis outage the
@@ -125,6 +132,19 @@ class Operations:
     def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
         self.metrics.redis_errors.labels(kind=kind.value, error=error_name).inc()
 
+    # -- ExecutionObserver -----------------------------------------------------------------
+    def execution_event(self, flow_id: str, event: str) -> None:
+        self.metrics.executions.labels(flow=flow_id, event=event).inc()
+
+    def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
+        self.metrics.step_seconds.labels(flow=flow_id, step=step, outcome=outcome).observe(duration_s)
+
+    def run_began(self, flow_id: str) -> None:
+        self.metrics.executions_in_flight.set(self.worker.observers.executions_in_flight)
+
+    def run_ended(self, flow_id: str) -> None:
+        self.metrics.executions_in_flight.set(self.worker.observers.executions_in_flight)
+
     # -- periodic work -----------------------------------------------------------------
     def _monitor_loop(self) -> None:
         watchdog_s = sdnotify.watchdog_interval_s()
@@ -149,6 +169,13 @@ class Operations:
             logger.debug("queue sampling failed: %s", exc)
             return
         self.metrics.set_queue(stats)
+        if self.executions is not None:
+            try:
+                suspended = self.executions.counts()["suspended"]
+            except Exception as exc:  # best effort, as above
+                logger.debug("execution sampling failed: %s", exc)
+                return
+            self.metrics.executions_suspended.set(suspended)
 
 
 def attach_operations(worker: Worker) -> Operations:

@@ -13,7 +13,7 @@ from typing import Any
 from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
 from plaita.errors import BadTaskError
 from plaita.runtime.counters import CounterBook
-from plaita.runtime.pool import HandlerPool
+from plaita.runtime.pool import Pool
 from plaita.runtime.renewer import InFlight, InFlightTable
 from plaita.runtime.settler import Outcome, Settler
 from plaita.store.leases import LEASE_PREFIX, LeaseManager
@@ -36,7 +36,7 @@ class Intake:
         settings: Settings,
         *,
         inflight: InFlightTable,
-        pool: HandlerPool,
+        pool: Pool,
         settler: Settler,
         leases: LeaseManager,
         counters: CounterBook,

@@ -8,6 +8,7 @@ call: a bug in an observer is logged and must never stop the consume loop.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Protocol
 
 from plaita.fsm import ErrorKind, State
@@ -37,17 +38,42 @@ class WorkerObserver(Protocol):
         """A Redis call failed and the worker goes to BACKOFF."""
 
 
+class ExecutionObserver(Protocol):
+    """What a flow runner reports (optional: an observer without these methods is skipped)."""
+
+    def execution_event(self, flow_id: str, event: str) -> None:
+        """An execution was ``started`` here, or a checkpoint left it ``suspended``,
+        ``completed``, ``failed`` (status error) or ``cancelled``."""
+
+    def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
+        """One run of a step ended: ``ok``, ``suspended`` or ``failed`` (it raised)."""
+
+    def run_began(self, flow_id: str) -> None:
+        """This worker started advancing an execution (a task that was not a no-op)."""
+
+    def run_ended(self, flow_id: str) -> None:
+        """This worker stopped advancing it (checkpointed, suspended, failed or lost the lease)."""
+
+
+#: Notifications an observer may leave out (older observers, test recorders).
+OPTIONAL = frozenset({"execution_event", "step_finished", "run_began", "run_ended"})
+
+
 class Observers:
     """Fans every notification out to the attached observers, each call guarded."""
 
     def __init__(self) -> None:
         self._observers: list[WorkerObserver] = []
+        self._runs_lock = threading.Lock()
+        self._runs = 0
 
     def attach(self, observer: WorkerObserver) -> None:
         self._observers.append(observer)
 
     def _each(self, name: str, *args: object) -> None:
         for observer in self._observers:
+            if name in OPTIONAL and not hasattr(observer, name):
+                continue
             try:
                 getattr(observer, name)(*args)
             except Exception:  # an observer bug must never stop consuming
@@ -70,3 +96,26 @@ class Observers:
 
     def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
         self._each("redis_failed", kind, error_name)
+
+    # -- executions (the flow runner calls these; it is an ``ExecutionObserver``) --------------
+    @property
+    def executions_in_flight(self) -> int:
+        """Executions this worker is advancing now (for its status and registry entry)."""
+        with self._runs_lock:
+            return self._runs
+
+    def execution_event(self, flow_id: str, event: str) -> None:
+        self._each("execution_event", flow_id, event)
+
+    def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
+        self._each("step_finished", flow_id, step, outcome, duration_s)
+
+    def run_began(self, flow_id: str) -> None:
+        with self._runs_lock:
+            self._runs += 1
+        self._each("run_began", flow_id)
+
+    def run_ended(self, flow_id: str) -> None:
+        with self._runs_lock:
+            self._runs -= 1
+        self._each("run_ended", flow_id)

@@ -8,8 +8,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from plaita.errors import BadTaskError
+from plaita.fsm import is_redis_failure
 from plaita.runtime.settler import RETRY, Outcome
 from plaita.tasks import Task
 
@@ -24,8 +26,21 @@ _REPORT_EVERY_S = 0.05
 _EWMA_ALPHA = 0.2
 
 
+class Pool(Protocol):
+    """What the worker needs from a handler pool (threads or one event loop)."""
 
-def _stream_order(message_id: str) -> tuple[int, int]:
+    mean_duration_s: float | None
+
+    def start(self) -> None: ...
+    def submit(self, tasks: list[Task]) -> None: ...
+    @property
+    def busy(self) -> int: ...
+    def take_unstarted(self) -> list[Task]: ...
+    def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool: ...
+    def stop(self) -> None: ...
+
+
+def stream_order(message_id: str) -> tuple[int, int]:
     ms, _, seq = message_id.partition("-")
     return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
 
@@ -91,7 +106,7 @@ class HandlerPool:
                 chunk.clear()  # a thread working on it finds it empty and moves on
             self._chunks.clear()
             self._queued -= len(taken)
-        return sorted(taken, key=lambda t: _stream_order(t.message_id))
+        return sorted(taken, key=lambda t: stream_order(t.message_id))
 
     def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
         """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
@@ -138,38 +153,51 @@ class HandlerPool:
                 self._on_done(done)
 
     def _call(self, task: Task) -> Outcome:
-        """Run the handler and say what to do with its message.
-
-        Catches ``BaseException``: a handler raising SystemExit or KeyboardInterrupt must not
-        kill its thread (the task would look running forever and the pool would shrink). It is
-        a failed delivery like any other, so a task that does it every time reaches the DLQ.
-        """
+        """Run the handler and say what to do with its message (see ``judge``)."""
         try:
             self._handler(task)
-        except BadTaskError as exc:
-            logger.warning("task %s rejected by its handler (%s): moved to the DLQ", task.message_id, exc)
-            return Outcome.to_dlq(task.message_id, exc.reason, task.delivery_count, task.body)
-        except BaseException as exc:  # noqa: B036 - see the docstring
-            return self._failed(task, exc)
+        except BaseException as exc:  # noqa: B036 - see judge()
+            return judge(task, exc, self._max_deliveries)
         return Outcome(task.message_id)
 
-    def _failed(self, task: Task, exc: BaseException) -> Outcome:
-        reason = f"processing_failed:{type(exc).__name__}:{exc}"[:500]
-        if task.delivery_count >= self._max_deliveries:
-            logger.error(
-                "task %s failed on delivery %d of %d (%s): moved to the DLQ",
-                task.message_id,
-                task.delivery_count,
-                self._max_deliveries,
-                reason,
-            )
-            return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
+
+def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
+    """What to do with the message of a task whose handler raised ``exc``.
+
+    Every ``BaseException`` counts: a handler raising SystemExit or KeyboardInterrupt must not
+    kill its thread or event loop (the task would look running forever and the pool would
+    shrink). It is a failed delivery like any other, so a task that does it every time reaches
+    the DLQ; ``BadTaskError`` goes there at once.
+    """
+    if isinstance(exc, BadTaskError):
+        logger.warning("task %s rejected by its handler (%s): moved to the DLQ", task.message_id, exc)
+        return Outcome.to_dlq(task.message_id, exc.reason, task.delivery_count, task.body)
+    reason = f"processing_failed:{type(exc).__name__}:{exc}"[:500]
+    if task.delivery_count >= max_deliveries:
         logger.error(
-            "task %s failed on delivery %d of %d (%s); left pending for redelivery",
+            "task %s failed on delivery %d of %d (%s): moved to the DLQ",
             task.message_id,
             task.delivery_count,
-            self._max_deliveries,
+            max_deliveries,
+            reason,
+        )
+        return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
+    if is_redis_failure(exc):  # an outage, not a bug in the handler: one line, no traceback
+        logger.warning(
+            "task %s failed on delivery %d of %d: Redis failed (%s: %s); left pending for redelivery",
+            task.message_id,
+            task.delivery_count,
+            max_deliveries,
             type(exc).__name__,
-            exc_info=exc,
+            exc,
         )
         return Outcome(task.message_id, RETRY)
+    logger.error(
+        "task %s failed on delivery %d of %d (%s); left pending for redelivery",
+        task.message_id,
+        task.delivery_count,
+        max_deliveries,
+        type(exc).__name__,
+        exc_info=exc,
+    )
+    return Outcome(task.message_id, RETRY)

@@ -50,6 +50,7 @@ def worker_status(worker: Worker) -> dict[str, Any]:
         "ready": ready,
         "ready_reason": reason,
         "in_flight": worker.in_flight,
+        "executions_in_flight": worker.observers.executions_in_flight,
         "unsettled": worker.settler.backlog,
         "processed": counters["completed"],
         "failed": counters["failed"],

@@ -8,7 +8,7 @@ import time
 
 from plaita.config import Settings
 from plaita.runtime.counters import CounterBook
-from plaita.runtime.pool import HandlerPool
+from plaita.runtime.pool import Pool
 from plaita.runtime.renewer import InFlight, InFlightTable
 from plaita.runtime.settler import Settler
 from plaita.store.streams import StreamQueue
@@ -29,7 +29,7 @@ class Drainer:
         settings: Settings,
         *,
         queue: StreamQueue,
-        pool: HandlerPool,
+        pool: Pool,
         inflight: InFlightTable,
         settler: Settler,
         counters: CounterBook,

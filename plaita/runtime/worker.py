@@ -17,13 +17,14 @@ from typing import Any
 
 from plaita.config import Settings, new_instance_id
 from plaita.fsm import ACTIVE_STATES, BackoffPolicy, ErrorKind, Lifecycle, State, describe_failure
+from plaita.runtime.aio_pool import AsyncHandlerPool, is_async_handler
 from plaita.runtime.consume import ConsumePhases
 from plaita.runtime.counters import CounterBook
 from plaita.runtime.intake import Intake
 from plaita.runtime.observer import Observers, WorkerObserver
 from plaita.runtime.outage import Outage
 from plaita.runtime.outcomes import OutcomeRouter
-from plaita.runtime.pool import Handler, HandlerPool
+from plaita.runtime.pool import Handler, HandlerPool, Pool
 from plaita.runtime.renewer import InFlightTable, LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.status import worker_status
@@ -106,7 +107,9 @@ class Worker:
             observers=self.observers,
             slot_freed=self._slot_freed,
         )
-        self.pool = HandlerPool(
+        # Async handlers share one event loop (--concurrency coroutines); sync ones get threads.
+        pool_class = AsyncHandlerPool if is_async_handler(handler) else HandlerPool
+        self.pool: Pool = pool_class(
             handler, concurrency=settings.concurrency, max_deliveries=settings.max_deliveries, on_done=router
         )
         self.intake = Intake(

@@ -36,6 +36,7 @@ def stream_stats(q: StreamQueue) -> dict[str, Any]:
         "oldest_pending_age_s": round(oldest_age_s, 3),
     }
 
+
 def is_settled(q: StreamQueue) -> bool:
     """True when the stream is empty and nothing is pending (every ack reached Redis)."""
     pipe = q.client.pipeline(transaction=False)
@@ -43,6 +44,7 @@ def is_settled(q: StreamQueue) -> bool:
     pipe.xpending(q.stream, q.group)
     length, pending = pipe.execute()
     return int(length) == 0 and int(pending.get("pending", 0) or 0) == 0
+
 
 def stream_stats_or_empty(q: StreamQueue) -> dict[str, Any]:
     """``stream_stats``, or zeros with a note when the stream or its group does not exist yet."""

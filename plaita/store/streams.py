@@ -28,6 +28,7 @@ from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body
 
 logger = logging.getLogger(__name__)
 
+
 def _raw_reply(response: Any, **_options: Any) -> Any:
     return response
 
@@ -441,4 +442,3 @@ class StreamQueue:
                 c.close()
             except Exception:  # closing is best effort during shutdown
                 logger.debug("closing a redis client failed", exc_info=True)
-

@@ -294,3 +294,20 @@ def test_resume_of_a_still_running_execution_is_applied_at_its_suspension(h: Har
     assert [e["outcome"] for e in doc["history"]] == ["suspended", "ok", "ok"]
     h.run(start("pr1", "signup"))  # the dead worker's start, redelivered at last: a no-op
     assert ledgers("pr1", ["create", "wait_email", "finish"]) == [0, 2, 1]
+
+
+def test_redelivered_resume_whose_worker_died_in_a_later_step_continues(h: Harness) -> None:
+    """The resume was applied and checkpointed, then its worker was killed in ``finish``: the
+    redelivered resume task must carry the execution on, not ack it as a duplicate."""
+    flow = h.runner.flows.get("signup")
+    assert flow is not None
+    doc = model.new_execution("pr2", flow, {}, dedup_key=None, now_s=time.time())
+    doc.update(step_index=2, step="finish", state={"user": "ann", "email": "a@x"}, applied_resumes=["ev-2"])
+    task, lease = h.task(start("pr2", "signup"))
+    assert h.store.create("pr2", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
+    h.leases.release(lease)
+    doc = h.run(resume("pr2", "event", "a@x", resume_id="ev-2"))
+    assert doc is not None and doc["status"] == "completed", doc
+    assert ledgers("pr2", ["create", "wait_email", "finish"]) == [0, 0, 1]
+    h.run(resume("pr2", "event", "a@x", resume_id="ev-2"))  # once terminal, a duplicate is a no-op
+    assert ledgers("pr2", ["finish"]) == [1]

@@ -1,0 +1,171 @@
+"""Async handlers: one event loop on one thread runs at most ``concurrency`` coroutines.
+
+The worker uses this pool instead of ``HandlerPool`` when its handler is an ``async def``
+function (or a callable whose ``__call__`` is one): a thousand waiting coroutines cost one
+thread, not a thousand. Same interface, same outcome rules (``judge``), same drain: tasks
+not started yet wait in one queue that ``take_unstarted`` empties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from plaita.runtime.pool import Done, Handler, judge, stream_order
+from plaita.runtime.settler import Outcome
+from plaita.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+#: Exponential moving average weight for handler duration (as the thread pool).
+_EWMA_ALPHA = 0.2
+#: Longest wait for the loop thread to exit after ``stop`` (it only has to leave run_forever).
+_STOP_JOIN_S = 1.0
+
+
+def is_async_handler(handler: object) -> bool:
+    """True for an ``async def`` function or bound method, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - the method itself is inspected
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+class AsyncHandlerPool:
+    """Runs tasks as coroutines on one event loop thread; reports finished tasks via ``on_done``.
+
+    Tasks finishing in the same loop iteration are reported as one chunk (one settler hand-off
+    for them all), the way the thread pool reports a chunk.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        concurrency: int,
+        max_deliveries: int,
+        on_done: Callable[[list[Done]], None],
+    ) -> None:
+        self._handler = handler
+        self._concurrency = concurrency
+        self._max_deliveries = max_deliveries
+        self._on_done = on_done
+        self._lock = threading.Lock()
+        self._waiting: collections.deque[Task] = collections.deque()
+        self._running = 0
+        self._finished: list[Done] = []
+        self._loop = asyncio.new_event_loop()
+        # asyncio.to_thread (sync flow steps, blocking Redis calls) uses the default executor,
+        # by default min(32, cores + 4) threads: sized to --concurrency, so none waits for one.
+        self._offload = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="plaita-async-offload")
+        self._loop.set_default_executor(self._offload)
+        self._thread = threading.Thread(target=self._serve, name="plaita-async-handlers", daemon=True)
+        # Strong references: the loop keeps only weak ones, and a collected task just vanishes.
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.mean_duration_s: float | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, tasks: list[Task]) -> None:
+        if not tasks:
+            return
+        with self._lock:
+            self._waiting.extend(tasks)
+        self._call_soon(self._fill)
+
+    @property
+    def busy(self) -> int:
+        """Tasks queued or running."""
+        with self._lock:
+            return len(self._waiting) + self._running
+
+    def take_unstarted(self) -> list[Task]:
+        """Remove and return every task no coroutine has started, in stream order."""
+        with self._lock:
+            taken = list(self._waiting)
+            self._waiting.clear()
+        return sorted(taken, key=lambda t: stream_order(t.message_id))
+
+    def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
+        """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
+        while True:
+            if self.busy <= 0:
+                return True
+            if deadline_s - time.monotonic() <= 0 or abort.is_set():
+                return False
+            abort.wait(0.02)
+
+    def stop(self) -> None:
+        """Stop the loop; running coroutines are abandoned, not cancelled (the thread pool does
+        not interrupt its handlers either, and the process is about to exit)."""
+        self._call_soon(self._loop.stop)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(_STOP_JOIN_S)
+        self._offload.shutdown(wait=False)
+
+    # -- on the loop thread ----------------------------------------------------------------
+    def _call_soon(self, fn: Callable[[], object]) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # the loop is closed: the worker is on its way out
+            logger.debug("async handler loop closed; %s dropped", getattr(fn, "__name__", fn))
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            # With coroutines abandoned at a stop-now, closing would make their offloaded calls
+            # fail noisily as they finish; the process is exiting, so leave the loop to it.
+            if not self._tasks:
+                self._loop.close()
+
+    def _fill(self) -> None:
+        """Start waiting tasks while fewer than ``concurrency`` run."""
+        while True:
+            with self._lock:
+                if not self._waiting or self._running >= self._concurrency:
+                    return
+                task = self._waiting.popleft()
+                self._running += 1
+            job = self._loop.create_task(self._run(task), name=f"plaita-task-{task.message_id}")
+            self._tasks.add(job)
+            job.add_done_callback(self._tasks.discard)
+
+    async def _run(self, task: Task) -> None:
+        started = time.monotonic()
+        outcome = await self._call(task)
+        duration_s = time.monotonic() - started
+        with self._lock:
+            self._running -= 1
+            m = self.mean_duration_s
+            self.mean_duration_s = duration_s if m is None else m + _EWMA_ALPHA * (duration_s - m)
+        if not self._finished:
+            self._loop.call_soon(self._report)
+        self._finished.append((task, outcome, duration_s))
+        self._fill()
+
+    async def _call(self, task: Task) -> Outcome:
+        """Await the handler. ``BaseException`` (SystemExit inside a coroutine, say) is caught:
+        it fails this task, never the loop that runs every other one."""
+        try:
+            result = self._handler(task)
+            if inspect.isawaitable(result):
+                await result
+        except BaseException as exc:  # noqa: B036 - see the docstring
+            return judge(task, exc, self._max_deliveries)
+        return Outcome(task.message_id)
+
+    def _report(self) -> None:
+        done, self._finished = self._finished, []
+        try:
+            self._on_done(done)
+        except Exception:  # the router guards its observers; this would be a plaita bug
+            logger.exception("reporting %d finished task(s) failed", len(done))
