@@ -37,9 +37,23 @@ QUEUE = "plaita:flow:queue"
 GROUP = "plaita-workers"
 DRAIN_TIMEOUT_S = 5.0
 LEASE_TTL_S = 10.0
-WORKER_ARGS = ["--flows", "bench.soak_flows", "--keeper", "--concurrency", "4", "--lease-ttl-s", str(LEASE_TTL_S),
-               "--claim-min-idle-ms", "3000", "--reclaim-interval-s", "1", "--drain-timeout-s", str(DRAIN_TIMEOUT_S),
-               "--max-deliveries", "50"]  # fmt: skip
+WORKER_ARGS = [
+    "--flows",
+    "bench.soak_flows",
+    "--keeper",
+    "--concurrency",
+    "4",
+    "--lease-ttl-s",
+    str(LEASE_TTL_S),
+    "--claim-min-idle-ms",
+    "3000",
+    "--reclaim-interval-s",
+    "1",
+    "--drain-timeout-s",
+    str(DRAIN_TIMEOUT_S),
+    "--max-deliveries",
+    "50",
+]
 #: Mix of what the producer starts (weights).
 MIX = {"soak-plain": 60, "soak-multi": 15, "soak-suspend": 10, "soak-retry": 10, "cancel": 5}
 RESUME_AFTER_S = 2.0
@@ -186,8 +200,14 @@ def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float
     sup = Supervisor(queue_server, history_server.url, workers, WORKER_ARGS, out)
     producer = Producer(queue_server.url, rate_per_s, seed)
     nemesis = Nemesis(faults, queue_server, sup, QUEUE, GROUP)
-    times: dict[str, Any] = {"seed": seed, "duration_s": duration_s, "workers": workers, "rate_per_s": rate_per_s,
-                             "drain_timeout_s": DRAIN_TIMEOUT_S, "lease_ttl_s": LEASE_TTL_S}  # fmt: skip
+    times: dict[str, Any] = {
+        "seed": seed,
+        "duration_s": duration_s,
+        "workers": workers,
+        "rate_per_s": rate_per_s,
+        "drain_timeout_s": DRAIN_TIMEOUT_S,
+        "lease_ttl_s": LEASE_TTL_S,
+    }
     try:
         sup.start()
         time.sleep(3.0)  # python start-up of the workers (not a synchronisation: faults may hit them anyway)
@@ -196,6 +216,9 @@ def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float
         nemesis.start()
         print(f"soak: seed {seed}, {len(faults)} faults over {duration_s:.0f} s, {workers} workers", flush=True)
         nemesis.join(duration_s + 60)
+        rest_s = times["t_start"] + duration_s - time.time()
+        if rest_s > 0:
+            time.sleep(rest_s)  # the fault phase lasts its full length even when the last fault ended early
         times["t_nemesis_end"] = time.time()
         time.sleep(QUIET_S)
         producer.stop()
@@ -204,8 +227,13 @@ def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float
         times["settle_s"] = round(_settle(queue_server, ids), 2)
         times["shutdown"] = sup.stop_all(DRAIN_TIMEOUT_S)
         times["t_end"] = time.time()
-        data = {"meta": times, "faults": nemesis.log, "producer": producer.log, "supervisor": sup.events,
-                **_final_state(queue_server, history, sorted({r["id"] for r in producer.log if r["op"] == "start"}))}
+        data = {
+            "meta": times,
+            "faults": nemesis.log,
+            "producer": producer.log,
+            "supervisor": sup.events,
+            **_final_state(queue_server, history, sorted({r["id"] for r in producer.log if r["op"] == "start"})),
+        }
         (out / "run.json").write_text(json.dumps(data))
     finally:
         sup.restarting = False

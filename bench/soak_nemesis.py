@@ -38,8 +38,15 @@ KINDS: dict[str, int] = {
     "group_destroy": 1,
 }
 #: Kinds whose target is one worker slot (the rest target the queue's Redis).
-SLOT_KINDS = {"proxy_blackhole", "proxy_reset", "proxy_latency", "worker_kill9", "worker_sigterm", "remote_pause",
-              "remote_stop"}  # fmt: skip
+SLOT_KINDS = {
+    "proxy_blackhole",
+    "proxy_reset",
+    "proxy_latency",
+    "worker_kill9",
+    "worker_sigterm",
+    "remote_pause",
+    "remote_stop",
+}
 #: Kinds after which the slot's worker exits (the supervisor restarts it).
 EXIT_KINDS = {"worker_kill9", "worker_sigterm", "remote_stop"}
 #: Mean gap between fault starts, seconds.
@@ -67,8 +74,11 @@ def schedule(seed: int, duration_s: float, workers: int) -> list[Fault]:
     while t < duration_s - 2.0:
         kind = rng.choices(kinds, weights)[0]
         target = f"slot-{rng.randrange(workers)}" if kind in SLOT_KINDS else "redis"
-        duration = round(rng.uniform(1.0, 8.0), 2) if kind in ("redis_sigstop", "proxy_blackhole", "proxy_latency",
-                                                               "remote_pause") else round(rng.uniform(0.3, 2.0), 2)  # fmt: skip
+        duration = (
+            round(rng.uniform(1.0, 8.0), 2)
+            if kind in ("redis_sigstop", "proxy_blackhole", "proxy_latency", "remote_pause")
+            else round(rng.uniform(0.3, 2.0), 2)
+        )
         duration = min(duration, max(0.1, duration_s - t - 0.5))
         latency = rng.randint(50, 300) if kind == "proxy_latency" else 0
         faults.append(Fault(round(t, 2), kind, target, duration, latency))
@@ -115,10 +125,24 @@ class Supervisor:
 
     def _spawn(self, slot: Slot) -> None:
         consumer = self.consumer(slot)
-        args = [sys.executable, "-m", "plaita", "--log-level", "WARNING", "worker", "--redis-url", slot.proxy.url,
-                "--consumer-name", consumer, *self.worker_args]  # fmt: skip
-        env = {"PLAITA_SOAK_HISTORY_URL": self.history_url, "PLAITA_REDIS_URL": slot.proxy.url,
-               "PLAITA_CONSUMER_NAME": consumer}  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "plaita",
+            "--log-level",
+            "WARNING",
+            "worker",
+            "--redis-url",
+            slot.proxy.url,
+            "--consumer-name",
+            consumer,
+            *self.worker_args,
+        ]
+        env = {
+            "PLAITA_SOAK_HISTORY_URL": self.history_url,
+            "PLAITA_REDIS_URL": slot.proxy.url,
+            "PLAITA_CONSUMER_NAME": consumer,
+        }
         slot.proc = Subprocess(args, env=env, prefix=f"plaita-soak-{consumer}-")
         self._log("start", slot, pid=slot.proc.pid)
 
@@ -284,8 +308,19 @@ class Nemesis:
         return out
 
     def _admin(self, command: str, slot: Slot) -> str:
-        args = [sys.executable, "-m", "plaita", command, self.sup.consumer(slot), "--redis-url", self.server.url,
-                "--queue-name", self.queue, "--consumer-group", self.group]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "plaita",
+            command,
+            self.sup.consumer(slot),
+            "--redis-url",
+            self.server.url,
+            "--queue-name",
+            self.queue,
+            "--consumer-group",
+            self.group,
+        ]
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=15, cwd=ROOT, check=False)
         except subprocess.TimeoutExpired:

@@ -9,12 +9,20 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-COLOURS = {"redis_sigstop": "tab:red", "redis_kill9": "darkred", "proxy_blackhole": "tab:purple",
-           "proxy_reset": "tab:pink", "proxy_latency": "tab:olive", "worker_kill9": "black",
-           "worker_sigterm": "tab:gray", "remote_pause": "tab:cyan", "remote_stop": "tab:brown",
-           "group_destroy": "tab:orange"}  # fmt: skip
+COLOURS = {
+    "redis_sigstop": "tab:red",
+    "redis_kill9": "darkred",
+    "proxy_blackhole": "tab:purple",
+    "proxy_reset": "tab:pink",
+    "proxy_latency": "tab:olive",
+    "worker_kill9": "black",
+    "worker_sigterm": "tab:gray",
+    "remote_pause": "tab:cyan",
+    "remote_stop": "tab:brown",
+    "group_destroy": "tab:orange",
+}
 
 
 def plot(d: dict[str, Any], path: Path) -> None:
@@ -42,8 +50,15 @@ def plot(d: dict[str, Any], path: Path) -> None:
         label = f["kind"] if f["kind"] not in seen else None
         seen.add(f["kind"])
         width = max(f["end"] - f["start"], 0.4)
-        ax.axvspan(f["start"] - t0, f["start"] - t0 + width, ymin=lane, ymax=lane + 0.1, color=COLOURS.get(f["kind"], "grey"),
-                   alpha=0.6, label=label)  # fmt: skip
+        ax.axvspan(
+            f["start"] - t0,
+            f["start"] - t0 + width,
+            ymin=lane,
+            ymax=lane + 0.1,
+            color=COLOURS.get(f["kind"], "grey"),
+            alpha=0.6,
+            label=label,
+        )
     ax.plot(xs, [done[x] for x in xs], color="tab:green", lw=1.2, label="steps completed /s")
     ax.plot(xs, inflight, color="tab:blue", lw=1.0, label="steps in flight (approx.)")
     ax.axvline(d["meta"]["t_nemesis_end"] - t0, color="k", ls="--", lw=0.8, label="nemesis stops")
