@@ -141,3 +141,14 @@ def test_the_schedule_is_a_function_of_the_seed(seed: int) -> None:
     assert faults != schedule(seed + 1, 120.0, 3)
     assert all(f.at_s > 0 and f.at_s + f.duration_s <= 120.0 and f.kind in KINDS for f in faults)
     assert {f.target for f in faults} <= {"redis", "slot-0", "slot-1", "slot-2"}
+
+
+def test_a_plain_rerun_after_a_reset_on_its_own_path_passes_6_but_not_on_another_path() -> None:
+    d = good_run()
+    d["history"] += _run("p1", "run", T0 + 5, T0 + 5.1, pid=3)
+    d["supervisor"].append({"event": "start", "slot": 0, "pid": 1, "t": T0})
+    reset = {"kind": "proxy_reset", "target": "slot-0", "start": T0 + 1.15, "end": T0 + 1.15, "note": ""}
+    d["faults"].append(reset)
+    assert "6" not in _failing(d)
+    d["faults"][-1] = {**reset, "target": "slot-1"}
+    assert "6" in _failing(d)
