@@ -61,6 +61,8 @@ CANCEL_AFTER_S = 0.3
 #: After the nemesis stops, the producer goes on this long (recovery is measured here); a
 #: sixth of the fault phase within these bounds, so the 60 s CI soak stays under 90 s.
 QUIET_MIN_S, QUIET_MAX_S = 10.0, 15.0
+#: Longest the producer goes on sending owed resumes and cancels after it stopped starting.
+OWED_TIMEOUT_S = 15.0
 #: Longest wait for every execution to end once the producer stopped.
 SETTLE_TIMEOUT_S = 45.0
 
@@ -93,7 +95,7 @@ class Producer:
             next_at = max(next_at + self.every_s, time.monotonic())
             self._stop.wait(max(0.0, next_at - time.monotonic()))
         # Resumes and cancels still owed are sent (bounded): the executions must be able to end.
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S / 2
+        deadline = time.monotonic() + OWED_TIMEOUT_S
         while self.todo and time.monotonic() < deadline:
             self._due(time.monotonic() + RESUME_AFTER_S)
             time.sleep(0.2)
@@ -113,6 +115,8 @@ class Producer:
         except redis.RedisError as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"
         self.log.append(rec)
+        if "mid" not in rec:
+            return  # not acknowledged: it may or may not run, and nothing is owed to it
         if kind == "soak-suspend":
             self.todo.append((time.monotonic() + RESUME_AFTER_S, "resume", eid))
         elif kind == "cancel":
