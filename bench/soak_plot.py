@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench.soak_checker import deaths_of, runs
+
 COLOURS = {
     "redis_sigstop": "tab:red",
     "redis_kill9": "darkred",
@@ -32,12 +34,13 @@ def plot(d: dict[str, Any], path: Path) -> None:
     done: dict[int, int] = defaultdict(int)
     delta: dict[int, int] = defaultdict(int)
     for r in d["history"]:
-        sec = int(r["t"] - t0)
         if r["kind"] == "E":
-            done[sec] += 1
-            delta[sec] -= 1
-        elif r["kind"] == "S":
-            delta[sec] += 1
+            done[int(r["t"] - t0)] += 1
+    # In flight from whole runs: a run cut by a kill ends at its process' death, not never.
+    for rs in runs(d["history"], deaths_of(d), d["meta"]["t_end"]).values():
+        for run in rs:
+            delta[int(run["t"] - t0)] += 1
+            delta[int(run["end"] - t0)] -= 1
     xs = list(range(max(0, horizon)))
     inflight, level = [], 0
     for x in xs:
@@ -60,7 +63,7 @@ def plot(d: dict[str, Any], path: Path) -> None:
             label=label,
         )
     ax.plot(xs, [done[x] for x in xs], color="tab:green", lw=1.2, label="steps completed /s")
-    ax.plot(xs, inflight, color="tab:blue", lw=1.0, label="steps in flight (approx.)")
+    ax.plot(xs, inflight, color="tab:blue", lw=1.0, label="steps in flight")
     ax.axvline(d["meta"]["t_nemesis_end"] - t0, color="k", ls="--", lw=0.8, label="nemesis stops")
     ax.set_xlabel("seconds since the producer started")
     ax.set_ylabel("steps")
