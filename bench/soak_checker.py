@@ -249,11 +249,14 @@ def check(d: dict[str, Any]) -> list[dict[str, Any]]:
 def summary(d: dict[str, Any], results: list[dict[str, Any]]) -> str:
     m = d["meta"]
     kinds: dict[str, int] = defaultdict(int)
+    missed: dict[str, int] = defaultdict(int)
     for f in d["faults"]:
         kinds[f["kind"]] += 1
+        # A worker fault on a slot whose worker was restarting, or a command nobody received.
+        missed[f["kind"]] += any(m in f["note"] for m in ("not applied", "no live worker", "rc=1", "timed out"))
     lines = [
         f"seed {m['seed']}, {m['duration_s']:.0f} s of faults, {m['workers']} workers, {m['rate_per_s']:g} starts/s",
-        "faults: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())),
+        "faults (not applied): " + ", ".join(f"{k} {v} ({missed[k]})" for k, v in sorted(kinds.items())),
         f"history records {len(d['history'])}, DLQ {len(d['dlq'])}, stream left {d['stream_len']}",
         "",
         "| guarantee | result | count | note |",
