@@ -196,6 +196,29 @@ def _settle(server: RedisServer, ids: list[str]) -> float:
     return time.monotonic() - t0
 
 
+def _drive(sup: Supervisor, producer: Producer, nemesis: Nemesis, server: RedisServer, times: dict[str, Any]) -> None:
+    """The phases: start-up, faults with load, quiet load, settle, final SIGTERM (times noted)."""
+    duration_s = times["duration_s"]
+    sup.start()
+    time.sleep(3.0)  # python start-up of the workers (not a synchronisation: faults may hit them anyway)
+    times["t_start"] = time.time()
+    producer.start()
+    nemesis.start()
+    print(f"soak: seed {times['seed']}, {len(nemesis.faults)} faults over {duration_s:.0f} s", flush=True)
+    nemesis.join(duration_s + 60)
+    rest_s = times["t_start"] + duration_s - time.time()
+    if rest_s > 0:
+        time.sleep(rest_s)  # the fault phase lasts its full length even when the last fault ended early
+    times["t_nemesis_end"] = time.time()
+    time.sleep(min(QUIET_MAX_S, max(QUIET_MIN_S, duration_s / 6)))
+    producer.stop()
+    times["t_producer_end"] = time.time()
+    ids = [r["id"] for r in producer.log if r["op"] == "start" and "mid" in r]
+    times["settle_s"] = round(_settle(server, ids), 2)
+    times["shutdown"] = sup.stop_all(DRAIN_TIMEOUT_S)
+    times["t_end"] = time.time()
+
+
 def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     faults = schedule(seed, duration_s, workers)
@@ -214,24 +237,7 @@ def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float
         "lease_ttl_s": LEASE_TTL_S,
     }
     try:
-        sup.start()
-        time.sleep(3.0)  # python start-up of the workers (not a synchronisation: faults may hit them anyway)
-        times["t_start"] = time.time()
-        producer.start()
-        nemesis.start()
-        print(f"soak: seed {seed}, {len(faults)} faults over {duration_s:.0f} s, {workers} workers", flush=True)
-        nemesis.join(duration_s + 60)
-        rest_s = times["t_start"] + duration_s - time.time()
-        if rest_s > 0:
-            time.sleep(rest_s)  # the fault phase lasts its full length even when the last fault ended early
-        times["t_nemesis_end"] = time.time()
-        time.sleep(min(QUIET_MAX_S, max(QUIET_MIN_S, duration_s / 6)))
-        producer.stop()
-        times["t_producer_end"] = time.time()
-        ids = [r["id"] for r in producer.log if r["op"] == "start" and "mid" in r]
-        times["settle_s"] = round(_settle(queue_server, ids), 2)
-        times["shutdown"] = sup.stop_all(DRAIN_TIMEOUT_S)
-        times["t_end"] = time.time()
+        _drive(sup, producer, nemesis, queue_server, times)
         data = {
             "meta": times,
             "faults": nemesis.log,

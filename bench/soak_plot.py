@@ -27,8 +27,8 @@ COLOURS = {
 }
 
 
-def plot(d: dict[str, Any], path: Path) -> None:
-    t0 = d["meta"]["t_start"]
+def _series(d: dict[str, Any], t0: float) -> tuple[list[int], list[int], list[int]]:
+    """Per second since ``t0``: the seconds, steps completed, steps in flight."""
     ends = [r["t"] for r in d["history"] if r["kind"] == "E"]
     horizon = int(max([d["meta"]["t_end"], *ends]) - t0) + 1
     done: dict[int, int] = defaultdict(int)
@@ -46,6 +46,12 @@ def plot(d: dict[str, Any], path: Path) -> None:
     for x in xs:
         level += delta[x]
         inflight.append(max(0, level))
+    return xs, [done[x] for x in xs], inflight
+
+
+def plot(d: dict[str, Any], path: Path) -> None:
+    t0 = d["meta"]["t_start"]
+    xs, done, inflight = _series(d, t0)
     fig, ax = plt.subplots(figsize=(12, 4.5))
     seen = set()
     for f in d["faults"]:
@@ -62,7 +68,7 @@ def plot(d: dict[str, Any], path: Path) -> None:
             alpha=0.6,
             label=label,
         )
-    ax.plot(xs, [done[x] for x in xs], color="tab:green", lw=1.2, label="steps completed /s")
+    ax.plot(xs, done, color="tab:green", lw=1.2, label="steps completed /s")
     ax.plot(xs, inflight, color="tab:blue", lw=1.0, label="steps in flight")
     ax.axvline(d["meta"]["t_nemesis_end"] - t0, color="k", ls="--", lw=0.8, label="nemesis stops")
     ax.set_xlabel("seconds since the producer started")
