@@ -9,6 +9,7 @@ follows it; a run without an end was cut short (its process died, or the soak en
 
 from __future__ import annotations
 
+import bisect
 import json
 import sys
 from collections import defaultdict
@@ -246,6 +247,21 @@ def check(d: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def resumptions(d: dict[str, Any]) -> str:
+    """After each Redis freeze or restart: how soon the first step completed (median, max)."""
+    ends = sorted(r["t"] for r in d["history"] if r["kind"] == "E")
+    parts = []
+    for kind in ("redis_sigstop", "redis_kill9"):
+        gaps = sorted(
+            ends[i] - f["end"]
+            for f in d["faults"]
+            if f["kind"] == kind and (i := bisect.bisect_left(ends, f["end"])) < len(ends)
+        )
+        if gaps:
+            parts.append(f"{kind} {len(gaps)}: median {gaps[len(gaps) // 2]:.2f} s, max {gaps[-1]:.2f} s")
+    return "first step completed after the fault ended: " + ("; ".join(parts) or "no Redis fault")
+
+
 def summary(d: dict[str, Any], results: list[dict[str, Any]]) -> str:
     m = d["meta"]
     kinds: dict[str, int] = defaultdict(int)
@@ -258,6 +274,7 @@ def summary(d: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"seed {m['seed']}, {m['duration_s']:.0f} s of faults, {m['workers']} workers, {m['rate_per_s']:g} starts/s",
         "faults (not applied): " + ", ".join(f"{k} {v} ({missed[k]})" for k, v in sorted(kinds.items())),
         f"history records {len(d['history'])}, DLQ {len(d['dlq'])}, stream left {d['stream_len']}",
+        resumptions(d),
         "",
         "| guarantee | result | count | note |",
         "|---|---|---|---|",
