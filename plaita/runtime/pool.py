@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 
 from plaita.errors import BadTaskError
-from plaita.fsm import is_redis_failure
 from plaita.runtime.settler import RETRY, Outcome
 from plaita.tasks import Task
 
@@ -165,17 +164,6 @@ class HandlerPool:
                 reason,
             )
             return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
-        if is_redis_failure(exc):
-            # Redis failed under the task (an outage the worker rides out): expected, one line.
-            logger.warning(
-                "task %s interrupted by a Redis failure on delivery %d of %d (%s: %s); left pending for redelivery",
-                task.message_id,
-                task.delivery_count,
-                self._max_deliveries,
-                type(exc).__name__,
-                exc,
-            )
-            return Outcome(task.message_id, RETRY)
         logger.error(
             "task %s failed on delivery %d of %d (%s); left pending for redelivery",
             task.message_id,
