@@ -107,9 +107,13 @@ def cmd_workers(args: argparse.Namespace) -> int:
 def _resolve_instance(client: Client, instance: str) -> str:
     if fleet.is_registered(client, instance):
         return instance
-    for w in list_workers(client):  # also accept a consumer name
-        if w.get("consumer") == instance:
-            return str(w["instance_id"])
+    matches = [w for w in list_workers(client) if w.get("consumer") == instance]  # also accept a consumer name
+    if matches:
+        # A worker killed moments ago leaves its entry (until its TTL) under the consumer name
+        # its restarted successor uses: address the one that listens, else the freshest.
+        live = [w for w in matches if fleet.listeners(client, str(w["instance_id"]))]
+        newest = max(live or matches, key=lambda w: float(w.get("last_heartbeat") or 0))
+        return str(newest["instance_id"])
     if fleet.listeners(client, instance):
         # Its registry entry expired (say Redis refused the heartbeat's writes) but it listens.
         print(f"plaita: {instance!r} is not in the registry (expired?) but listens on its channel", file=sys.stderr)

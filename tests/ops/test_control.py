@@ -209,3 +209,18 @@ class TestListenerResilience:
         assert log.count("control channel unavailable") == 1, log
         assert log.count("control channel re-subscribed") == 1, log
         assert "TypeError" not in log and "Traceback" not in log, log
+
+
+def test_a_consumer_name_reaches_the_live_worker_not_a_killed_predecessors_entry(
+    rclient: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """A worker killed with -9 leaves its registry entry for up to its TTL under the consumer
+    name its restarted successor uses (found by the soak: `plaita pause soak-0` went to the dead
+    one's channel and failed with "no worker is listening"). The name must reach the live one."""
+    with ops_worker(redis_url, tmp_path) as w:
+        live = json.loads(rclient.get(REGISTRY_PREFIX + w.instance_id))  # type: ignore[arg-type]
+        stale = {**live, "instance_id": "0-killed-predecessor", "pid": 1}  # sorts before the live one
+        rclient.set(REGISTRY_PREFIX + "0-killed-predecessor", json.dumps(stale), ex=30)
+        paused = plaita(redis_url, "pause", w.consumer)
+        assert paused.returncode == 0 and w.instance_id in paused.stdout, (paused.stdout, paused.stderr)
+        w.wait_state("PAUSED", timeout_s=5)
