@@ -299,30 +299,6 @@ def _check_finite(settings: Settings) -> None:
             raise ConfigError(f"{flag} must be a finite number (got {value!r})")
 
 
-def check_bindable(host: str, port: int) -> None:
-    """ConfigError unless a TCP server can listen on ``host:port`` right now.
-
-    For ``--metrics-port``: a port in use or an address this machine does not have must stop
-    the worker at start with one line, not with a traceback from the HTTP server thread.
-    Port 0 (any free port) only checks the host. The probe socket is closed at once.
-    """
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--metrics-port must be within 0..65535 (got {port})")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (OSError, UnicodeError, ValueError) as exc:  # ValueError: an embedded NUL
-        raise ConfigError(f"--metrics-host {host!r} cannot be resolved: {exc}") from None
-    family, kind, proto, _name, address = infos[0]
-    try:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on --metrics-host {host!r} --metrics-port {port}: {exc.strerror or exc}"
-        ) from None
-
-
 def env_first(env: Mapping[str, str], *names: str) -> str | None:
     """The first non-empty environment variable among ``names``."""
     for name in names:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
 
-from plaita.config import MAX_MS, Settings, check_bindable
+from plaita.config import MAX_MS, Settings
 from plaita.errors import ConfigError
 
 URL = "redis://127.0.0.1:1/0"
@@ -49,26 +48,3 @@ def test_defaults_and_edges_are_accepted() -> None:
     assert s.claim_min_idle_ms == MAX_MS
 
 
-def test_port_in_use_is_refused() -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen(1)
-        port = holder.getsockname()[1]
-        with pytest.raises(ConfigError, match=f"--metrics-port {port}"):
-            check_bindable("127.0.0.1", port)
-
-
-def test_free_port_and_any_port_are_accepted() -> None:
-    check_bindable("127.0.0.1", 0)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    check_bindable("127.0.0.1", port)
-    check_bindable("127.0.0.1", port)  # the probe itself leaves the port free
-
-
-@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid", ""])
-def test_unbindable_host_is_refused(host: str) -> None:
-    """An address this machine does not have (TEST-NET-1), an unresolvable name, or nothing."""
-    with pytest.raises(ConfigError, match="--metrics-host"):
-        check_bindable(host or "\x00", 0)

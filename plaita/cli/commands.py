@@ -35,12 +35,7 @@ def run_worker(args: argparse.Namespace) -> int:
     else:
         handler = load_handler(args.handler)
     worker = Worker(settings, handler)  # type: ignore[arg-type]
-    try:
-        ops = attach_operations(worker)  # binds --metrics-port
-    except OSError as exc:
-        raise ConfigError(
-            f"--metrics-port {settings.metrics_port} on {settings.metrics_host}: cannot listen ({exc.strerror or exc})"
-        ) from None
+    ops = attach_operations(worker)  # binds --metrics-port: ConfigError (exit 2) when it cannot listen
     if runner is not None:
         runner.observer = worker.observers  # execution metrics and the in-flight count
         ops.track_executions()
