@@ -101,6 +101,18 @@ def _mb(kb: int) -> str:
     return f"{kb / 1024:.1f} MB"
 
 
+def _shutdown_row(label: str, sd: ShutdownResult) -> tuple[str, str, str, bool, str]:
+    """The targets-table row of one shutdown series."""
+    codes = ",".join(str(c) for c in sorted(set(sd.exit_codes)))
+    return (
+        f"{label}, {len(sd.latencies_s)} trials",
+        f"max {_ms(sd.max_s)} (median {_ms(sd.median_s)}, p95 {_ms(sd.p95_s)}; exit codes {codes})",
+        f"< {TARGET_SHUTDOWN_S:g} s",
+        sd.max_s < TARGET_SHUTDOWN_S and set(sd.exit_codes) == {0},
+        f"slowest trial {_ms(sd.max_s)}",
+    )
+
+
 class Renderer:
     def __init__(self, res: Results, info: dict[str, str], command: str, wall_s: float) -> None:
         self.res = res
@@ -183,30 +195,12 @@ class Renderer:
                     "see the recovery table",
                 )
             )
-        sd = self.res.shutdown
-        if sd is not None:
-            codes = ",".join(str(c) for c in sorted(set(sd.exit_codes)))
-            rows.append(
-                (
-                    f"idle SIGTERM → exit, {len(sd.latencies_s)} trials",
-                    f"max {_ms(sd.max_s)} (median {_ms(sd.median_s)}, p95 {_ms(sd.p95_s)}; exit codes {codes})",
-                    f"< {TARGET_SHUTDOWN_S:g} s",
-                    sd.max_s < TARGET_SHUTDOWN_S and set(sd.exit_codes) == {0},
-                    f"slowest trial {_ms(sd.max_s)}",
-                )
-            )
-        fz = self.res.shutdown_frozen
-        if fz is not None:
-            codes = ",".join(str(c) for c in sorted(set(fz.exit_codes)))
-            rows.append(
-                (
-                    f"SIGTERM → exit with Redis frozen, {len(fz.latencies_s)} trials",
-                    f"max {_ms(fz.max_s)} (median {_ms(fz.median_s)}, p95 {_ms(fz.p95_s)}; exit codes {codes})",
-                    f"< {TARGET_SHUTDOWN_S:g} s",
-                    fz.max_s < TARGET_SHUTDOWN_S and set(fz.exit_codes) == {0},
-                    f"slowest trial {_ms(fz.max_s)}",
-                )
-            )
+        for label, result in (
+            ("idle SIGTERM → exit", self.res.shutdown),
+            ("SIGTERM → exit with Redis frozen", self.res.shutdown_frozen),
+        ):
+            if result is not None:
+                rows.append(_shutdown_row(label, result))
         if tp is not None and tp.idle is not None:
             idle = tp.idle
             rows.append(

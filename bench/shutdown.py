@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,18 +67,27 @@ def one_trial(url: str, stream: str, settle_s: float) -> tuple[float, int]:
         return _time_sigterm(worker)
 
 
-def run(url: str, trials: int) -> ShutdownResult:
+def _trials(title: str, trials: int, trial: Callable[[int], tuple[float, int]]) -> ShutdownResult:
+    """Run ``trial(i)`` ``trials`` times with a progress line; collect latencies and exit codes."""
     latencies: list[float] = []
     codes: list[int] = []
-    progress = Progress("idle SIGTERM -> exit", trials)
+    progress = Progress(title, trials)
     for i in range(trials):
-        latency, code = one_trial(url, "bench:shutdown", SETTLE_STEPS_S[i % len(SETTLE_STEPS_S)])
+        latency, code = trial(i)
         latencies.append(latency)
         codes.append(code)
         progress.step(note=f"{latency * 1000:.0f} ms, exit {code}")
     result = ShutdownResult(latencies, codes)
     progress.finish(f"max {result.max_s * 1000:.0f} ms, median {result.median_s * 1000:.0f} ms")
     return result
+
+
+def run(url: str, trials: int) -> ShutdownResult:
+    return _trials(
+        "idle SIGTERM -> exit",
+        trials,
+        lambda i: one_trial(url, "bench:shutdown", SETTLE_STEPS_S[i % len(SETTLE_STEPS_S)]),
+    )
 
 
 def one_frozen_trial(server: Freezable, stream: str, frozen_for_s: float) -> tuple[float, int]:
@@ -93,14 +103,8 @@ def one_frozen_trial(server: Freezable, stream: str, frozen_for_s: float) -> tup
 
 
 def run_frozen(server: Freezable, trials: int) -> ShutdownResult:
-    latencies: list[float] = []
-    codes: list[int] = []
-    progress = Progress("SIGTERM with Redis frozen -> exit", trials)
-    for i in range(trials):
-        latency, code = one_frozen_trial(server, "bench:shutdown-frozen", FROZEN_FOR_S[i % len(FROZEN_FOR_S)])
-        latencies.append(latency)
-        codes.append(code)
-        progress.step(note=f"{latency * 1000:.0f} ms, exit {code}")
-    result = ShutdownResult(latencies, codes)
-    progress.finish(f"max {result.max_s * 1000:.0f} ms, median {result.median_s * 1000:.0f} ms")
-    return result
+    return _trials(
+        "SIGTERM with Redis frozen -> exit",
+        trials,
+        lambda i: one_frozen_trial(server, "bench:shutdown-frozen", FROZEN_FOR_S[i % len(FROZEN_FOR_S)]),
+    )
