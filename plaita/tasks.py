@@ -242,11 +242,3 @@ def field_name_bytes(name: str) -> bytes:
 def encode_body(body: dict[str, Any]) -> str:
     """The ``payload`` field for ``body`` (UTF-8 JSON, non-ASCII kept as is)."""
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-
-
-def raw_payload_text(fields: Mapping[str, bytes | str]) -> str | None:
-    """The payload field as text (lossy for undecodable bytes), for DLQ envelopes."""
-    value = fields.get(PAYLOAD_FIELD)
-    if value is not None:
-        return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-    return None
