@@ -21,6 +21,7 @@ from redis.client import Pipeline
 from plaita.config import Settings
 from plaita.envelope import build_envelope
 from plaita.errors import PlaitaError
+from plaita.fsm.classify import error_code
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, make_client
 from plaita.store.leases import RELEASE_MANY
@@ -46,7 +47,7 @@ def raw_fields(fields: dict[str, bytes]) -> dict[bytes, bytes]:
 def _is_per_key(exc: Exception) -> bool:
     """An error that one key caused (it holds another type), not a failure of Redis itself."""
     # Errors raised inside a script keep the reply code of the command that failed (Redis >= 7).
-    return "WRONGTYPE" in str(exc)[:200]
+    return error_code(exc) == "WRONGTYPE"
 
 
 def _s(value: bytes | str) -> str:
