@@ -78,7 +78,8 @@ def _run_owner(worker: Any) -> None:
 def run_enqueue(args: argparse.Namespace) -> int:
     from plaita.fsm import is_redis_failure
     from plaita.store.client import make_client
-    from plaita.store.streams import ReplicationLagError, StreamQueue
+    from plaita.store.entries import ReplicationLagError
+    from plaita.store.streams import StreamQueue
     from plaita.tasks import validate_body
 
     url = args.redis_url or DEFAULT_REDIS_URL

@@ -244,10 +244,23 @@ class Demo:
         self.enqueue()
         self.say(f"flow worker running; starting {len(self.flows.ids)} executions of a 3-step flow that suspends")
         self.flows.enqueue()
+        gave_up = self.watch(deadline)
+        self.progress()
+        if gave_up:
+            self.say(
+                f"!! gave up after {TIME_LIMIT_S + self.freeze_s:g} s: {self.log.unique}/{self.tasks} tasks "
+                f"completed, worker {self.worker_state()}"
+            )
+        stop_code, stop_s = self.stop_worker()
+        flow_rows, flows_ok = self.flows.tally(self.flows.stop())
+        self.log.poll()
+        return self.tally(stop_code, stop_s, gave_up, flow_rows, flows_ok)
+
+    def watch(self, deadline: float) -> bool:
+        """Drive freeze, kill and progress until every task and execution is done; True = gave up."""
         freeze_planned = self.server is not None and self.freeze_s > 0
         refresh_s = TTY_REFRESH_S if self.tty else PLAIN_REFRESH_S
         next_refresh = 0.0
-        gave_up = False
         while True:
             now = time.monotonic()
             self.log.poll()
@@ -260,21 +273,10 @@ class Demo:
             if not frozen:  # the kill -9 comes after the thaw, so each fault is seen on its own
                 self.flows.tick(may_kill=self.freeze.ended_at is not None or not freeze_planned)
             if not frozen and self.log.unique >= self.tasks and self.flows.done() and self.settled():
-                break
+                return False
             if now >= deadline:
-                gave_up = True
-                break
+                return True
             time.sleep(TICK_S)
-        self.progress()
-        if gave_up:
-            self.say(
-                f"!! gave up after {TIME_LIMIT_S + self.freeze_s:g} s: {self.log.unique}/{self.tasks} tasks "
-                f"completed, worker {self.worker_state()}"
-            )
-        stop_code, stop_s = self.stop_worker()
-        flow_rows, flows_ok = self.flows.tally(self.flows.stop())
-        self.log.poll()
-        return self.tally(stop_code, stop_s, gave_up, flow_rows, flows_ok)
 
     def stop_worker(self) -> tuple[int | None, float]:
         self.record_exit()

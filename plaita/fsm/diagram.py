@@ -88,7 +88,12 @@ def render_states_md() -> str:
     for src, trig, dest, cond in edges():
         to = f"`{dest.name}`" if dest is not None else "(no-op, stays)"
         out.append(f"| `{src.name}` | `{trig}` | {to} | {f'`{cond}`' if cond else ''} |")
-    out += [
+    return "\n".join(out + _isolation_md()) + "\n"
+
+
+def _isolation_md() -> list[str]:
+    """The isolation rule section of docs/states.md."""
+    out = [
         "",
         "## What one bad entry or key can do",
         "",
@@ -99,7 +104,7 @@ def render_states_md() -> str:
         "|---|---|",
     ]
     out.extend(f"| {cause} | {action} |" for cause, action in ISOLATION_RULES)
-    return "\n".join(out) + "\n"
+    return out
 
 
 def render_readme_block() -> str:

@@ -23,11 +23,23 @@ logger = logging.getLogger(__name__)
 Readiness = Callable[[], tuple[bool, str]]
 
 
+#: Histogram buckets of handler and step run times, in seconds: 1 ms to 30 min.
+DURATION_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
+
+
 class Metrics:
     """Every metric of one worker, in a registry of its own (prefix ``plaita_``)."""
 
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()
+        self._declare_worker(self.registry)
+        self._declare_executions(self.registry)
+        self._declare_queue(self.registry)
+        self.up.set(1)
+        for s in State:
+            self.state.labels(state=s.name).set(0)
+
+    def _declare_worker(self, r: CollectorRegistry) -> None:
         self.up = Gauge("plaita_worker_up", "1 while the worker process runs", registry=r)
         self.state = Gauge("plaita_worker_state", "1 for the current lifecycle state", ["state"], registry=r)
         self.transitions = Counter(
@@ -42,9 +54,11 @@ class Metrics:
         self.handler_seconds = Histogram(
             "plaita_handler_duration_seconds",
             "Handler run time",
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
+            buckets=DURATION_BUCKETS_S,
             registry=r,
         )
+
+    def _declare_executions(self, r: CollectorRegistry) -> None:
         self.executions = Counter(
             "plaita_executions",
             "Flow executions started here, or checkpointed here as suspended/completed/failed/cancelled",
@@ -55,7 +69,7 @@ class Metrics:
             "plaita_step_duration_seconds",
             "Flow step run time (until it returned, suspended or raised; the checkpoint excluded)",
             ["flow", "step", "outcome"],
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800),
+            buckets=DURATION_BUCKETS_S,
             registry=r,
         )
         self.executions_in_flight = Gauge(
@@ -66,6 +80,8 @@ class Metrics:
             "Suspended executions of every worker (sampled from the status index)",
             registry=r,
         )
+
+    def _declare_queue(self, r: CollectorRegistry) -> None:
         self.queue_length = Gauge("plaita_queue_stream_length", "Entries in the stream (XLEN)", registry=r)
         self.queue_pending = Gauge("plaita_queue_pending", "Entries delivered and not acked (group PEL)", registry=r)
         self.queue_lag = Gauge("plaita_queue_lag", "Entries not yet delivered to the group", registry=r)
@@ -73,9 +89,6 @@ class Metrics:
             "plaita_queue_oldest_pending_age_seconds", "Age of the oldest pending entry", registry=r
         )
         self.dlq_length = Gauge("plaita_queue_dlq_length", "Entries in the dead-letter stream", registry=r)
-        self.up.set(1)
-        for s in State:
-            self.state.labels(state=s.name).set(0)
 
     def on_transition(self, source: State, dest: State, seconds_in_source: float) -> None:
         self.state.labels(state=source.name).set(0)

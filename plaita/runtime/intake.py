@@ -16,8 +16,8 @@ from plaita.runtime.counters import CounterBook
 from plaita.runtime.pool import Pool
 from plaita.runtime.renewer import InFlight, InFlightTable
 from plaita.runtime.settler import Outcome, Settler
+from plaita.store.entries import Entry
 from plaita.store.leases import LEASE_PREFIX, LeaseManager
-from plaita.store.streams import Entry
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)

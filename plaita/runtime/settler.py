@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from plaita.store.streams import DeadLetter, StreamQueue
+from plaita.store.entries import DeadLetter
+from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -98,8 +98,7 @@ class Worker:
         )
         self._build_phases(handler, owner_leases)
 
-    def _build_phases(self, handler: Handler, owner_leases: LeaseManager) -> None:
-        settings = self.settings
+    def _make_pool(self, handler: Handler) -> Pool:
         router = OutcomeRouter(
             inflight=self.inflight,
             settler=self.settler,
@@ -109,9 +108,13 @@ class Worker:
         )
         # Async handlers share one event loop (--concurrency coroutines); sync ones get threads.
         pool_class = AsyncHandlerPool if is_async_handler(handler) else HandlerPool
-        self.pool: Pool = pool_class(
-            handler, concurrency=settings.concurrency, max_deliveries=settings.max_deliveries, on_done=router
+        return pool_class(
+            handler, concurrency=self.settings.concurrency, max_deliveries=self.settings.max_deliveries, on_done=router
         )
+
+    def _build_phases(self, handler: Handler, owner_leases: LeaseManager) -> None:
+        settings = self.settings
+        self.pool: Pool = self._make_pool(handler)
         self.intake = Intake(
             settings,
             inflight=self.inflight,

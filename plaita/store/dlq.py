@@ -6,7 +6,8 @@ import json
 from typing import Any, cast
 
 from plaita.envelope import original_fields
-from plaita.store.streams import StreamQueue, _s
+from plaita.store.entries import as_text
+from plaita.store.streams import StreamQueue
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 
@@ -32,14 +33,14 @@ class DeadLetterQueue:
     @staticmethod
     def _row(message_id: Any, fields: dict[Any, Any]) -> dict[str, Any]:
         raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
-        text = _s(raw) if raw is not None else ""
+        text = as_text(raw) if raw is not None else ""
         try:
             envelope = json.loads(text)
         except ValueError:
             envelope = {"reason": "unreadable DLQ envelope", "payload": text}
         if not isinstance(envelope, dict):
             envelope = {"reason": "unreadable DLQ envelope", "payload": envelope}
-        return {"dlq_id": _s(message_id), **envelope}
+        return {"dlq_id": as_text(message_id), **envelope}
 
     def _range(self, low: str = "-", high: str = "+", count: int | None = None) -> list[tuple[Any, dict[Any, Any]]]:
         rows = self.client.xrange(self.queue.dlq_key, min=low, max=high, count=count)
@@ -68,10 +69,10 @@ class DeadLetterQueue:
             pipe.xadd(self.queue.stream, _replay_fields(row))
         pipe.xdel(self.queue.dlq_key, *dlq_ids)
         results = pipe.execute()
-        return [(row["dlq_id"], _s(new_id)) for row, new_id in zip(rows, results[:-1], strict=True)]
+        return [(row["dlq_id"], as_text(new_id)) for row, new_id in zip(rows, results[:-1], strict=True)]
 
     def all_ids(self) -> list[str]:
-        return [_s(mid) for mid, _ in self._range()]
+        return [as_text(mid) for mid, _ in self._range()]
 
     def length(self) -> int:
         return int(self.client.xlen(self.queue.dlq_key))

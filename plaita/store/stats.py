@@ -7,7 +7,8 @@ from typing import Any
 
 import redis
 
-from plaita.store.streams import StreamQueue, _s
+from plaita.store.entries import as_text
+from plaita.store.streams import StreamQueue
 
 
 def stream_stats(q: StreamQueue) -> dict[str, Any]:
@@ -21,9 +22,9 @@ def stream_stats(q: StreamQueue) -> dict[str, Any]:
     oldest = summary.get("min") if isinstance(summary, dict) else None
     oldest_age_s = 0.0
     if oldest:
-        oldest_ms = int(_s(oldest).split("-", 1)[0])
+        oldest_ms = int(as_text(oldest).split("-", 1)[0])
         oldest_age_s = max(0.0, time.time() - oldest_ms / 1000)
-    group: dict[str, Any] = next((g for g in groups if _s(g.get("name", b"")) == q.group), {})
+    group: dict[str, Any] = next((g for g in groups if as_text(g.get("name", b"")) == q.group), {})
     return {
         "stream": q.stream,
         "group": q.group,
@@ -32,7 +33,7 @@ def stream_stats(q: StreamQueue) -> dict[str, Any]:
         "lag": group.get("lag"),
         "consumers": int(group.get("consumers", 0) or 0),
         "dlq_length": int(dlq_length),
-        "oldest_pending_id": _s(oldest) if oldest else None,
+        "oldest_pending_id": as_text(oldest) if oldest else None,
         "oldest_pending_age_s": round(oldest_age_s, 3),
     }
 
@@ -55,7 +56,7 @@ def stream_stats_or_empty(q: StreamQueue) -> dict[str, Any]:
             raise
     exists = bool(q.client.exists(q.stream))
     groups = q.client.xinfo_groups(q.stream) if exists else []
-    group = next((g for g in groups if _s(g.get("name", b"")) == q.group), None)
+    group = next((g for g in groups if as_text(g.get("name", b"")) == q.group), None)
     return {
         "stream": q.stream,
         "group": q.group,

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -20,28 +19,31 @@ from redis.client import Pipeline
 
 from plaita.config import Settings
 from plaita.envelope import build_envelope
-from plaita.errors import PlaitaError
 from plaita.fsm.classify import error_code
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, make_client
+from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
 from plaita.store.leases import RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body, field_name_bytes
 
 logger = logging.getLogger(__name__)
 
 
-def _raw_reply(response: Any, **_options: Any) -> Any:
-    return response
-
-
 #: Longest wait for each round trip of the hand-back transaction while stopping.
 HAND_BACK_TIMEOUT_S = 0.3
 
 
-def raw_fields(fields: dict[str, bytes]) -> dict[bytes, bytes]:
-    """``fields`` with the exact bytes of each name again (names are decoded losslessly by
-    ``decode_fields``, so one bad field name never breaks a read)."""
-    return {field_name_bytes(k): v for k, v in fields.items()}
+def _refused_dead_letters(results: list[Any], dead: list[DeadLetter]) -> list[tuple[DeadLetter, str]]:
+    """The dead letters (the first ``len(dead)`` results) a key refused; any other error raises."""
+    refused = []
+    for i, result in enumerate(results):
+        if not isinstance(result, Exception):
+            continue
+        if i < len(dead) and _is_per_key(result):
+            refused.append((dead[i], f"{type(result).__name__}: {result}"))
+        else:
+            raise result
+    return refused
 
 
 def _is_per_key(exc: Exception) -> bool:
@@ -50,48 +52,12 @@ def _is_per_key(exc: Exception) -> bool:
     return error_code(exc) == "WRONGTYPE"
 
 
-def _s(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
 _SCAN_CLAIMABLE = scripts.script("scan_claimable")
 _CLAIM_UNLEASED = scripts.script("claim_unleased")
 DEAD_LETTER = scripts.script("dead_letter")
 _RENEW_OWN = scripts.script("renew_own")
 _PRUNE_CONSUMERS = scripts.script("prune_consumers")
 _SWEEP_RESIDUE = scripts.script("sweep_residue")
-
-
-class ReplicationLagError(PlaitaError):
-    """A durable enqueue's entries reached fewer replicas than asked within the timeout."""
-
-    def __init__(self, ids: list[str], acked: int, wanted: int) -> None:
-        super().__init__(f"{len(ids)} task(s) added, but only {acked} of {wanted} replica(s) confirmed them in time")
-        self.ids, self.acked, self.wanted = ids, acked, wanted
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A raw stream entry as read from Redis; ``fields`` is None when it was deleted."""
-
-    message_id: str
-    fields: dict[str, bytes] | None
-    delivery_count: int = 1
-    #: What ``decode_fields`` found wrong with the raw fields (non-UTF-8 or duplicated names):
-    #: any of them makes the entry a bad task.
-    problems: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A request to move a pending entry to the DLQ."""
-
-    message_id: str
-    reason: str
-    delivery_count: int
-    payload: Any  # the original body (dict) when it parsed, else None
-    #: The entry's fields, kept whole in the envelope (every field, bytes exact); None if unknown.
-    fields: dict[str, bytes] | None = None
 
 
 class StreamQueue:
@@ -162,7 +128,7 @@ class StreamQueue:
     def enqueue(self, body: dict[str, Any], *, schema_version: int = 1) -> str:
         """XADD a task body; returns its id."""
         fields = {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: str(schema_version)}
-        return _s(cast(bytes, self.client.xadd(self.stream, fields)))  # type: ignore[arg-type]
+        return as_text(cast(bytes, self.client.xadd(self.stream, fields)))  # type: ignore[arg-type]
 
     def enqueue_many(
         self,
@@ -185,38 +151,16 @@ class StreamQueue:
         if wait_replicas > 0:
             pipe.execute_command("WAIT", wait_replicas, wait_timeout_ms)  # type: ignore[no-untyped-call]
         replies = pipe.execute()
-        ids = [_s(i) for i in replies[: len(bodies)]]
+        ids = [as_text(i) for i in replies[: len(bodies)]]
         if wait_replicas > 0 and int(replies[-1]) < wait_replicas:
             raise ReplicationLagError(ids, int(replies[-1]), wait_replicas)
         return ids
 
     # -- consume ----------------------------------------------------------------------
-    @staticmethod
-    def _parse_read(reply: Any) -> list[Entry]:
-        """Entries from a raw XREADGROUP reply (RESP2 list or RESP3 map; flat field lists).
-
-        The read client skips redis-py's reply callback (``_raw_reply``): building its dicts
-        costs more per entry than the rest of the read.
-        """
-        if not reply:
-            return []
-        streams = reply.values() if isinstance(reply, dict) else (items for _name, items in reply)
-        entries: list[Entry] = []
-        for items in streams:
-            for message_id, flat in items:
-                if not flat:
-                    entries.append(Entry(_s(message_id), None))
-                    continue
-                if isinstance(flat, dict):  # a client with redis-py's callback (tests' shared client)
-                    flat = [x for kv in flat.items() for x in kv]
-                fields, problems = decode_fields(flat)
-                entries.append(Entry(_s(message_id), fields, 1, tuple(problems)))
-        return entries
-
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
         """``XREADGROUP … COUNT count BLOCK block_ms STREAMS <stream> >``. Empty when BLOCK expires."""
         reply = self.read_client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
-        return self._parse_read(reply)
+        return parse_read(reply)
 
     def read_own_pending(self, after_id: str, count: int) -> list[Entry]:
         """Re-read this consumer's own pending entries after ``after_id`` (no BLOCK).
@@ -224,7 +168,7 @@ class StreamQueue:
         Redis bumps their delivery count on this read; the counts returned are the new ones.
         """
         reply = self.read_client.xreadgroup(self.group, self.consumer, {self.stream: after_id}, count=count)
-        entries = self._parse_read(reply)
+        entries = parse_read(reply)
         if not entries:
             return entries
         counts = self.delivery_counts([e.message_id for e in entries], consumer=self.consumer)
@@ -240,7 +184,7 @@ class StreamQueue:
         wanted = set(ids)
         out: dict[str, int] = {}
         for row in cast(list[dict[str, Any]], rows):
-            mid = _s(row["message_id"])
+            mid = as_text(row["message_id"])
             if mid in wanted:
                 out[mid] = int(row["times_delivered"])
         return out
@@ -281,15 +225,7 @@ class StreamQueue:
         results = scripts.execute(
             self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True, raise_on_error=False
         )
-        refused = []
-        for i, result in enumerate(results):
-            if not isinstance(result, Exception):
-                continue
-            if i < len(dead) and _is_per_key(result):
-                refused.append((dead[i], f"{type(result).__name__}: {result}"))
-            else:
-                raise result
-        return refused
+        return _refused_dead_letters(results, dead)
 
     def _envelope(self, d: DeadLetter, now: float) -> str:
         """The DLQ entry's ``payload`` field: the anchor's envelope keys, plus every original
@@ -336,10 +272,10 @@ class StreamQueue:
             [self.group, self.consumer, min_idle_ms, count, scan, *ids],
         )
         entries = []
-        for mid, raw_fields, times_delivered in reply[1]:
-            fields, problems = decode_fields(list(raw_fields))
-            entries.append(Entry(_s(mid), fields, int(times_delivered), tuple(problems)))
-        return _s(reply[0]), entries, int(reply[2])
+        for mid, flat, times_delivered in reply[1]:
+            fields, problems = decode_fields(list(flat))
+            entries.append(Entry(as_text(mid), fields, int(times_delivered), tuple(problems)))
+        return as_text(reply[0]), entries, int(reply[2])
 
     def renew_pending(self, ids: list[str]) -> list[str]:
         """Reset the idle time of our own pending entries (XCLAIM … JUSTID to ourselves).
@@ -352,7 +288,7 @@ class StreamQueue:
         renewed: list[str] = []
         for start in range(0, len(ids), 500):
             reply = _RENEW_OWN(self.client, [self.stream], [self.group, self.consumer, *ids[start : start + 500]])
-            renewed.extend(_s(x) for x in reply)
+            renewed.extend(as_text(x) for x in reply)
         return renewed
 
     def supports_xnack(self) -> bool:
@@ -410,7 +346,7 @@ class StreamQueue:
         Atomic in Lua: a consumer cannot read between the check and XGROUP DELCONSUMER.
         """
         removed = _PRUNE_CONSUMERS(self.owner, [self.stream], [self.group, self.consumer, idle_ms])
-        return [_s(x) for x in removed]
+        return [as_text(x) for x in removed]
 
     def sweep_residue(self, batch: int) -> int:
         """Delete up to ``batch`` entries already acked but not deleted (original #43).
