@@ -67,6 +67,9 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
+#: Most partitions a queue may have (a worker makes one read per partition per pass).
+MAX_PARTITIONS = 1024
+
 #: Scheme of a Sentinel-managed deployment: ``redis+sentinel://[user:pass@]host:port[,host:port]/service[/db]``.
 SENTINEL_SCHEME = "redis+sentinel"
 
@@ -86,12 +89,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     """The parts of a ``redis+sentinel://`` URL; ConfigError (password redacted) when malformed."""
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
-    sentinels = []
-    for item in hosts.split(","):
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: sentinels must be host:port[,host:port]")
-        sentinels.append((host.strip("[]"), int(port)))
+    sentinels = _host_ports(url, hosts, "sentinels")
     path = [p for p in parts.path.split("/") if p]
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: expected /SERVICE_NAME[/DB] after the sentinels")
@@ -99,10 +97,53 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
     return SentinelTarget(sentinels, path[0], int(path[1]) if len(path) == 2 else 0, user or None, password or None)
 
 
+#: Scheme of a Redis Cluster: ``redis+cluster://[user:pass@]host:port[,host:port]`` (any masters or
+#: replicas of the cluster as startup nodes; ``rediss+cluster://`` for TLS).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    """A parsed ``redis+cluster://`` URL: the startup nodes and the credentials."""
+
+    nodes: list[tuple[str, int]]
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.split("://", 1)[0] in CLUSTER_SCHEMES
+
+
+def _host_ports(url: str, hosts: str, what: str) -> list[tuple[str, int]]:
+    out = []
+    for item in hosts.split(","):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: {what} must be host:port[,host:port]")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """The parts of a ``redis+cluster://`` URL; ConfigError (password redacted) when malformed."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    nodes = _host_ports(url, hosts, "cluster nodes")
+    if parts.path.strip("/") not in ("", "0"):
+        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: a cluster has only database 0")
+    user, _, password = userinfo.partition(":")
+    return ClusterTarget(nodes, user or None, password or None, parts.scheme == "rediss+cluster")
+
+
 def validate_redis_url(url: str) -> None:
     """Raise ConfigError (never echoing a password) unless ``url`` is a usable Redis URL."""
     if url.startswith(f"{SENTINEL_SCHEME}://"):
         parse_sentinel_url(url)
+        return
+    if is_cluster_url(url):
+        parse_cluster_url(url)
         return
     try:
         parts = urlsplit(url)
@@ -110,7 +151,10 @@ def validate_redis_url(url: str) -> None:
     except ValueError as exc:
         raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: {exc}") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: scheme must be redis://, rediss://, unix:// or redis+sentinel://")
+        raise ConfigError(
+            f"invalid --redis-url {redact_url(url)!r}: scheme must be redis://, rediss://, unix://, "
+            "redis+sentinel:// or redis+cluster://"
+        )
     if parts.scheme != "unix" and not parts.hostname:
         raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: no host")
     db = parts.path.lstrip("/")
@@ -204,6 +248,10 @@ class Settings:
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    #: Streams the queue is split into (``<queue>:{p<i>}``); 1 = the plain ``<queue>`` key.
+    partitions: int = 1
+    #: The partitions this worker reads and reclaims; None = all of them.
+    partitions_assigned: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)
@@ -246,11 +294,26 @@ class Settings:
             (0 < self.heartbeat_interval_s < self.registry_ttl_s, "--heartbeat-interval must be below --registry-ttl"),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be within 0..65535"),
             (bool(self.metrics_host), "--metrics-host must not be empty"),
+            (
+                not self.tagged_keys or "{" not in self.queue_name + self.dlq_key,
+                "--queue-name and --dlq-key must not contain '{' with partitions or a cluster: plaita adds hash tags",
+            ),
+            (1 <= self.partitions <= MAX_PARTITIONS, f"--partitions must be within 1..{MAX_PARTITIONS}"),
+            (
+                self.partitions_assigned is None
+                or (bool(self.partitions_assigned) and all(0 <= p < self.partitions for p in self.partitions_assigned)),
+                f"--partitions-assigned must list partitions within 0..{self.partitions - 1}",
+            ),
         ]
 
     @property
     def tls(self) -> TlsFiles:
         return TlsFiles(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+
+    @property
+    def tagged_keys(self) -> bool:
+        """Hash-tagged keys (``plaita.store.keyspace``): on Redis Cluster or with partitions > 1."""
+        return self.partitions > 1 or is_cluster_url(self.redis_url)
 
     @property
     def dlq(self) -> str:
@@ -272,6 +335,8 @@ class Settings:
             f"redis={redact_url(self.redis_url)} stream={self.queue_name} group={self.consumer_group} "
             f"consumer={self.consumer_name} concurrency={self.concurrency} block_ms={self.read_block_ms} "
             f"claim_min_idle_ms={self.claim_min_idle_ms} max_deliveries={self.max_deliveries} dlq={self.dlq}"
+            + (f" partitions={self.partitions}" if self.partitions > 1 or is_cluster_url(self.redis_url) else "")
+            + (f" assigned={','.join(map(str, self.partitions_assigned))}" if self.partitions_assigned else "")
         )
 
 

@@ -22,6 +22,7 @@ from plaita.store import fleet
 from plaita.store.client import Client, make_client
 from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import list_workers, send_command
+from plaita.store.partitioned import open_queue
 from plaita.store.stats import stream_stats_or_empty
 from plaita.store.streams import StreamQueue
 
@@ -46,11 +47,12 @@ def _queue(args: argparse.Namespace) -> StreamQueue:
         consumer_group=args.consumer_group,
         consumer_name="plaita-admin",
         dlq_key=getattr(args, "dlq_key", "") or "",
+        partitions=int(getattr(args, "partitions", 1)),
     )
     # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
     # as "did not answer", not as a Redis failure.
     client = make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S)
-    return StreamQueue.from_settings(settings, client=client)
+    return open_queue(settings, client=client)
 
 
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -149,6 +151,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{key:>22}: {stats.get(key)}")
     if stats.get("note"):
         print(f"{'note':>22}: {stats['note']}")
+    for part in stats.get("partitions", []):
+        print(
+            f"  {part['stream']}: length {part['length']}, pending {part['pending']}, lag {part['lag']}, "
+            f"dlq {part['dlq_length']}"
+        )
     return 0
 
 

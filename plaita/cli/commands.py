@@ -79,11 +79,11 @@ def run_enqueue(args: argparse.Namespace) -> int:
     from plaita.fsm import is_redis_failure
     from plaita.store.client import make_client
     from plaita.store.entries import ReplicationLagError
-    from plaita.store.streams import StreamQueue
+    from plaita.store.partitioned import open_queue
     from plaita.tasks import validate_body
 
     url = args.redis_url or DEFAULT_REDIS_URL
-    Settings(redis_url=url, queue_name=args.queue_name)  # validates the URL
+    settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
     lines = [args.body] if args.body is not None else [ln for ln in sys.stdin.read().splitlines() if ln.strip()]
     if not lines:
         raise ConfigError("no task given: pass a JSON object or pipe JSON lines on stdin")
@@ -94,7 +94,7 @@ def run_enqueue(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"task {number} is not valid JSON: {exc}") from None
     client = make_client(url, socket_timeout_s=5.0)
-    q = StreamQueue(client, stream=args.queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
+    q = open_queue(settings, client=client)
     try:
         for message_id in q.enqueue_many(
             bodies, wait_replicas=args.wait_replicas, wait_timeout_ms=args.wait_timeout_ms

@@ -69,12 +69,12 @@ def _json_arg(text: str | None, what: str) -> Any:
 def _client(args: argparse.Namespace) -> Any:
     from plaita.flows.client import FlowClient
     from plaita.store.client import make_client
-    from plaita.store.streams import StreamQueue
+    from plaita.store.partitioned import open_queue
 
     url = args.redis_url or DEFAULT_REDIS_URL
-    Settings(redis_url=url, queue_name=args.queue_name)  # validates the URL
+    settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
     client = make_client(url, socket_timeout_s=5.0)
-    queue = StreamQueue(client, stream=args.queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
+    queue = open_queue(settings, client=client)
     return FlowClient(queue)
 
 
@@ -212,6 +212,7 @@ def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = Fa
     from plaita.flows import FlowRunner, load_flows
     from plaita.store.client import make_client
     from plaita.store.executions import ExecutionStore
+    from plaita.store.partitioned import keyspace_of
 
     if not modules:
         raise ConfigError("--keeper runs inside a flow worker: give --flows MODULE too")
@@ -221,5 +222,5 @@ def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = Fa
     if keeper:
         from plaita.cli.keeper import start_embedded
 
-        start_embedded(settings.redis_url, settings.queue_name)
-    return settings.with_(eager_leases=True), FlowRunner(registry, ExecutionStore(client))
+        start_embedded(settings)
+    return settings.with_(eager_leases=True), FlowRunner(registry, ExecutionStore(client, keyspace_of(settings)))

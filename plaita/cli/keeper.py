@@ -45,17 +45,17 @@ def add_parser(
         k.add_argument(flag, type=float, default=default, help=f"{text} (default %(default)s)")
 
 
-def start_embedded(redis_url: str, queue_name: str) -> None:
+def start_embedded(worker: Settings) -> None:
     """Run a keeper (default settings) on a daemon thread of a worker process; stopped, and its
     keeper lease handed over, when the process exits."""
     from plaita.flows.keeper import Keeper
     from plaita.store.client import make_client
     from plaita.store.executions import ExecutionStore
-    from plaita.store.streams import StreamQueue
+    from plaita.store.partitioned import open_queue
 
-    client = make_client(redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
-    queue = StreamQueue(client, stream=queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
-    keeper = Keeper(ExecutionStore(client), queue)
+    client = make_client(worker.redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
+    queue = open_queue(worker, client=client)
+    keeper = Keeper(ExecutionStore(client, queue.keyspace), queue)
     thread = threading.Thread(target=keeper.run, name="plaita-keeper", daemon=True)
 
     def stop() -> None:
@@ -71,10 +71,10 @@ def run_keeper(args: argparse.Namespace) -> int:
     from plaita.flows.keeper import Keeper, KeeperSettings
     from plaita.store.client import make_client
     from plaita.store.executions import ExecutionStore
-    from plaita.store.streams import StreamQueue
+    from plaita.store.partitioned import open_queue
 
     url = args.redis_url or DEFAULT_REDIS_URL
-    Settings(redis_url=url, queue_name=args.queue_name)  # validates the URL
+    queue_settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
     try:
         settings = KeeperSettings(
             interval_s=args.interval_s,
@@ -88,8 +88,8 @@ def run_keeper(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
     client = make_client(url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
-    queue = StreamQueue(client, stream=args.queue_name, group="", consumer="", dlq_key="", dlq_max_len=1)
-    keeper = Keeper(ExecutionStore(client), queue, settings)
+    queue = open_queue(queue_settings, client=client)
+    keeper = Keeper(ExecutionStore(client, queue.keyspace), queue, settings)
 
     def on_signal(_signum: int, _frame: object) -> None:
         keeper.request_stop()

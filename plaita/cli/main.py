@@ -150,7 +150,7 @@ def _add_dlq(add: Any, env: Mapping[str, str]) -> None:
     dsub = dq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
     # The connection options are accepted after the action too (`plaita dlq list --redis-url …`).
     late = _Parser(add_help=False)
-    for flag in ("--redis-url", "--queue-name", "--dlq-key", "--consumer-group"):
+    for flag in ("--redis-url", "--queue-name", "--partitions", "--dlq-key", "--consumer-group"):
         late.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     actions = _WithParents(dsub, [late])
     dl = actions.add_parser("list", help="oldest dead letters")

@@ -33,6 +33,20 @@ class Opt:
     shown: str | None = None
 
 
+def partition_list(raw: str) -> tuple[int, ...]:
+    """``0,2,4`` (or ``0-2,5``) as partition numbers."""
+    out: list[int] = []
+    for item in raw.split(","):
+        low, sep, high = item.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(raw)
+        out += range(int(low), int(high) + 1) if sep else [int(low)]
+    return tuple(sorted(set(out)))
+
+
+partition_list.__name__ = "partition list"
+
+
 WORKER_OPTIONS: tuple[Opt, ...] = (
     Opt("--consumer-group", "consumer_group", str, ("PLAITA_CONSUMER_GROUP",), "consumer group"),
     Opt(
@@ -156,6 +170,14 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
     ),
     Opt("--metrics-host", "metrics_host", str, ("PLAITA_METRICS_HOST",), "address for --metrics-port"),
     Opt(
+        "--partitions-assigned",
+        "partitions_assigned",
+        partition_list,
+        ("PLAITA_PARTITIONS_ASSIGNED",),
+        "read and reclaim only these partitions, e.g. 0,2,4 or 0-2 (the others are left to other workers)",
+        shown="all",
+    ),
+    Opt(
         "--tls-ca-file",
         "tls_ca_file",
         str,
@@ -235,6 +257,13 @@ def add_redis_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
         default=env_first(env, "PLAITA_QUEUE_NAME", "QUEUE_NAME") or _DEFAULTS["queue_name"],
         help=f"stream key (env PLAITA_QUEUE_NAME, QUEUE_NAME; default {_DEFAULTS['queue_name']})",
     )
+    p.add_argument(
+        "--partitions",
+        type=_typed(int, "--partitions"),
+        default=env_first(env, "PLAITA_PARTITIONS") or _DEFAULTS["partitions"],
+        help="streams the queue is split into, <queue>:{p<i>} each; producers, workers and admin commands "
+        "must agree (env PLAITA_PARTITIONS; default 1 = the single stream <queue>)",
+    )
 
 
 def add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -257,6 +286,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(
         redis_url=args.redis_url or DEFAULT_REDIS_URL,
         queue_name=args.queue_name,
+        partitions=int(args.partitions),
         registry_enabled=not args.no_registry,
         **values,
     )

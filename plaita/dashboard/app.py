@@ -36,6 +36,7 @@ from plaita.flows.client import FlowClient
 from plaita.store.client import Client, make_client
 from plaita.store.dlq import DeadLetterQueue
 from plaita.store.executions import ExecutionStore
+from plaita.store.partitioned import open_queue
 from plaita.store.streams import StreamQueue
 
 HERE = Path(__file__).resolve().parent
@@ -147,13 +148,13 @@ class Dashboard:
         def queue(timeout_s: float, client: Client | None = None) -> StreamQueue:
             # No client name: CLIENT SETNAME would be one more command the ACL users must allow.
             c = client or make_client(config.redis_url, socket_timeout_s=timeout_s)
-            return StreamQueue.from_settings(settings, client=c, read_client=c)
+            return open_queue(settings, client=c, read_client=c)
 
         self.monitor = FleetMonitor(
             queue(SAMPLER_TIMEOUT_S, sampler_client), scrub=self.scrub, sample_every_s=config.sample_every_s
         )
         self.page_dlq = DeadLetterQueue(queue(PAGE_TIMEOUT_S))
-        self.page_executions = ExecutionStore(self.page_dlq.client)
+        self.page_executions = ExecutionStore(self.page_dlq.client, self.page_dlq.queue.keyspace)
         self.action_queue = queue(REPLY_TIMEOUT_S + 2.0)
         self.action_dlq = DeadLetterQueue(self.action_queue)
         self.action_flows = FlowClient(self.action_queue)

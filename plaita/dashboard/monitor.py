@@ -190,7 +190,7 @@ class FleetMonitor:
         """Executions by status, or None when the ACL user may not count them (rules from before
         the executions tab): the fleet and queue figures are still worth showing."""
         try:
-            return ExecutionStore(self.queue.client).counts()
+            return ExecutionStore(self.queue.client, self.queue.keyspace).counts()
         except Exception as exc:
             if cause(exc) != "acl":
                 raise

@@ -23,6 +23,10 @@ class ExecutionNotFound(PlaitaError):
     """No execution with that id (never started, or expired after its retention)."""
 
 
+#: Random ids drawn to find one in a given partition (1 in N hits; 64 N tries never all miss in practice).
+MAX_ID_TRIES = 100_000
+
+
 class WaitTimeout(PlaitaError):
     """``wait`` reached its timeout before the execution ended."""
 
@@ -32,7 +36,7 @@ class FlowClient:
 
     def __init__(self, queue: StreamQueue, store: ExecutionStore | None = None) -> None:
         self.queue = queue
-        self.store = store if store is not None else ExecutionStore(queue.client)
+        self.store = store if store is not None else ExecutionStore(queue.client, queue.keyspace)
 
     def start(
         self,
@@ -50,7 +54,7 @@ class FlowClient:
             earlier = self.store.dedup_target(dedup_key)
             if earlier is not None:
                 return earlier
-        eid = execution_id or uuid.uuid4().hex
+        eid = execution_id or self._new_id(dedup_key)
         self.queue.enqueue(model.start_body(flow_id, params or {}, eid, dedup_key=dedup_key, version=version))
         return eid
 
@@ -94,6 +98,17 @@ class FlowClient:
                 status = doc.get("status") if doc else "not started"
                 raise WaitTimeout(f"execution {execution_id} still {status} after {timeout_s} s")
             time.sleep(min(poll_s, left_s))
+
+    def _new_id(self, dedup_key: str | None) -> str:
+        """A fresh execution id; with a dedup key and partitions, one in the dedup key's partition
+        (``ExecutionStore.dedup_target`` looks there), so two starts with one key always meet."""
+        ks = self.queue.keyspace
+        want = ks.partition_of(dedup_key) if dedup_key is not None else None
+        for _ in range(MAX_ID_TRIES):
+            eid = uuid.uuid4().hex
+            if want is None or ks.partition_of(eid) == want:
+                return eid
+        raise AssertionError("no execution id found in the dedup key's partition")  # pragma: no cover
 
     def _require(self, execution_id: str) -> dict[str, Any]:
         doc = self.store.get(execution_id)

@@ -193,7 +193,7 @@ class Keeper:
         unleased = self._unleased(now_s - s.orphan_grace_s)
         if not unleased:
             return
-        in_stream, complete = stream_execution_ids(self.queue.client, self.queue.stream, s.max_stream_scan)
+        in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
         if not complete:
             logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
             report.skipped_scan = True

@@ -72,7 +72,7 @@ class Operations:
 
     def track_executions(self) -> None:
         """This worker runs flows: sample the suspended gauge (one ZCARD per status, pipelined)."""
-        self.executions = ExecutionStore(self.worker.queue.client)
+        self.executions = ExecutionStore(self.worker.queue.client, self.worker.queue.keyspace)
 
     def _registry_entry(self) -> dict[str, Any]:
         """The worker's status plus where its health endpoints listen: during a Redis outage the

@@ -17,7 +17,6 @@ from plaita.runtime.intake import Intake
 from plaita.runtime.outage import Outage
 from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
-from plaita.store.leases import LEASE_PREFIX
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -116,7 +115,7 @@ class ConsumePhases:
     def _claim(self, budget: int) -> None:
         ours = self.intake.ours()
         cursor, claimed, skipped = self.queue.claim_unleased(
-            self._claim_cursor, self.settings.claim_min_idle_ms, budget, LEASE_PREFIX
+            self._claim_cursor, self.settings.claim_min_idle_ms, budget
         )
         self._claim_cursor = cursor
         # Our own finished work whose ack is still queued (say, across an outage) may look

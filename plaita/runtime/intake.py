@@ -17,7 +17,7 @@ from plaita.runtime.pool import Pool
 from plaita.runtime.renewer import InFlight, InFlightTable
 from plaita.runtime.settler import Outcome, Settler
 from plaita.store.entries import Entry
-from plaita.store.leases import LEASE_PREFIX, LeaseManager
+from plaita.store.leases import LeaseManager
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)
@@ -133,12 +133,11 @@ class Intake:
             self._bad_keys_seen.add(task.execution_id)
             logger.error(
                 "the lease key of execution %s is not a plaita lease (%s): task %s stays pending and every "
-                "other task goes on; delete or fix %s%s to let it run",
+                "other task goes on; delete or fix %s to let it run",
                 task.execution_id,
                 holder[1:],
                 task.message_id,
-                LEASE_PREFIX,
-                task.execution_id,
+                self.leases.keyspace.lease_key(task.execution_id),
             )
 
     def _parse(self, entry: Entry) -> Task | None:

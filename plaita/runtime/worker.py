@@ -30,6 +30,7 @@ from plaita.runtime.settler import Settler
 from plaita.runtime.status import worker_status
 from plaita.runtime.stopping import Drainer
 from plaita.store.leases import LeaseManager
+from plaita.store.partitioned import open_queue
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Worker:
     def __init__(self, settings: Settings, handler: Handler, *, stream_queue: StreamQueue | None = None) -> None:
         self.settings = settings
         self.instance_id = settings.instance_id or new_instance_id()
-        self.queue = stream_queue if stream_queue is not None else StreamQueue.from_settings(settings)
+        self.queue = stream_queue if stream_queue is not None else open_queue(settings)
         self.observers = Observers()
         self.tally = CounterBook(self.observers)
         #: The live counters (read them freely; ``tally`` writes them under its lock).
@@ -84,7 +85,12 @@ class Worker:
         settings = self.settings
         self.inflight = InFlightTable()
         self.settler = Settler(self.queue, on_failure=self._post_failure)
-        self.leases = LeaseManager(self.queue.client, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
+        self.leases = LeaseManager(
+            self.queue.client,
+            consumer=settings.consumer_name,
+            ttl_s=settings.lease_ttl_s,
+            keyspace=self.queue.keyspace,
+        )
         #: The owner thread acquires and releases on its own pool, which a stop may cut.
         owner_leases = self.leases.on(self.queue.owner)
         self.renewer = LeaseRenewer(

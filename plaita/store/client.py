@@ -6,14 +6,28 @@ retrying is the lifecycle's job), TCP keepalive, and bounded connect and read ti
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from plaita.config import SENTINEL_SCHEME, SentinelTarget, TlsFiles, parse_sentinel_url
+from plaita.config import (
+    SENTINEL_SCHEME,
+    ClusterTarget,
+    SentinelTarget,
+    TlsFiles,
+    is_cluster_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+)
 
 #: Seconds to wait for a TCP connection before counting the attempt as a transient failure.
 CONNECT_TIMEOUT_S = 2.0
@@ -42,9 +56,110 @@ def make_client(
     if tls is not None and url.startswith("rediss://"):
         tls_options = {"ssl_ca_certs": tls.ca_file, "ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file}
         options.update({k: v for k, v in tls_options.items() if v is not None})
+    if is_cluster_url(url):
+        return _cluster_client(parse_cluster_url(url), options, tls)
     if url.startswith(f"{SENTINEL_SCHEME}://"):
         return _sentinel_client(parse_sentinel_url(url), options)
     return redis.Redis.from_url(url, **options)
+
+
+class LazyCluster:
+    """A ``RedisCluster`` built at its first use.
+
+    redis-py's constructor asks a startup node for the slot map at once, so a worker started
+    while the cluster is down would fail before its lifecycle runs. Built lazily, that first
+    failure is a ConnectionError inside the lifecycle: BACKOFF, like any other outage. MOVED and
+    ASK are followed by the client; a connection error makes it reload the slot map, so after a
+    failover inside the cluster the next call finds the promoted replica.
+    """
+
+    def __init__(self, factory: Callable[[], RedisCluster], describe: str) -> None:
+        self._factory = factory
+        self._describe = describe
+        self._cluster: RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    def cluster(self) -> RedisCluster:
+        with self._lock:
+            if self._cluster is None:
+                self._cluster = self._build()
+            return self._cluster
+
+    def _build(self) -> RedisCluster:
+        try:
+            return self._factory()
+        except RedisClusterException as exc:
+            if "not enabled" in str(exc):  # a plain server named in a cluster URL: waiting will not help
+                raise redis.RedisError(f"{self._describe} is not a Redis Cluster: use redis:// for a server") from None
+            raise redis.ConnectionError(f"no node of the cluster {self._describe} answered: {exc}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cluster(), name)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._cluster is not None:
+                self._cluster.close()
+
+
+def _cluster_client(target: ClusterTarget, options: dict[str, Any], tls: TlsFiles | None) -> redis.Redis:
+    """A (lazily built) RedisCluster. It offers the command API plaita uses, hence the cast."""
+    kwargs = dict(options)
+    kwargs.pop("retry")  # 0 retries: one failure is one BACKOFF; the client reloads its slot map itself
+    if target.tls:
+        kwargs["ssl"] = True
+        if tls is not None:
+            tls_options = {"ssl_ca_certs": tls.ca_file, "ssl_certfile": tls.cert_file, "ssl_keyfile": tls.key_file}
+            kwargs.update({k: v for k, v in tls_options.items() if v is not None})
+
+    def build() -> RedisCluster:
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],  # type: ignore[no-untyped-call]
+            username=target.username,
+            password=target.password,
+            retry=Retry(NoBackoff(), 0),
+            **kwargs,
+        )
+
+    describe = ",".join(f"{h}:{p}" for h, p in target.nodes)
+    return cast(redis.Redis, LazyCluster(build, describe))
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, (LazyCluster, RedisCluster))
+
+
+def _pools(client: Any) -> Iterator[Any]:
+    if isinstance(client, LazyCluster):
+        if client._cluster is None:
+            return
+        client = client._cluster
+    if isinstance(client, RedisCluster):
+        for node in client.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                yield node.redis_connection.connection_pool
+        return
+    yield client.connection_pool
+
+
+def get_many(client: redis.Redis, keys: list[Any]) -> list[Any]:
+    """MGET; on Redis Cluster, keys of several slots are fetched slot by slot (not atomic)."""
+    if not keys:
+        return []
+    if is_cluster(client):
+        return cast(list[Any], client.mget_nonatomic(keys))  # type: ignore[attr-defined]
+    return cast(list[Any], client.mget(keys))
+
+
+def interrupt(client: Any) -> None:
+    """Cut ``client``'s calls in progress (best effort: they fail with ConnectionError), so a stop
+    is not held up by BLOCK or a frozen server. Every node's pool on a cluster."""
+    for pool in list(_pools(client)):
+        for conn in list(getattr(pool, "_in_use_connections", ())):
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 def _sentinel_client(target: SentinelTarget, options: dict[str, Any]) -> redis.Redis:
@@ -64,6 +179,8 @@ def _sentinel_client(target: SentinelTarget, options: dict[str, Any]) -> redis.R
 def bounded_clone(client: redis.Redis, timeout_s: float) -> redis.Redis:
     """A client to the same server whose connect and read wait at most ``timeout_s`` (a pool of
     its own: for the calls a stop makes, which must not wait out a frozen server)."""
+    if isinstance(client, LazyCluster):
+        return _cluster_clone(client.cluster(), timeout_s)
     source = client.connection_pool
     kwargs = dict(source.connection_kwargs)
     kwargs.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
@@ -81,3 +198,14 @@ def delete_keys(client: redis.Redis, keys: list[str]) -> int:
     for lo in range(0, len(keys), 500):
         deleted += int(client.delete(*keys[lo : lo + 500]))
     return deleted
+
+
+def _cluster_clone(cluster: RedisCluster, timeout_s: float) -> redis.Redis:
+    """A new cluster client to the nodes ``cluster`` knows now, every wait bounded by ``timeout_s``."""
+    kwargs = dict(cluster.nodes_manager.connection_kwargs)
+    for key in ("host", "port", "retry", "connection_pool", "connection_class"):
+        kwargs.pop(key, None)
+    kwargs.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    nodes = [ClusterNode(n.host, n.port) for n in cluster.get_primaries()]  # type: ignore[no-untyped-call]
+    clone = RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **kwargs)
+    return cast(redis.Redis, clone)

@@ -24,14 +24,19 @@ def _replay_fields(row: dict[str, Any]) -> dict[Any, Any]:
 
 
 class DeadLetterQueue:
-    """Operator access to the DLQ stream: list, show, requeue, purge (``plaita dlq``)."""
+    """Operator access to the DLQ stream(s): list, show, requeue, purge (``plaita dlq``).
+
+    A partitioned queue has one DLQ per partition (in its hash slot); ids are then qualified
+    like message ids, ``<partition>/<dlq id>``, and a requeue goes back onto its own partition.
+    """
 
     def __init__(self, queue: StreamQueue) -> None:
         self.queue = queue
         self.client = queue.client
+        self.parts = queue.partition_queues()
+        self.ks = queue.keyspace
 
-    @staticmethod
-    def _row(message_id: Any, fields: dict[Any, Any]) -> dict[str, Any]:
+    def _row(self, p: int, message_id: Any, fields: dict[Any, Any]) -> dict[str, Any]:
         raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
         text = as_text(raw) if raw is not None else ""
         try:
@@ -40,47 +45,67 @@ class DeadLetterQueue:
             envelope = {"reason": "unreadable DLQ envelope", "payload": text}
         if not isinstance(envelope, dict):
             envelope = {"reason": "unreadable DLQ envelope", "payload": envelope}
-        return {"dlq_id": as_text(message_id), **envelope}
+        return {"dlq_id": self.ks.qualify(p, as_text(message_id)), **envelope}
 
-    def _range(self, low: str = "-", high: str = "+", count: int | None = None) -> list[tuple[Any, dict[Any, Any]]]:
-        rows = self.client.xrange(self.queue.dlq_key, min=low, max=high, count=count)
-        return cast(list[tuple[Any, dict[Any, Any]]], rows or [])
+    def _range(self, p: int, low: str = "-", high: str = "+", count: int | None = None) -> list[tuple[Any, Any]]:
+        rows = self.client.xrange(self.parts[p].dlq_key, min=low, max=high, count=count)
+        return cast(list[tuple[Any, Any]], rows or [])
 
     def oldest(self, count: int) -> list[dict[str, Any]]:
-        """The oldest ``count`` dead letters."""
-        return [self._row(mid, f) for mid, f in self._range(count=count)]
+        """The oldest ``count`` dead letters (of every partition, oldest first by id time)."""
+        rows = [self._row(p, mid, f) for p in range(len(self.parts)) for mid, f in self._range(p, count=count)]
+        rows.sort(key=lambda r: _id_order(r["dlq_id"]))
+        return rows[:count]
 
     def get(self, dlq_id: str) -> dict[str, Any] | None:
-        rows = self._range(dlq_id, dlq_id, 1)
-        return self._row(*rows[0]) if rows else None
+        try:
+            p, mid = self.ks.unqualify(dlq_id)
+        except ValueError:
+            return None
+        rows = self._range(p, mid, mid, 1)
+        return self._row(p, *rows[0]) if rows else None
 
     def requeue(self, dlq_ids: list[str]) -> list[tuple[str, str]]:
-        """Put dead letters back on the stream as new entries (delivery count starts again),
-        keeping their body, and remove them from the DLQ, in one transaction.
-        Returns (dlq id, new stream id) pairs; unknown ids raise KeyError."""
-        rows = []
+        """Put dead letters back on their stream as new entries (delivery count starts again),
+        keeping their body, and remove them from the DLQ, in one transaction per partition.
+        Returns (dlq id, new message id) pairs; unknown ids raise KeyError."""
+        groups: dict[int, list[tuple[str, dict[str, Any]]]] = {}
         for dlq_id in dlq_ids:
             row = self.get(dlq_id)
             if row is None:
                 raise KeyError(dlq_id)
-            rows.append(row)
-        pipe = self.client.pipeline(transaction=True)
-        for row in rows:
-            pipe.xadd(self.queue.stream, _replay_fields(row))
-        pipe.xdel(self.queue.dlq_key, *dlq_ids)
-        results = pipe.execute()
-        return [(row["dlq_id"], as_text(new_id)) for row, new_id in zip(rows, results[:-1], strict=True)]
+            groups.setdefault(self.ks.unqualify(dlq_id)[0], []).append((self.ks.unqualify(dlq_id)[1], row))
+        moved: list[tuple[str, str]] = []
+        for p, rows in groups.items():
+            part = self.parts[p]
+            pipe = self.client.pipeline(transaction=True)
+            for _, row in rows:
+                pipe.xadd(part.stream, _replay_fields(row))
+            pipe.xdel(part.dlq_key, *(mid for mid, _ in rows))
+            results = pipe.execute()
+            moved += [
+                (row["dlq_id"], self.ks.qualify(p, as_text(new))) for (_, row), new in zip(rows, results, strict=False)
+            ]
+        return moved
 
     def all_ids(self) -> list[str]:
-        return [as_text(mid) for mid, _ in self._range()]
+        return [self.ks.qualify(p, as_text(mid)) for p in range(len(self.parts)) for mid, _ in self._range(p)]
 
     def length(self) -> int:
-        return int(self.client.xlen(self.queue.dlq_key))
+        return sum(int(self.client.xlen(part.dlq_key)) for part in self.parts)
 
     def purge(self) -> int:
         """Delete every dead letter; returns how many there were."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.xlen(self.queue.dlq_key)
-        pipe.delete(self.queue.dlq_key)
-        count, _ = pipe.execute()
-        return int(count)
+        total = 0
+        for part in self.parts:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xlen(part.dlq_key)
+            pipe.delete(part.dlq_key)
+            count, _ = pipe.execute()
+            total += int(count)
+        return total
+
+
+def _id_order(dlq_id: str) -> tuple[int, int]:
+    ms, _, seq = dlq_id.rpartition("/")[2].partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)

@@ -17,9 +17,7 @@ and the step's staged writes are written together. Every key a script touches is
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -27,15 +25,19 @@ from typing import Any, cast
 import redis
 
 from plaita.store import scripts
-from plaita.store.leases import fence_key, lease_key
+from plaita.store.client import get_many, interrupt
+from plaita.store.keyspace import (
+    CANCEL_PREFIX,
+    DEADLINES_KEY,
+    DEDUP_PREFIX,
+    DEFAULT,
+    EXECUTION_PREFIX,
+    STATUS_PREFIX,
+    Keyspace,
+)
 from plaita.tasks import PAYLOAD_FIELD
 
-#: Execution state key prefix.
-EXECUTION_PREFIX = "plaita:execution:"
-CANCEL_PREFIX = "plaita:execution:cancel:"
-DEDUP_PREFIX = "plaita:start-dedup:"
-STATUS_PREFIX = "plaita:executions:status:"
-DEADLINES_KEY = "plaita:executions:deadlines"
+__all__ = ["CANCEL_PREFIX", "DEADLINES_KEY", "DEDUP_PREFIX", "EXECUTION_PREFIX", "STATUS_PREFIX", "ExecutionStore"]
 #: Set by the keeper when it enqueued a recovery ``retry``: one per cooldown per execution.
 KEEPER_RETRY_PREFIX = "plaita:execution:keeper-retry:"
 KEEPER_LEASE_KEY = "plaita:keeper:lease"
@@ -55,20 +57,20 @@ HOLD_KEEPER_LEASE = scripts.script("hold_keeper_lease")
 RELEASE_KEEPER_LEASE = scripts.script("release_keeper_lease")
 
 
-def execution_key(execution_id: str) -> str:
-    return f"{EXECUTION_PREFIX}{execution_id}"
+def execution_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
+    return keyspace.execution_key(execution_id)
 
 
-def cancel_key(execution_id: str) -> str:
-    return f"{CANCEL_PREFIX}{execution_id}"
+def cancel_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
+    return keyspace.cancel_key(execution_id)
 
 
 def dedup_key(key: str) -> str:
-    return f"{DEDUP_PREFIX}{key}"
+    return DEFAULT.dedup_key(0, key)
 
 
 def status_key(status: str) -> str:
-    return f"{STATUS_PREFIX}{status}"
+    return DEFAULT.status_key(0, status)
 
 
 @dataclass(frozen=True)
@@ -93,30 +95,41 @@ def _decode(raw: Any) -> dict[str, Any] | None:
 
 
 class ExecutionStore:
-    """Execution state on one Redis client (bytes replies)."""
+    """Execution state on one Redis client (bytes replies), in one queue's ``keyspace``.
 
-    def __init__(self, client: redis.Redis) -> None:
+    With partitions each execution's keys carry its partition's hash tag; the per-status and
+    deadline indexes are one per partition, and the listings here merge them.
+    """
+
+    def __init__(self, client: redis.Redis, keyspace: Keyspace = DEFAULT) -> None:
         self.client = client
+        self.ks = keyspace
+
+    def _get_many(self, keys: list[str]) -> list[Any]:
+        return get_many(self.client, keys)
 
     # -- the worker's path ---------------------------------------------------------------
     def load(self, execution_id: str) -> tuple[dict[str, Any] | None, bool]:
         """(state or None, cancel requested) in one round trip."""
-        raw, flag = cast(list[Any], self.client.mget([execution_key(execution_id), cancel_key(execution_id)]))
+        raw, flag = cast(
+            list[Any], self.client.mget([self.ks.execution_key(execution_id), self.ks.cancel_key(execution_id)])
+        )
         return _decode(raw), flag is not None
 
     def create(
         self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
     ) -> tuple[int, str, bool]:
         """Create the state under the lease: (code, text, cancel requested); see CREATE."""
+        ks, p = self.ks, self.ks.partition_of(execution_id)
         keys = [
-            lease_key(execution_id),
-            fence_key(execution_id),
-            execution_key(execution_id),
-            status_key("running"),
-            cancel_key(execution_id),
+            ks.lease_key(execution_id),
+            ks.fence_key(execution_id),
+            ks.execution_key(execution_id),
+            ks.status_key(p, "running"),
+            ks.cancel_key(execution_id),
         ]
         if dedup:
-            keys.append(dedup_key(dedup))
+            keys.append(ks.dedup_key(p, dedup))
         args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
         code, text, cancel = CREATE(self.client, keys, args)
         return int(code), _text(text), int(cancel) == 1
@@ -134,13 +147,14 @@ class ExecutionStore:
         staged: Sequence[Staged] = (),
     ) -> tuple[bool, bool]:
         """One fenced write of the state, index, deadline and staged writes: (written, cancel requested)."""
+        ks, p = self.ks, self.ks.partition_of(execution_id)
         keys = [
-            lease_key(execution_id),
-            fence_key(execution_id),
-            execution_key(execution_id),
-            cancel_key(execution_id),
-            DEADLINES_KEY,
-            *(status_key(s) for s in STATUSES),
+            ks.lease_key(execution_id),
+            ks.fence_key(execution_id),
+            ks.execution_key(execution_id),
+            ks.cancel_key(execution_id),
+            ks.deadlines_key(p),
+            *(ks.status_key(p, s) for s in STATUSES),
             *(s.key for s in staged),
         ]
         args: list[Any] = [
@@ -159,51 +173,61 @@ class ExecutionStore:
         return int(ok) == 1, int(cancel) == 1
 
     def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
-        if not execution_ids:
-            return []
-        return [v is not None for v in cast(list[Any], self.client.mget([cancel_key(e) for e in execution_ids]))]
+        return [v is not None for v in self._get_many([self.ks.cancel_key(e) for e in execution_ids])]
 
     # -- producers and operators ---------------------------------------------------------
     def get(self, execution_id: str) -> dict[str, Any] | None:
-        return _decode(self.client.get(execution_key(execution_id)))
+        return _decode(self.client.get(self.ks.execution_key(execution_id)))
 
     def request_cancel(self, execution_id: str) -> None:
-        self.client.set(cancel_key(execution_id), "1", ex=FLAG_TTL_S)
+        self.client.set(self.ks.cancel_key(execution_id), "1", ex=FLAG_TTL_S)
 
     def dedup_target(self, key: str) -> str | None:
-        raw = self.client.get(dedup_key(key))
+        """The execution a dedup key started. With partitions a dedup key lives in the partition
+        its own text hashes to (``FlowClient.start`` picks execution ids there)."""
+        raw = self.client.get(self.ks.dedup_key(self.ks.partition_of(key), key))
         return None if raw is None else _text(raw)
+
+    def _index(self, status: str, first: int, last: int, *, newest: bool) -> list[tuple[int, str, float]]:
+        """(partition, id, score) of ranks ``first..last`` of ``status`` over every partition."""
+        rows: list[tuple[int, str, float]] = []
+        for p in range(len(self.ks.tags)):
+            key = self.ks.status_key(p, status)
+            rng = self.client.zrevrange if newest else self.client.zrange
+            raw = rng(key, 0 if len(self.ks.tags) > 1 else first, last, withscores=True)
+            rows += [(p, _text(m), float(score)) for m, score in cast(list[Any], raw)]
+        rows.sort(key=lambda r: -r[2] if newest else r[2])
+        return rows[first : last + 1] if len(self.ks.tags) > 1 else rows
 
     def by_status(self, status: str, limit: int, *, offset: int = 0, prune: bool = True) -> list[dict[str, Any]]:
         """The most recently updated executions with ``status``, skipping the newest ``offset``
         (index entries whose state has expired are dropped from the index on the way, unless
         ``prune`` is false: a read-only user may not write)."""
         first = max(0, offset)
-        raw_ids = self.client.zrevrange(status_key(status), first, first + max(0, limit - 1))
-        ids = [_text(m) for m in cast(list[Any], raw_ids)]
-        if not ids:
+        rows = self._index(status, first, first + max(0, limit - 1), newest=True)
+        if not rows:
             return []
-        raws = cast(list[Any], self.client.mget([execution_key(e) for e in ids]))
-        gone = [e for e, raw in zip(ids, raws, strict=True) if raw is None]
-        if gone and prune:
-            self.client.zrem(status_key(status), *gone)
+        raws = self._get_many([self.ks.execution_key(e) for _, e, _ in rows])
+        if prune:
+            for (p, eid, _), raw in zip(rows, raws, strict=True):
+                if raw is None:
+                    self.client.zrem(self.ks.status_key(p, status), eid)
         return [doc for doc in (_decode(r) for r in raws) if doc is not None]
 
     def counts(self) -> dict[str, int]:
         pipe = self.client.pipeline(transaction=False)
         for s in STATUSES:
-            pipe.zcard(status_key(s))
-        return {s: int(n) for s, n in zip(STATUSES, pipe.execute(), strict=True)}
+            for p in range(len(self.ks.tags)):
+                pipe.zcard(self.ks.status_key(p, s))
+        totals = [int(n) for n in pipe.execute()]
+        width = len(self.ks.tags)
+        return {s: sum(totals[i * width : (i + 1) * width]) for i, s in enumerate(STATUSES)}
 
     # -- the keeper ----------------------------------------------------------------------
     def interrupt(self) -> None:
         """Cut calls in progress (best effort; they fail with ConnectionError) so a stop is
         not held up by a frozen server."""
-        for conn in list(getattr(self.client.connection_pool, "_in_use_connections", ())):
-            sock = getattr(conn, "_sock", None)
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+        interrupt(self.client)
 
     def hold_keeper_lease(self, holder: str, ttl_ms: int) -> bool:
         return int(HOLD_KEEPER_LEASE(self.client, [KEEPER_LEASE_KEY], [holder, ttl_ms])) == 1
@@ -213,34 +237,51 @@ class ExecutionStore:
         RELEASE_KEEPER_LEASE(self.client, [KEEPER_LEASE_KEY], [holder])
 
     def due_deadlines(self, now_s: float, rearm_at_s: float, limit: int, *, dry_run: bool) -> list[str]:
-        """Suspended executions past their deadline (re-armed to ``rearm_at_s`` unless dry run)."""
-        if dry_run:
-            raw = self.client.zrangebyscore(DEADLINES_KEY, "-inf", repr(now_s), start=0, num=limit)
-        else:
-            raw = CLAIM_DEADLINES(self.client, [DEADLINES_KEY], [repr(now_s), repr(rearm_at_s), limit])
-        return [_text(m) for m in cast(list[Any], raw)]
+        """Suspended executions past their deadline (re-armed to ``rearm_at_s`` unless dry run),
+        at most ``limit`` over all partitions."""
+        out: list[str] = []
+        for p in range(len(self.ks.tags)):
+            left, key = limit - len(out), self.ks.deadlines_key(p)
+            if left <= 0:
+                break
+            if dry_run:
+                raw = self.client.zrangebyscore(key, "-inf", repr(now_s), start=0, num=left)
+            else:
+                raw = CLAIM_DEADLINES(self.client, [key], [repr(now_s), repr(rearm_at_s), left])
+            out += [_text(m) for m in cast(list[Any], raw)]
+        return out
 
     def running_since(self, before_s: float, offset: int, limit: int) -> list[tuple[str, float]]:
         """Running executions last updated before ``before_s``, oldest first: (id, updated_at)."""
-        raw = self.client.zrangebyscore(
-            status_key("running"), "-inf", repr(before_s), start=offset, num=limit, withscores=True
-        )
-        return [(_text(m), float(score)) for m, score in cast(list[Any], raw)]
+        rows: list[tuple[str, float]] = []
+        width = len(self.ks.tags)
+        for p in range(width):
+            raw = self.client.zrangebyscore(
+                self.ks.status_key(p, "running"),
+                "-inf",
+                repr(before_s),
+                start=offset if width == 1 else 0,
+                num=limit if width == 1 else offset + limit,
+                withscores=True,
+            )
+            rows += [(_text(m), float(score)) for m, score in cast(list[Any], raw)]
+        rows.sort(key=lambda r: r[1])
+        return rows if width == 1 else rows[offset : offset + limit]
 
     def forget_deadline(self, execution_id: str) -> None:
-        self.client.zrem(DEADLINES_KEY, execution_id)
+        self.client.zrem(self.ks.deadlines_key(self.ks.partition_of(execution_id)), execution_id)
 
     def leased(self, execution_ids: Sequence[str]) -> list[bool]:
         pipe = self.client.pipeline(transaction=False)
         for e in execution_ids:
-            pipe.exists(lease_key(e))
+            pipe.exists(self.ks.lease_key(e))
         return [int(n) == 1 for n in pipe.execute()]
 
     def still_running(self, execution_ids: Sequence[str]) -> list[float | None]:
         """Current update time of each execution that is still running (None = not running)."""
         pipe = self.client.pipeline(transaction=False)
         for e in execution_ids:
-            pipe.zscore(status_key("running"), e)
+            pipe.zscore(self.ks.status_key(self.ks.partition_of(e), "running"), e)
         return [None if s is None else float(s) for s in pipe.execute()]
 
     def mark_retry_sent(self, execution_id: str, cooldown_s: int) -> bool:
@@ -255,28 +296,41 @@ class ExecutionStore:
         WATCH makes it a compare-and-set: a worker that takes the lease or checkpoints in
         between wins, and nothing is written.
         """
-        key, lease = execution_key(execution_id), lease_key(execution_id)
+        ks, p = self.ks, self.ks.partition_of(execution_id)
+        key, lease, running = ks.execution_key(execution_id), ks.lease_key(execution_id), ks.status_key(p, "running")
         with self.client.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(key, lease, status_key("running"))  # type: ignore[no-untyped-call]
+                pipe.watch(key, lease, running)  # type: ignore[no-untyped-call]
                 doc = _decode(pipe.get(key))
-                score = pipe.zscore(status_key("running"), execution_id)
+                score = pipe.zscore(running, execution_id)
                 if doc is None or doc.get("status") != "running" or pipe.exists(lease) or score != updated_at_s:
                     return False
                 doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
                 pipe.multi()
                 pipe.set(key, json.dumps(doc, ensure_ascii=False), ex=retention_s)
-                pipe.zrem(status_key("running"), execution_id)
-                pipe.zadd(status_key("error"), {execution_id: now_s})
+                pipe.zrem(running, execution_id)
+                pipe.zadd(ks.status_key(p, "error"), {execution_id: now_s})
                 pipe.execute()
                 return True
             except redis.WatchError:
                 return False
 
 
-def stream_execution_ids(client: redis.Redis, stream: str, max_entries: int, page: int = 500) -> tuple[set[str], bool]:
-    """Execution ids of every task still in ``stream`` (queued or pending: acked entries are
-    deleted), and whether the whole stream was read within ``max_entries``."""
+def stream_execution_ids(
+    client: redis.Redis, streams: Sequence[str], max_entries: int, page: int = 500
+) -> tuple[set[str], bool]:
+    """Execution ids of every task still in ``streams`` (queued or pending: acked entries are
+    deleted), and whether every stream was read within ``max_entries`` entries each."""
+    seen: set[str] = set()
+    for stream in streams:
+        ids, complete = _stream_ids(client, stream, max_entries, page)
+        seen |= ids
+        if not complete:
+            return seen, False
+    return seen, True
+
+
+def _stream_ids(client: redis.Redis, stream: str, max_entries: int, page: int) -> tuple[set[str], bool]:
     seen: set[str] = set()
     start, read = "-", 0
     while read < max_entries:

@@ -14,6 +14,8 @@ from typing import Any
 
 import redis
 
+from plaita.store.client import get_many
+
 #: Key prefix of registry entries (compatible with the original plaita).
 REGISTRY_PREFIX = "plaita:registry:flow_worker:"
 #: Channel prefix; the per-instance channel is this plus the instance id.
@@ -53,7 +55,7 @@ def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
     if not keys:
         return []
     entries = []
-    for key, raw in zip(keys, client.mget(keys), strict=True):
+    for key, raw in zip(keys, get_many(client, keys), strict=True):
         if raw is None:
             continue
         try:

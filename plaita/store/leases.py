@@ -21,13 +21,11 @@ import redis
 from redis.client import Pipeline
 
 from plaita.store import scripts
+from plaita.store.keyspace import DEFAULT, FENCE_PREFIX, LEASE_PREFIX, Keyspace
 
 logger = logging.getLogger(__name__)
 
-#: Prefix of execution lease keys (compatible with the original plaita).
-LEASE_PREFIX = "plaita:execution:lease:"
-#: Prefix of fencing generation counters.
-FENCE_PREFIX = "plaita:execution:fence:"
+__all__ = ["FENCE_PREFIX", "LEASE_PREFIX", "Lease", "LeaseManager", "fence_key", "fenced_set", "lease_key"]
 #: Fencing counters outlive any lease: 7 days, as the original.
 FENCE_TTL_S = 7 * 24 * 3600
 
@@ -38,12 +36,12 @@ _RELEASE_ORPHAN = scripts.script("release_orphan")
 _FENCED_SET = scripts.script("fenced_set")
 
 
-def lease_key(execution_id: str) -> str:
-    return f"{LEASE_PREFIX}{execution_id}"
+def lease_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
+    return keyspace.lease_key(execution_id)
 
 
-def fence_key(execution_id: str) -> str:
-    return f"{FENCE_PREFIX}{execution_id}"
+def fence_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
+    return keyspace.fence_key(execution_id)
 
 
 @dataclass(frozen=True)
@@ -59,8 +57,17 @@ class Lease:
 class LeaseManager:
     """Acquire, renew and release execution leases for one worker incarnation."""
 
-    def __init__(self, client: redis.Redis, *, consumer: str, ttl_s: float, holder: str | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        consumer: str,
+        ttl_s: float,
+        holder: str | None = None,
+        keyspace: Keyspace = DEFAULT,
+    ) -> None:
         self.client = client
+        self.keyspace = keyspace
         self.consumer = consumer
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.takeover_prefix = f"worker:{consumer}@"
@@ -68,33 +75,45 @@ class LeaseManager:
 
     def on(self, client: redis.Redis) -> LeaseManager:
         """The same holder (incarnation) over another client (the owner thread's pool)."""
-        return LeaseManager(client, consumer=self.consumer, ttl_s=self.ttl_ms / 1000, holder=self.holder)
+        return LeaseManager(
+            client, consumer=self.consumer, ttl_s=self.ttl_ms / 1000, holder=self.holder, keyspace=self.keyspace
+        )
 
     def acquire(self, execution_id: str) -> Lease | str:
         """The lease, or the current holder's value when another live holder has it."""
         return self.acquire_many([execution_id])[0]
 
     def acquire_many(self, execution_ids: list[str]) -> list[Lease | str]:
-        """``acquire`` for a whole read batch in one pipelined round trip (in order)."""
+        """``acquire`` for a whole read batch in one pipelined round trip (in order).
+
+        One script call per partition: on Redis Cluster a script's keys must share a slot."""
         if not execution_ids:
             return []
-        keys = [k for execution_id in execution_ids for k in (lease_key(execution_id), fence_key(execution_id))]
+        ks = self.keyspace
+        groups: dict[int, list[int]] = {}
+        for i, execution_id in enumerate(execution_ids):
+            groups.setdefault(ks.partition_of(execution_id), []).append(i)
         args = [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
 
         def build(pipe: Pipeline) -> None:
-            ACQUIRE_MANY.queue(pipe, keys, args)
+            for members in groups.values():
+                keys = [k for i in members for k in (ks.lease_key(execution_ids[i]), ks.fence_key(execution_ids[i]))]
+                ACQUIRE_MANY.queue(pipe, keys, args)
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
-        [flat] = scripts.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
-        replies = list(zip(flat[0::2], flat[1::2], strict=True))
-        out: list[Lease | str] = []
-        for execution_id, (ok, value) in zip(execution_ids, replies, strict=True):
-            if int(ok) != 1:
-                out.append(value.decode() if isinstance(value, bytes) else str(value))
-            else:
-                generation = int(value)
-                out.append(Lease(execution_id, lease_key(execution_id), f"{self.holder}:{generation}", generation))
+        replies = scripts.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
+        out: list[Lease | str] = [""] * len(execution_ids)
+        for members, flat in zip(groups.values(), replies, strict=True):
+            for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
+                out[i] = self._lease_or_holder(execution_ids[i], ok, value)
         return out
+
+    def _lease_or_holder(self, execution_id: str, ok: object, value: object) -> Lease | str:
+        if int(ok) != 1:  # type: ignore[call-overload]
+            return value.decode() if isinstance(value, bytes) else str(value)
+        generation = int(value)  # type: ignore[call-overload]
+        key = self.keyspace.lease_key(execution_id)
+        return Lease(execution_id, key, f"{self.holder}:{generation}", generation)
 
     def renew_many(self, leases: list[Lease]) -> list[bool]:
         """Compare-and-extend every lease in one round trip; False = lost."""
@@ -116,18 +135,22 @@ class LeaseManager:
         reclaimed (nor the lease re-acquired by us) for a whole TTL. Call it only while no
         task of that execution is in flight here. True if a lease was deleted.
         """
-        return int(_RELEASE_ORPHAN(self.client, [lease_key(execution_id)], [self.holder])) == 1
+        return int(_RELEASE_ORPHAN(self.client, [self.keyspace.lease_key(execution_id)], [self.holder])) == 1
 
     def release(self, lease: Lease) -> bool:
         """Compare-and-delete; True if it was still ours."""
         return int(RELEASE_MANY(self.client, [lease.key], [lease.value])) == 1
 
 
-def fenced_set(client: redis.Redis, execution_id: str, generation: int, key: str, value: str) -> bool:
+def fenced_set(
+    client: redis.Redis, execution_id: str, generation: int, key: str, value: str, *, keyspace: Keyspace = DEFAULT
+) -> bool:
     """SET ``key`` only while ``generation`` still holds the execution's lease.
 
     A handler writes execution state through this (``task.fencing_token``); a worker whose
-    lease expired or was taken over gets False and must stop.
+    lease expired or was taken over gets False and must stop. With partitions, pass the
+    worker's ``keyspace``; on Redis Cluster ``key`` must carry ``keyspace.slot_tag(execution_id)``.
     """
-    result = _FENCED_SET(client, [lease_key(execution_id), fence_key(execution_id), key], [generation, value])
+    keys = [keyspace.lease_key(execution_id), keyspace.fence_key(execution_id), key]
+    result = _FENCED_SET(client, keys, [generation, value])
     return int(result) == 1

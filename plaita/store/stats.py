@@ -10,9 +10,37 @@ import redis
 from plaita.store.entries import as_text
 from plaita.store.streams import StreamQueue
 
+#: Counters summed over partitions.
+_SUMMED = ("length", "pending", "dlq_length")
+
 
 def stream_stats(q: StreamQueue) -> dict[str, Any]:
-    """Stream length, group pending/lag and DLQ length (raises on Redis errors)."""
+    """Stream length, group pending/lag and DLQ length (raises on Redis errors), summed over
+    the partitions of a partitioned queue (each partition's own row under ``partitions``)."""
+    return _merged(q, [_one_stream_stats(part) for part in q.partition_queues()])
+
+
+def _merged(q: StreamQueue, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if len(rows) == 1:
+        return rows[0]
+    out = dict(rows[0], stream=q.stream)
+    for key in _SUMMED:
+        out[key] = sum(int(r[key]) for r in rows)
+    lags = [r["lag"] for r in rows]
+    out["lag"] = None if any(lag is None for lag in lags) else sum(int(lag) for lag in lags)
+    out["consumers"] = max(int(r["consumers"]) for r in rows)
+    oldest = max(rows, key=lambda r: float(r["oldest_pending_age_s"]))
+    out["oldest_pending_id"] = oldest["oldest_pending_id"]
+    out["oldest_pending_age_s"] = oldest["oldest_pending_age_s"]
+    notes = sorted({str(r["note"]) for r in rows if "note" in r})
+    out.pop("note", None)
+    if notes:
+        out["note"] = "; ".join(notes)
+    out["partitions"] = rows
+    return out
+
+
+def _one_stream_stats(q: StreamQueue) -> dict[str, Any]:
     pipe = q.client.pipeline(transaction=False)
     pipe.xlen(q.stream)
     pipe.xlen(q.dlq_key)
@@ -39,7 +67,11 @@ def stream_stats(q: StreamQueue) -> dict[str, Any]:
 
 
 def is_settled(q: StreamQueue) -> bool:
-    """True when the stream is empty and nothing is pending (every ack reached Redis)."""
+    """True when every stream is empty and nothing is pending (every ack reached Redis)."""
+    return all(_one_settled(part) for part in q.partition_queues())
+
+
+def _one_settled(q: StreamQueue) -> bool:
     pipe = q.client.pipeline(transaction=False)
     pipe.xlen(q.stream)
     pipe.xpending(q.stream, q.group)
@@ -49,8 +81,12 @@ def is_settled(q: StreamQueue) -> bool:
 
 def stream_stats_or_empty(q: StreamQueue) -> dict[str, Any]:
     """``stream_stats``, or zeros with a note when the stream or its group does not exist yet."""
+    return _merged(q, [_one_or_empty(part) for part in q.partition_queues()])
+
+
+def _one_or_empty(q: StreamQueue) -> dict[str, Any]:
     try:
-        return stream_stats(q)
+        return _one_stream_stats(q)
     except redis.ResponseError as exc:
         if "no such key" not in str(exc) and "NOGROUP" not in str(exc):
             raise

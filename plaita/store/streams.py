@@ -8,9 +8,7 @@ so a frozen server costs one socket timeout, not ten.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
 import time
 from typing import Any, cast
 
@@ -21,8 +19,9 @@ from plaita.config import Settings
 from plaita.envelope import build_envelope
 from plaita.fsm.classify import error_code
 from plaita.store import scripts
-from plaita.store.client import bounded_clone, make_client
+from plaita.store.client import bounded_clone, interrupt, make_client
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
+from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body, field_name_bytes
 
@@ -73,8 +72,14 @@ class StreamQueue:
         dlq_key: str,
         dlq_max_len: int,
         read_client: redis.Redis | None = None,
+        lease_prefix: str = LEASE_PREFIX,
+        id_prefix: str = "",
     ) -> None:
         self.client = client
+        #: Lease key of an entry: ``lease_prefix`` + its execution id, or + ``id_prefix`` + its
+        #: message id for a task without one (see ``plaita.store.keyspace``).
+        self.lease_prefix = lease_prefix
+        self.id_prefix = id_prefix
         # The owner thread's calls (reads, group, claims, housekeeping) get a pool of their own,
         # so a stop can cut exactly them (interrupt_owner) without touching acks or renewals.
         self.read_client = read_client if read_client is not None else client
@@ -87,6 +92,15 @@ class StreamQueue:
         self.dlq_key = dlq_key
         self.dlq_max_len = dlq_max_len
         self._xnack: bool | None = None
+        self.keyspace = Keyspace(stream, dlq_key=dlq_key)
+
+    def partition_queues(self) -> list[StreamQueue]:
+        """One queue per partition stream, in partition order (a plain queue is its only one)."""
+        return [self]
+
+    @property
+    def streams(self) -> list[str]:
+        return [q.stream for q in self.partition_queues()]
 
     @classmethod
     def from_settings(
@@ -158,8 +172,10 @@ class StreamQueue:
 
     # -- consume ----------------------------------------------------------------------
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
-        """``XREADGROUP … COUNT count BLOCK block_ms STREAMS <stream> >``. Empty when BLOCK expires."""
-        reply = self.read_client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+        """``XREADGROUP … COUNT count BLOCK block_ms STREAMS <stream> >``. Empty when BLOCK expires;
+        ``block_ms`` 0 reads without BLOCK (not Redis's "block forever")."""
+        block = block_ms if block_ms > 0 else None
+        reply = self.read_client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block)
         return parse_read(reply)
 
     def read_own_pending(self, after_id: str, count: int) -> list[Entry]:
@@ -245,9 +261,7 @@ class StreamQueue:
         self.settle(list(ids), [])
 
     # -- lease-aware delivery ------------------------------------------------------------
-    def claim_unleased(
-        self, cursor: str, min_idle_ms: int, count: int, lease_prefix: str
-    ) -> tuple[str, list[Entry], int]:
+    def claim_unleased(self, cursor: str, min_idle_ms: int, count: int) -> tuple[str, list[Entry], int]:
         """One bounded reclaim step: claim entries idle > ``min_idle_ms`` whose lease is absent.
 
         Scans at most ``count * 10`` pending entries after ``cursor``; returns (next cursor,
@@ -262,9 +276,9 @@ class StreamQueue:
         found: list[Any] = _SCAN_CLAIMABLE(self.owner, [self.stream], [self.group, min_idle_ms, cursor, scan])
         if not found:
             return "0-0", [], 0
-        prefix = lease_prefix.encode()
+        prefix, own = self.lease_prefix.encode(), self.id_prefix.encode()
         # Keys stay bytes: an execution id that is not valid UTF-8 still names exactly its lease.
-        lease_keys = [prefix + (bytes(e) if e else bytes(mid)) for mid, e in found]
+        lease_keys = [prefix + (bytes(e) if e else own + bytes(mid)) for mid, e in found]
         ids = [mid for mid, _ in found]
         reply: list[Any] = _CLAIM_UNLEASED(
             self.owner,
@@ -364,13 +378,7 @@ class StreamQueue:
         Best effort; the call then fails with ConnectionError. Entries Redis already handed to
         us stay in this consumer's pending list and are re-read on the next start.
         """
-        pool = self.owner.connection_pool
-        for conn in list(getattr(pool, "_in_use_connections", ())):
-            sock = getattr(conn, "_sock", None)
-            if sock is None:
-                continue
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        interrupt(self.owner)
 
     def close(self) -> None:
         """Release every connection."""

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from plaita.store.leases import LEASE_PREFIX, LeaseManager, lease_key
+from plaita.store.leases import LeaseManager, lease_key
 from plaita.store.streams import StreamQueue
 from tests.support.lease_workers import (
     GROUP,
@@ -88,7 +88,7 @@ class TestClaimUnleased:
         cursor, calls, claimed, skipped_total = "0-0", 0, [], 0
         previous_last = ""
         while True:
-            cursor, entries, skipped = q.claim_unleased(cursor, 100, 10, LEASE_PREFIX)
+            cursor, entries, skipped = q.claim_unleased(cursor, 100, 10)
             calls += 1
             assert len(entries) <= 10
             got = [e.message_id for e in entries]
@@ -116,7 +116,7 @@ class TestClaimUnleased:
         q = make_queue(bclient)
         enqueue(bclient, body(1))
         bclient.xreadgroup(GROUP, "busy", {QUEUE: ">"}, count=1)
-        cursor, entries, skipped = q.claim_unleased("0-0", 60_000, 10, LEASE_PREFIX)
+        cursor, entries, skipped = q.claim_unleased("0-0", 60_000, 10)
         assert (cursor, entries, skipped) == ("0-0", [], 0)
         assert [row[0] for row in pending_rows(bclient).values()] == ["busy"]
 

@@ -117,13 +117,13 @@ class TestReclaim:
         q.ensure_group()
         ids = q.enqueue_many([body(1), body(2), body(3)])
         rclient.xreadgroup(GROUP, "gone:0", {STREAM: ">"}, count=3)
-        prefix = "plaita:test:lease:"
+        prefix = q.lease_prefix = "plaita:test:lease:"
         rclient.set(f"{prefix}{ids[1]}", "worker:alive@1:1", px=60_000)  # ids[1]'s execution is still leased
-        cursor, claimed, skipped = q.claim_unleased("0-0", 0, 1, prefix)
+        cursor, claimed, skipped = q.claim_unleased("0-0", 0, 1)
         assert ([(e.message_id, e.delivery_count) for e in claimed], skipped) == ([(ids[0], 2)], 0)
-        cursor, claimed, skipped = q.claim_unleased(cursor, 0, 1, prefix)
+        cursor, claimed, skipped = q.claim_unleased(cursor, 0, 1)
         assert ([(e.message_id, e.delivery_count) for e in claimed], skipped) == ([(ids[2], 2)], 1)
-        cursor, claimed, skipped = q.claim_unleased(cursor, 0, 1, prefix)
+        cursor, claimed, skipped = q.claim_unleased(cursor, 0, 1)
         assert (cursor, claimed, skipped) == ("0-0", [], 0)
         owners = {r["message_id"]: r["consumer"] for r in rclient.xpending_range(STREAM, GROUP, "-", "+", 10)}
         assert owners == {ids[0]: "c1", ids[1]: "gone:0", ids[2]: "c1"}

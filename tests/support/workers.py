@@ -28,8 +28,8 @@ from plaita.errors import BadTaskError
 from plaita.fsm import State
 from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
+from plaita.store.partitioned import open_queue
 from plaita.store.scripts import SCRIPTS
-from plaita.store.streams import StreamQueue
 from plaita.tasks import Task
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -337,7 +337,7 @@ def running_worker(
     read_client = FaultyRedis.connect(
         url, plan, socket_timeout_s=settings.socket_timeout_s, client_name=READ_CLIENT_NAME
     )
-    q = StreamQueue.from_settings(settings, client=client, read_client=read_client)
+    q = open_queue(settings, client=client, read_client=read_client)
     worker = ObservedWorker(settings, recorder, stream_queue=q, on_backoff=on_backoff)
     result: dict[str, Any] = {}
 
