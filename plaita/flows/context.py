@@ -51,6 +51,7 @@ class StepContext:
         resume: Resume | None,
         attempt: int,
         cancel: CancelFlag,
+        slot_tag: str = "",
     ) -> None:
         self.execution_id = execution_id
         self.flow_id = flow_id
@@ -61,6 +62,8 @@ class StepContext:
         self.resume = resume
         self.attempt = attempt
         self.cancel = cancel
+        #: The execution's hash tag with partitions ("" without): a staged key must carry it.
+        self.slot_tag = slot_tag
         self.next_step: str | None = None
         self.staged: list[Staged] = []
 
@@ -90,9 +93,26 @@ class StepContext:
         """RPUSH ``value`` onto ``key`` with this step's checkpoint."""
         self._stage("rpush", key, value, ttl_s)
 
+    def key(self, name: str) -> str:
+        """``name`` in this execution's hash slot (``name:{tag}`` with partitions, else ``name``):
+        what a staged key must be on Redis Cluster, where one script touches one slot."""
+        return f"{name}:{self.slot_tag}" if self.slot_tag else name
+
     def _stage(self, op: str, key: str, value: Any, ttl_s: int) -> None:
         assert op in STAGE_OPS
         if not isinstance(key, str) or not key or key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"cannot stage a write to {key!r}: execution keys belong to the checkpoint")
+        if self.slot_tag and _hash_tag(key) != self.slot_tag:
+            raise ValueError(
+                f"cannot stage a write to {key!r}: with partitions a staged key must carry the execution's hash "
+                f"tag {self.slot_tag} (use ctx.key({key!r}))"
+            )
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         self.staged.append(Staged(op, key, text, max(0, int(ttl_s))))
+
+
+def _hash_tag(key: str) -> str:
+    """The ``{…}`` part Redis Cluster hashes (the first non-empty one), or ""."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start : end + 1] if start != -1 and end > start + 1 else ""

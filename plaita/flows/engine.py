@@ -263,6 +263,7 @@ class FlowRunner:
             resume=Resume(resume.get("type", "continue"), resume.get("data")) if isinstance(resume, dict) else None,
             attempt=int(doc.get("attempt", 0)) + 1,
             cancel=CancelFlag(),
+            slot_tag=self.store.ks.slot_tag(run.task.execution_id),
         )
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)

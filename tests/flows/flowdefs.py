@@ -33,7 +33,7 @@ def ledger(eid: str, step: str, kind: str = "ledger") -> int:
 
 def _count(ctx: StepContext) -> int:
     n = int(client().incr(f"plaita:test:ledger:{ctx.execution_id}:{ctx.step}"))  # type: ignore[arg-type]
-    ctx.stage_incr(f"plaita:test:staged:{ctx.execution_id}:{ctx.step}")
+    ctx.stage_incr(ctx.key(f"plaita:test:staged:{ctx.execution_id}:{ctx.step}"))
     return n
 
 

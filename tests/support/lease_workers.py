@@ -27,10 +27,10 @@ import redis.client
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from plaita.config import Settings
+from plaita.config import Settings, is_cluster_url
 from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
-from plaita.store.streams import StreamQueue
+from plaita.store.partitioned import open_queue
 from plaita.tasks import Task
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -295,10 +295,12 @@ def inproc_worker(
     settings_: Settings, handler: Callable[[Task], None], *, client: redis.Redis | None = None
 ) -> Iterator[InProc]:
     """Run a Worker on a thread (optionally over ``client``); always stopped at the end."""
-    if client is None:
-        client = worker_client(settings_.redis_url, settings_)
-    read_client = worker_client(settings_.redis_url, settings_)
-    q = StreamQueue.from_settings(settings_, client=client, read_client=read_client)
+    if is_cluster_url(settings_.redis_url):  # a RedisCluster: plaita's own construction
+        q = open_queue(settings_, client=client)
+    else:
+        if client is None:
+            client = worker_client(settings_.redis_url, settings_)
+        q = open_queue(settings_, client=client, read_client=worker_client(settings_.redis_url, settings_))
     worker = Worker(settings_, handler, stream_queue=q)
     result: dict[str, Any] = {}
 
