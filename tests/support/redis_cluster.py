@@ -323,3 +323,11 @@ class ClusterServers:
         it was a master that lost a failover; returns once the whole cluster is healthy again."""
         self.servers[port].start()
         self.wait_healthy(timeout_s)
+
+    def heal(self, timeout_s: float = 20.0) -> None:
+        """Start every node that is down and wait until the cluster is whole: a test that killed a
+        node and failed before restarting it must not break the next test on the shared cluster."""
+        for server in self.servers.values():
+            if server.proc is None:
+                server.start()
+        self.wait_healthy(timeout_s)
