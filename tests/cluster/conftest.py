@@ -1,0 +1,33 @@
+"""The cluster tier: one private Redis Cluster (3 masters, 3 replicas) per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.redis_cluster import NO_CLI_REASON, ClusterServers, ClusterUnavailable, redis_cli_missing
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterServers]:
+    """Shared by the whole session: a test that faults it leaves it whole again (or ``clean_cluster`` heals it)."""
+    if redis_cli_missing():
+        pytest.skip(NO_CLI_REASON)
+    cluster = ClusterServers(masters=3, replicas_per_master=1)
+    try:
+        cluster.start()
+    except ClusterUnavailable as exc:
+        pytest.skip(f"no Redis Cluster on this server: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def clean_cluster(redis_cluster: ClusterServers) -> ClusterServers:
+    """The shared cluster, whole (every node up) and empty (FLUSHALL on each of its masters)."""
+    redis_cluster.heal()
+    redis_cluster.flushall()
+    return redis_cluster
