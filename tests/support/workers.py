@@ -23,7 +23,7 @@ import redis.client
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from plaita.config import Settings
+from plaita.config import Settings, is_cluster_url
 from plaita.errors import BadTaskError
 from plaita.fsm import State
 from plaita.ops.status import read_status_file
@@ -333,11 +333,14 @@ def running_worker(
     plan = plan if plan is not None else FaultPlan()
     recorder = recorder if recorder is not None else Recorder()
     settings = fast_settings(url, **overrides)
-    client = FaultyRedis.connect(url, plan, socket_timeout_s=settings.socket_timeout_s)
-    read_client = FaultyRedis.connect(
-        url, plan, socket_timeout_s=settings.socket_timeout_s, client_name=READ_CLIENT_NAME
-    )
-    q = open_queue(settings, client=client, read_client=read_client)
+    if is_cluster_url(url):  # plaita's own RedisCluster clients (the fault plan applies to one server only)
+        q = open_queue(settings)
+    else:
+        client = FaultyRedis.connect(url, plan, socket_timeout_s=settings.socket_timeout_s)
+        read_client = FaultyRedis.connect(
+            url, plan, socket_timeout_s=settings.socket_timeout_s, client_name=READ_CLIENT_NAME
+        )
+        q = open_queue(settings, client=client, read_client=read_client)
     worker = ObservedWorker(settings, recorder, stream_queue=q, on_backoff=on_backoff)
     result: dict[str, Any] = {}
 
