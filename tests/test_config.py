@@ -46,5 +46,3 @@ def test_out_of_range_value_is_one_line_config_error(field: str, value: Any, fla
 def test_defaults_and_edges_are_accepted() -> None:
     s = make(claim_min_idle_ms=MAX_MS, lease_ttl_s=7 * 24 * 3600.0, consumer_prune_idle_s=0.0, metrics_port=0)
     assert s.claim_min_idle_ms == MAX_MS
-
-

@@ -86,6 +86,9 @@ class ConsumePhases:
         if free <= 0:
             self._wait_for_slot()
             return
+        # Leases a lost acquire reply left (say, a cluster pipeline that failed on one master only)
+        # would refuse the very entries this scan re-reads, until their TTL: release them first.
+        self.renewer.release_orphans()
         ours = self.intake.ours()
         page = self.queue.read_own_pending(self._own_cursor, free)
         self._read_succeeded()

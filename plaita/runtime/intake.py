@@ -97,7 +97,7 @@ class Intake:
         self.counters.add("read", len(started))
         return len(started)
 
-    def _lease(self, eager: list[tuple[Task, Entry]], now: float) -> list[Task]:
+    def _lease(self, eager: list[tuple[Task, Entry]], now: float, *, retry_own: bool = True) -> list[Task]:
         """Acquire the leases of ``eager`` in one round trip; the tasks that got theirs."""
         try:
             leases = self.leases.acquire_many([t.execution_id for t, _ in eager])
@@ -107,15 +107,32 @@ class Intake:
             self.inflight.suspect_orphans(t.execution_id for t, _ in eager)
             raise
         started: list[Task] = []
+        orphaned: list[tuple[Task, Entry]] = []
+        own = f"{self.leases.holder}:"
         for (task, entry), got in zip(eager, leases, strict=True):
             if isinstance(got, str):
-                self._refused(task, got)
+                if retry_own and got.startswith(own) and not self.inflight.runs_execution(task.execution_id):
+                    orphaned.append((task, entry))  # our own lease, yet nothing of it runs here
+                else:
+                    self._refused(task, got)
                 continue
             task.fencing_token = got.generation
             assert entry.fields is not None
             self.inflight.add(InFlight(task, entry.fields, got, now, read_at_s=now))
             started.append(task)
-        return started
+        return started + self._release_and_retry(orphaned, now)
+
+    def _release_and_retry(self, orphaned: list[tuple[Task, Entry]], now: float) -> list[Task]:
+        """Leases of ours that nothing here runs were left by an acquire whose reply was lost (on a
+        cluster, a pipeline can fail on one master after another ran its part): release them now
+        (owner thread: nothing can start meanwhile) and acquire once more, instead of leaving
+        their entries pending until the TTL."""
+        if not orphaned:
+            return []
+        for execution_id in sorted({t.execution_id for t, _ in orphaned}):
+            if self.leases.release_orphan(execution_id):
+                logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
+        return self._lease(orphaned, now, retry_own=False)
 
     def _refused(self, task: Task, holder: str) -> None:
         """The lease was refused: another holder has it, or its key is not a lease at all."""

@@ -91,6 +91,11 @@ class InFlightTable:
                 item.task.cancelled.set()
             return left
 
+    def runs_execution(self, execution_id: str) -> bool:
+        """True while a task of ``execution_id`` is in flight here."""
+        with self._lock:
+            return any(i.task.execution_id == execution_id for i in self._items.values())
+
     def suspect_orphans(self, execution_ids: Iterable[str]) -> None:
         with self._lock:
             self._orphan_suspects.update(execution_ids)

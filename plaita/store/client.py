@@ -118,6 +118,9 @@ def _cluster_client(target: ClusterTarget, options: dict[str, Any], tls: TlsFile
             username=target.username,
             password=target.password,
             retry=Retry(NoBackoff(), 0),
+            # Reload the slot map at the first connection error or MOVED of a pipeline: its counter
+            # starts at 0 in every new pipeline, so the default (every 5th) would never come.
+            reinitialize_steps=1,
             **kwargs,
         )
 
@@ -207,5 +210,5 @@ def _cluster_clone(cluster: RedisCluster, timeout_s: float) -> redis.Redis:
         kwargs.pop(key, None)
     kwargs.update(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     nodes = [ClusterNode(n.host, n.port) for n in cluster.get_primaries()]  # type: ignore[no-untyped-call]
-    clone = RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), **kwargs)
+    clone = RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), reinitialize_steps=1, **kwargs)
     return cast(redis.Redis, clone)

@@ -30,6 +30,7 @@ from redis.retry import Retry
 from plaita.config import Settings, is_cluster_url
 from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
+from plaita.store.client import make_client
 from plaita.store.partitioned import open_queue
 from plaita.tasks import Task
 
@@ -53,6 +54,13 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> floa
 # -- a handler for subprocess workers --------------------------------------------------
 
 
+def server_client(url: str) -> redis.Redis:
+    """A client of the test server (plaita's RedisCluster client for a ``redis+cluster://`` URL)."""
+    if is_cluster_url(url):
+        return make_client(url, socket_timeout_s=5.0)
+    return redis.Redis.from_url(url, socket_timeout=5)
+
+
 def count_first_sleep(task: Task) -> None:
     """Count executions in Redis; sleep ``params.first_sleep_s`` (cancel-aware) on the first only.
 
@@ -63,7 +71,7 @@ def count_first_sleep(task: Task) -> None:
     url = os.environ["PLAITA_TEST_REDIS_URL"]
     client = _clients.get(url)
     if client is None:
-        client = _clients[url] = redis.Redis.from_url(url, socket_timeout=5)
+        client = _clients[url] = server_client(url)
     eid = task.execution_id
     n = int(client.incr(f"plaita:test:executions:{eid}"))  # type: ignore[arg-type]
     client.rpush(f"plaita:test:deliveries:{eid}", task.delivery_count)
