@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from plaita.store.client import get_many
+from plaita.store.client import get_many, is_cluster
 
 #: Key prefix of registry entries (compatible with the original plaita).
 REGISTRY_PREFIX = "plaita:registry:flow_worker:"
@@ -71,8 +71,20 @@ def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
 
 def listeners(client: redis.Redis, instance_id: str) -> int:
     """How many workers are subscribed to ``instance_id``'s control channel (PUBSUB NUMSUB)."""
-    counts = client.pubsub_numsub(control_channel(instance_id))
-    return int(counts[0][1]) if counts else 0
+    return _subscribers(client, control_channel(instance_id))
+
+
+def _subscribers(client: redis.Redis, channel: str) -> int:
+    """Subscribers of ``channel``. On a cluster each node knows only its own (a message reaches
+    them all: PUBLISH is broadcast over the cluster bus), so every node is asked."""
+    if not is_cluster(client):
+        counts = client.pubsub_numsub(channel)
+        return int(counts[0][1]) if counts else 0
+    total = 0
+    for node in client.get_nodes():  # type: ignore[attr-defined]
+        reply = client.execute_command("PUBSUB NUMSUB", channel, target_nodes=node)  # type: ignore[no-untyped-call]
+        total += int(reply[0][1]) if reply else 0
+    return total
 
 
 def send_command(
@@ -90,7 +102,9 @@ def send_command(
     if reply_to:
         message["reply_to"] = reply_to
         message["request_id"] = request_id
-    return int(client.publish(channel, json.dumps(message)))
+    received = int(client.publish(channel, json.dumps(message)))
+    # On a cluster PUBLISH counts the subscribers of one node only: count them all instead.
+    return _subscribers(client, channel) if is_cluster(client) else received
 
 
 def push_reply(client: redis.Redis, reply_to: str, answer: dict[str, Any]) -> None:

@@ -1,0 +1,24 @@
+"""A flow for the cluster tier: two steps, each staging an INCRBY in the execution's slot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plaita.flows import Flow, StepContext
+
+tally = Flow("tally")
+
+
+def _tally(ctx: StepContext) -> dict[str, Any]:
+    ctx.stage_incr(ctx.key(f"plaita:test:tally:{ctx.execution_id}"))
+    return {ctx.step: ctx.params.get("n")}
+
+
+@tally.step
+def one(ctx: StepContext) -> dict[str, Any]:
+    return _tally(ctx)
+
+
+@tally.step
+def two(ctx: StepContext) -> dict[str, Any]:
+    return _tally(ctx)

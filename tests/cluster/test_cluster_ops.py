@@ -1,0 +1,79 @@
+"""Operating a fleet on Redis Cluster: the admin commands aggregate over partitions, the
+registry lists the workers, remote control reaches them, and flows run with staged writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plaita.config import Settings
+from plaita.flows.client import FlowClient
+from plaita.store.partitioned import open_queue
+from tests.support.lease_workers import QUEUE, worker_proc
+from tests.support.redis_cluster import ClusterServers
+from tests.support.workers import ROOT, wait_for
+
+pytestmark = pytest.mark.redis
+
+PARTITIONS = "6"
+
+
+def plaita(cluster: ClusterServers, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    common = ["--redis-url", cluster.url, "--queue-name", QUEUE, "--partitions", PARTITIONS]
+    # `executions` takes them before its action; the other commands after theirs.
+    head, tail = (args[:1], args[1:]) if args[0] == "executions" else (args, ())
+    cmd = [sys.executable, "-m", "plaita", *head, *common, *tail]
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+
+
+def test_admin_commands_and_remote_control_on_a_cluster(clean_cluster: ClusterServers, tmp_path: Path) -> None:
+    ks = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, partitions=6)).keyspace
+    with worker_proc(clean_cluster.url, tmp_path, "ops", "--partitions", PARTITIONS, "--read-block-ms", "200") as w:
+        w.wait_reading(20)
+        clean_cluster.client().xadd(ks.stream(4), {"payload": "{not json", "schema_version": "1"})
+        wait_for(lambda: w.counters().get("dead_lettered", 0) == 1, 15, "the bad task dead-lettered")
+        workers = plaita(clean_cluster, "workers", "--json")
+        assert workers.returncode == 0, workers.stderr
+        [entry] = json.loads(workers.stdout)
+        status = plaita(clean_cluster, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        stats = json.loads(status.stdout)
+        assert len(stats["partitions"]) == 6 and stats["dlq_length"] == 1 and stats["consumers"] == 1
+        listed = plaita(clean_cluster, "dlq", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        [row] = json.loads(listed.stdout)
+        assert row["dlq_id"].startswith("4/") and "JSON" in row["reason"], row
+        one = plaita(clean_cluster, "status", str(entry["instance_id"]), "--json")
+        assert one.returncode == 0 and json.loads(one.stdout)["state"] == "READING", one.stderr
+        stop = plaita(clean_cluster, "stop", "--all")
+        assert stop.returncode == 0 and "1 worker(s) received it" in stop.stdout, stop.stdout + stop.stderr
+        assert w.proc.wait(10) == 0
+
+
+def test_a_flow_runs_on_a_cluster_with_staged_writes_in_its_slot(
+    clean_cluster: ClusterServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
+    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
+    flows = FlowClient(q)
+    args = ("--partitions", PARTITIONS, "--flows", "tests.cluster.cluster_flows", "--read-block-ms", "200")
+    with worker_proc(clean_cluster.url, tmp_path, "flows", *args) as w:
+        eids = [flows.start("tally", {"n": i}) for i in range(6)]
+        docs = [flows.wait(eid, 30) for eid in eids]
+        again = flows.start("tally", {"n": 99}, dedup_key="once")
+        assert flows.wait(again, 30)["status"] == "completed"
+        assert flows.start("tally", {"n": 100}, dedup_key="once") == again  # the dedup key's partition
+        assert w.terminate() == 0
+    assert [d["status"] for d in docs] == ["completed"] * 6
+    client = clean_cluster.client()
+    for eid in eids:
+        tag = q.keyspace.slot_tag(eid)
+        assert client.get(f"plaita:test:tally:{eid}:{tag}") == b"2"  # two steps, staged once each
+    listed = plaita(clean_cluster, "executions", "list", "--status", "completed", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {d["execution_id"] for d in json.loads(listed.stdout)} == {*eids, again}
+    q.close()
