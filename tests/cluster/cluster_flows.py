@@ -22,3 +22,13 @@ def one(ctx: StepContext) -> dict[str, Any]:
 @tally.step
 def two(ctx: StepContext) -> dict[str, Any]:
     return _tally(ctx)
+
+
+nap = Flow("nap")
+
+
+@nap.step
+def sleep(ctx: StepContext) -> Any:
+    if ctx.resume is None:
+        return ctx.suspend(timeout_s=ctx.params.get("timeout_s"))
+    return {"resumed_by": ctx.resume.type}

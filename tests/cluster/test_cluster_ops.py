@@ -77,3 +77,32 @@ def test_a_flow_runs_on_a_cluster_with_staged_writes_in_its_slot(
     assert listed.returncode == 0, listed.stderr
     assert {d["execution_id"] for d in json.loads(listed.stdout)} == {*eids, again}
     q.close()
+
+
+def test_the_keeper_times_out_suspensions_on_every_partition(clean_cluster: ClusterServers, tmp_path: Path) -> None:
+    """Suspended executions on all partitions: a resume goes to its execution's partition, and the
+    keeper finds the deadlines of every partition and enqueues their timeouts."""
+    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
+    flows = FlowClient(q)
+    args = ("--partitions", PARTITIONS, "--flows", "tests.cluster.cluster_flows", "--read-block-ms", "200")
+    keeper_cmd = [sys.executable, "-m", "plaita", "keeper", "--redis-url", clean_cluster.url, "--queue-name", QUEUE]
+    keeper_cmd += ["--partitions", PARTITIONS, "--interval-s", "0.3", "--keeper-lease-ttl-s", "2"]
+    with worker_proc(clean_cluster.url, tmp_path, "naps", *args) as w:
+        ids = [f"nap-{i}" for i in range(200)]  # two per partition, so every partition has deadlines
+        picked = [e for p in range(6) for e in [x for x in ids if q.keyspace.partition_of(x) == p][:2]]
+        timed = [flows.start("nap", {"timeout_s": 0.5}, execution_id=e) for e in picked]
+        woken = flows.start("nap", {"timeout_s": 3600})
+        wait_for(lambda: (flows.get(woken) or {}).get("status") == "suspended", 20, "suspended")
+        flows.resume(woken, "event")
+        assert flows.wait(woken, 20)["state"]["resumed_by"] == "event"
+        with subprocess.Popen(
+            keeper_cmd, cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ) as keeper:
+            try:
+                docs = [flows.wait(e, 30) for e in timed]
+            finally:
+                keeper.terminate()
+                keeper.wait(10)
+        assert w.terminate() == 0
+    assert [d["state"]["resumed_by"] for d in docs] == ["timeout"] * len(timed)
+    q.close()
