@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plaita.cli.common import redis_failed
+from plaita.cli.options import tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.store import fleet
 from plaita.store.client import Client, make_client
@@ -32,7 +33,8 @@ STATUS_REPLY_TIMEOUT_S = 5.0
 #: (stopped, frozen) is reported as such and not as a Redis timeout.
 ADMIN_SOCKET_TIMEOUT_S = STATUS_REPLY_TIMEOUT_S + 2.0
 #: A stream entry id as Redis prints it (``ms-seq``; a bare ``ms`` is accepted too).
-STREAM_ID = re.compile(r"\d+(-\d+)?")
+#: A DLQ entry id; ``<partition>/`` first on a partitioned queue.
+STREAM_ID = re.compile(r"(\d+/)?\d+(-\d+)?")
 
 
 class AdminError(Exception):
@@ -51,7 +53,7 @@ def _queue(args: argparse.Namespace) -> StreamQueue:
     )
     # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
     # as "did not answer", not as a Redis failure.
-    client = make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S)
+    client = make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S, tls=tls_of(args))
     return open_queue(settings, client=client)
 
 

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from plaita.cli.options import settings_from_args
+from plaita.cli.options import settings_from_args, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
 from plaita.errors import ConfigError
 
@@ -93,7 +93,7 @@ def run_enqueue(args: argparse.Namespace) -> int:
             bodies.append(validate_body(json.loads(line)))
         except ValueError as exc:
             raise ConfigError(f"task {number} is not valid JSON: {exc}") from None
-    client = make_client(url, socket_timeout_s=5.0)
+    client = make_client(url, socket_timeout_s=5.0, tls=tls_of(args))
     q = open_queue(settings, client=client)
     try:
         for message_id in q.enqueue_many(

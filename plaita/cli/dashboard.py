@@ -59,6 +59,8 @@ def add_parser(add: Callable[..., argparse.ArgumentParser], env: Mapping[str, st
                    help="consumer group (env PLAITA_CONSUMER_GROUP; default %(default)s)")  # fmt: skip
     d.add_argument("--dlq-key", default=env_first(env, "PLAITA_DLQ_KEY") or "",
                    help="DLQ stream (env PLAITA_DLQ_KEY; default <queue>:dlq)")  # fmt: skip
+    d.add_argument("--partitions", type=int, default=int(env_first(env, "PLAITA_PARTITIONS") or 1),
+                   help="streams of the queue, as the workers have (env PLAITA_PARTITIONS; default 1)")  # fmt: skip
     d.add_argument("--bind", type=_bind, default="127.0.0.1", help="address to listen on (default %(default)s)")
     d.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default %(default)s; 0 = any free port)")
     d.add_argument("--allow-actions", action="store_true", help="enable pause/resume/stop and DLQ requeue/purge")
@@ -120,6 +122,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
         queue_name=args.queue_name,
         consumer_group=args.consumer_group,
         dlq_key=args.dlq_key,
+        partitions=args.partitions,
         allow_actions=args.allow_actions,
         token=token,
         allowed_hosts=_allowed_hosts(args.bind),

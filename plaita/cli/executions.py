@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plaita.cli.common import redis_failed
+from plaita.cli.options import tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.errors import ConfigError, PlaitaError
 
@@ -73,7 +74,7 @@ def _client(args: argparse.Namespace) -> Any:
 
     url = args.redis_url or DEFAULT_REDIS_URL
     settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
-    client = make_client(url, socket_timeout_s=5.0)
+    client = make_client(url, socket_timeout_s=5.0, tls=tls_of(args))
     queue = open_queue(settings, client=client)
     return FlowClient(queue)
 
@@ -218,7 +219,9 @@ def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = Fa
         raise ConfigError("--keeper runs inside a flow worker: give --flows MODULE too")
     registry = load_flows(modules)
     name = f"plaita:{settings.consumer_name}:flows".replace(" ", "_")
-    client = make_client(settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name)
+    client = make_client(
+        settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
+    )
     if keeper:
         from plaita.cli.keeper import start_embedded
 

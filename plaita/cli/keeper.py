@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from plaita.cli.options import tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.errors import ConfigError
 
@@ -53,7 +54,9 @@ def start_embedded(worker: Settings) -> None:
     from plaita.store.executions import ExecutionStore
     from plaita.store.partitioned import open_queue
 
-    client = make_client(worker.redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
+    client = make_client(
+        worker.redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=worker.tls
+    )
     queue = open_queue(worker, client=client)
     keeper = Keeper(ExecutionStore(client, queue.keyspace), queue)
     thread = threading.Thread(target=keeper.run, name="plaita-keeper", daemon=True)
@@ -87,7 +90,7 @@ def run_keeper(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    client = make_client(url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper")
+    client = make_client(url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=tls_of(args))
     queue = open_queue(queue_settings, client=client)
     keeper = Keeper(ExecutionStore(client, queue.keyspace), queue, settings)
 

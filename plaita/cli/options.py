@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plaita.config import DEFAULT_REDIS_URL, Settings, default_consumer_name, env_first
+from plaita.config import DEFAULT_REDIS_URL, Settings, TlsFiles, check_readable, default_consumer_name, env_first
 
 
 @dataclass(frozen=True)
@@ -177,6 +177,10 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         "read and reclaim only these partitions, e.g. 0,2,4 or 0-2 (the others are left to other workers)",
         shown="all",
     ),
+)
+
+#: TLS files for a ``rediss://`` URL: accepted by every command that talks to Redis.
+TLS_OPTIONS: tuple[Opt, ...] = (
     Opt(
         "--tls-ca-file",
         "tls_ca_file",
@@ -264,6 +268,21 @@ def add_redis_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
         help="streams the queue is split into, <queue>:{p<i>} each; producers, workers and admin commands "
         "must agree (env PLAITA_PARTITIONS; default 1 = the single stream <queue>)",
     )
+    add_options(p, env, TLS_OPTIONS)
+
+
+def tls_of(args: argparse.Namespace) -> TlsFiles:
+    """The TLS files the command was given (checked readable; never printed)."""
+    files = TlsFiles(
+        getattr(args, "tls_ca_file", None), getattr(args, "tls_cert_file", None), getattr(args, "tls_key_file", None)
+    )
+    for flag, path in (
+        ("--tls-ca-file", files.ca_file),
+        ("--tls-cert-file", files.cert_file),
+        ("--tls-key-file", files.key_file),
+    ):
+        check_readable(flag, path)
+    return files
 
 
 def add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -277,7 +296,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from parsed ``worker`` arguments; ConfigError on any invalid value."""
     values: dict[str, Any] = {
         opt.field: getattr(args, opt.flag.removeprefix("--").replace("-", "_"))
-        for opt in WORKER_OPTIONS
+        for opt in (*WORKER_OPTIONS, *TLS_OPTIONS)
         if opt.field is not None
     }
     values["consumer_name"] = values["consumer_name"] or default_consumer_name(args.slot)

@@ -67,6 +67,7 @@ class DashboardConfig:
     queue_name: str = DEFAULT_QUEUE_NAME
     consumer_group: str = DEFAULT_CONSUMER_GROUP
     dlq_key: str = ""
+    partitions: int = 1
     allow_actions: bool = False
     token: str | None = None
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
@@ -81,6 +82,7 @@ class DashboardConfig:
             consumer_group=self.consumer_group,
             consumer_name="plaita-dashboard",
             dlq_key=self.dlq_key,
+            partitions=self.partitions,
         )
 
 

@@ -168,6 +168,9 @@ CAUSES_BY_CODE: dict[str, str] = {
     "MASTERDOWN": "the replica lost its primary (MASTERDOWN)",
     "CLUSTERDOWN": "the Redis cluster is down (CLUSTERDOWN)",
     "TRYAGAIN": "the Redis cluster is resharding (TRYAGAIN)",
+    "MOVED": "this Redis is a cluster node (MOVED): use --redis-url redis+cluster://HOST:PORT[,HOST:PORT]",
+    "ASK": "this Redis is a cluster node (ASK): use --redis-url redis+cluster://HOST:PORT[,HOST:PORT]",
+    "CROSSSLOT": "one command touched keys of several cluster slots (CROSSSLOT): a key lacks its hash tag",
 }
 
 #: Operator cause per redis-py class name, for failures without an error code.

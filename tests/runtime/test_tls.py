@@ -112,3 +112,27 @@ def test_unreadable_tls_file_exits_2_without_printing_its_path(tmp_path: Path) -
     assert proc.returncode == 2, proc.stderr
     assert "--tls-key-file" in proc.stderr and str(missing) not in proc.stderr and "secret-dir" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_operator_commands_take_the_tls_files_too(tmp_path: Path) -> None:
+    """enqueue and status over TLS with a private CA; without it, one line and exit 1 (no traceback)."""
+    make_ca(tmp_path, "ca")
+    make_server_cert(tmp_path, "ca")
+    root = Path(__file__).resolve().parents[2]
+    with tls_server(tmp_path) as (port, client):
+        url = f"rediss://127.0.0.1:{port}/0"
+
+        def plaita(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+            cmd = [sys.executable, "-m", "plaita", *args, "--redis-url", url, "--queue-name", STREAM]
+            return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=30, cwd=root)
+
+        ca = ("--tls-ca-file", str(tmp_path / "ca.crt"))
+        added = plaita("enqueue", *ca, stdin='{"type": "start", "params": {}}')
+        assert added.returncode == 0, added.stderr
+        status = plaita("status", *ca, "--json")
+        assert status.returncode == 0, status.stderr
+        assert '"length": 1' in status.stdout
+        refused = plaita("status", "--json")  # the system's CAs do not know ours
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        assert client.xlen(STREAM) == 1
