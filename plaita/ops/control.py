@@ -66,8 +66,10 @@ class ControlListener:
             while not self._stop.is_set():
                 # Every message, confirmations included: the listener counts as subscribed only
                 # once Redis confirmed both channels (SUBSCRIBE itself does not wait for a reply).
-                pubsub = fleet.open_pubsub(self.client)
+                pubsub: Any = None
                 try:
+                    # Inside the try: a cluster client connects to learn its slot map right here.
+                    pubsub = fleet.open_pubsub(self.client)
                     self._listen(pubsub)
                 except Exception as exc:  # any failure: reconnect with backoff, never end the thread
                     self.connected.clear()
@@ -83,7 +85,8 @@ class ControlListener:
                     self._stop.wait(self._backoff.schedule(persistent=classify(exc) is ErrorKind.PERSISTENT))
                 finally:
                     try:
-                        pubsub.close()
+                        if pubsub is not None:
+                            pubsub.close()
                     except Exception:  # closing a broken connection may fail too; nothing to do
                         logger.debug("closing the control pubsub failed", exc_info=True)
         finally:

@@ -78,6 +78,14 @@ class LazyCluster:
         self._describe = describe
         self._cluster: RedisCluster | None = None
         self._lock = threading.Lock()
+        self._callbacks: dict[str, Callable[..., Any]] = {}
+
+    def set_response_callback(self, command: str, callback: Callable[..., Any]) -> None:
+        """Kept until the cluster client exists (setting it must not connect)."""
+        with self._lock:
+            self._callbacks[command] = callback
+            if self._cluster is not None:
+                self._cluster.set_response_callback(command, callback)  # type: ignore[no-untyped-call]
 
     def cluster(self) -> RedisCluster:
         with self._lock:
@@ -87,7 +95,10 @@ class LazyCluster:
 
     def _build(self) -> RedisCluster:
         try:
-            return self._factory()
+            cluster = self._factory()
+            for command, callback in self._callbacks.items():
+                cluster.set_response_callback(command, callback)  # type: ignore[no-untyped-call]
+            return cluster
         except RedisClusterException as exc:
             if "not enabled" in str(exc):  # a plain server named in a cluster URL: waiting will not help
                 raise redis.RedisError(f"{self._describe} is not a Redis Cluster: use redis:// for a server") from None
