@@ -23,7 +23,8 @@ REPLY_TIMEOUT_S = 3.0
 #: Commands a button may send; ``stop_now`` is ``stop`` without the drain.
 COMMANDS = ("pause", "resume", "stop", "stop_now")
 #: A stream entry id as Redis prints it (``ms-seq``).
-STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
+#: A DLQ entry id; ``<partition>/`` first on a partitioned queue.
+STREAM_ID = re.compile(r"(\d{1,5}/)?\d{1,20}-\d{1,20}")
 #: Instance ids as workers build them (host names, dashes, dots, colons).
 INSTANCE_ID = re.compile(r"[A-Za-z0-9._:@-]{1,200}")
 

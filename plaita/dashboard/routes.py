@@ -207,7 +207,7 @@ def routes(dash: Dashboard) -> list[Route]:
         Route("/workers", v.workers),
         Route("/workers/control", v.control, methods=["POST"]),
         Route("/dlq", v.dlq),
-        Route("/dlq/entry/{dlq_id}", v.dlq_entry),
+        Route("/dlq/entry/{dlq_id:path}", v.dlq_entry),  # path: a partitioned id is <p>/<id>
         Route("/dlq/requeue", v.requeue, methods=["POST"]),
         Route("/dlq/purge", v.purge, methods=["POST"]),
         Route("/executions", v.execution_list),

@@ -65,6 +65,30 @@ def open_queue(
     )
 
 
+def _partition_queue(
+    client: redis.Redis,
+    read_client: redis.Redis | None,
+    ks: Keyspace,
+    p: int,
+    *,
+    group: str,
+    consumer: str,
+    dlq_max_len: int,
+) -> StreamQueue:
+    """Partition ``p``'s own queue: its stream, DLQ and lease keys all under its hash tag."""
+    return StreamQueue(
+        client,
+        read_client=read_client,
+        stream=ks.stream(p),
+        group=group,
+        consumer=consumer,
+        dlq_key=ks.dlq(p),
+        dlq_max_len=dlq_max_len,
+        lease_prefix=ks.lease_prefix(p),
+        id_prefix=f"{p}/",
+    )
+
+
 class PartitionedQueue(StreamQueue):
     """N partition streams behind the ``StreamQueue`` interface (every method is overridden)."""
 
@@ -81,17 +105,7 @@ class PartitionedQueue(StreamQueue):
     ) -> None:
         ks = keyspace
         self.parts = [
-            StreamQueue(
-                client,
-                read_client=read_client,
-                stream=ks.stream(p),
-                group=group,
-                consumer=consumer,
-                dlq_key=ks.dlq(p),
-                dlq_max_len=dlq_max_len,
-                lease_prefix=ks.lease_prefix(p),
-                id_prefix=f"{p}/",
-            )
+            _partition_queue(client, read_client, ks, p, group=group, consumer=consumer, dlq_max_len=dlq_max_len)
             for p in range(ks.partitions)
         ]
         first = self.parts[0]

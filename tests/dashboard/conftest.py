@@ -29,10 +29,13 @@ def make_dashboard(redis_url: str) -> Iterator[MakeDashboard]:
     """Build a dashboard app (sampler not started: tests call ``sample``) and its TestClient."""
     clients: list[TestClient] = []
 
-    def make(*, allow_actions: bool = True, url: str | None = None, token: str | None = TOKEN) -> TestClient:
+    def make(
+        *, allow_actions: bool = True, url: str | None = None, token: str | None = TOKEN, partitions: int = 1
+    ) -> TestClient:
         config = DashboardConfig(
             redis_url=url or redis_url,
             queue_name=QUEUE,
+            partitions=partitions,
             allow_actions=allow_actions,
             token=token if allow_actions else None,
             allowed_hosts=("testserver",),

@@ -77,6 +77,27 @@ class TestReadPages:
         page = dash.get("/dlq", params={"q": "billing"}).text
         assert a in page and b not in page
 
+    def test_a_partitioned_dlq_lists_and_shows_partition_qualified_ids(
+        self, make_dashboard: MakeDashboard, redis_url: str
+    ) -> None:
+        from plaita.config import Settings
+        from plaita.store.entries import DeadLetter
+        from plaita.store.partitioned import open_queue
+
+        q = open_queue(Settings(redis_url=redis_url, queue_name=QUEUE, consumer_name="c", partitions=3))
+        q.ensure_group()
+        q.enqueue_many([{"type": "start", "execution_id": f"d{i}", "params": {}} for i in range(6)])
+        entries = q.read_new(6, 100) + q.read_new(6, 100)
+        q.settle([], [DeadLetter(e.message_id, "boom partitioned", 1, {"n": 1}, e.fields) for e in entries])
+        dash = make_dashboard(allow_actions=False, partitions=3)
+        listing = dash.get("/dlq").text
+        ids = re.findall(r'data-dlq-id="(\d/[0-9-]+)"', listing)
+        assert len(ids) == 6 and {i[0] for i in ids} == {"0", "1", "2"}
+        entry = dash.get(f"/dlq/entry/{ids[0]}")
+        assert entry.status_code == 200 and "boom partitioned" in entry.text
+        assert dash.get("/dlq/entry/7/1-0").status_code == 404
+        q.close()
+
 
 class TestEscaping:
     def test_script_payload_reason_and_worker_fields_render_as_text(
