@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 import redis
 
 from plaita.config import Settings
-from plaita.store.client import interrupt, make_client
+from plaita.store.client import interrupt
 from plaita.store.entries import DeadLetter, Entry
 from plaita.store.keyspace import Keyspace
-from plaita.store.streams import StreamQueue
+from plaita.store.streams import StreamQueue, clients_for
 from plaita.tasks import encode_body
 
 #: Shortest BLOCK of one partition's read while all are empty.
@@ -45,15 +45,7 @@ def open_queue(
     else a ``PartitionedQueue``. Clients are made from the settings unless given."""
     if not settings.tagged_keys:
         return StreamQueue.from_settings(settings, client=client, read_client=read_client)
-    name = f"plaita:{settings.consumer_name}".replace(" ", "_")
-    if client is None:
-        client = make_client(
-            settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
-        )
-        if read_client is None:
-            read_client = make_client(
-                settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
-            )
+    client, read_client = clients_for(settings, client, read_client)
     return PartitionedQueue(
         client,
         keyspace=keyspace_of(settings),

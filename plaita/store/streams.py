@@ -59,6 +59,23 @@ _PRUNE_CONSUMERS = scripts.script("prune_consumers")
 _SWEEP_RESIDUE = scripts.script("sweep_residue")
 
 
+def clients_for(
+    settings: Settings, client: redis.Redis | None, read_client: redis.Redis | None
+) -> tuple[redis.Redis, redis.Redis | None]:
+    """The given clients, or two new ones for a worker (connected lazily: never raises for Redis
+    down): one for acks and renewals, one for the owner's reads, which a stop may cut."""
+    if client is not None:
+        return client, read_client
+    name = f"plaita:{settings.consumer_name}".replace(" ", "_")
+
+    def new() -> redis.Redis:
+        return make_client(
+            settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
+        )
+
+    return new(), read_client if read_client is not None else new()
+
+
 class StreamQueue:
     """One stream, one consumer group, one consumer name."""
 
@@ -108,15 +125,7 @@ class StreamQueue:
     ) -> StreamQueue:
         """The queue of ``settings``, over the given clients or two new ones (connected lazily:
         never raises for Redis down). Without its own ``read_client`` the queue reads on ``client``."""
-        name = f"plaita:{settings.consumer_name}".replace(" ", "_")
-        if client is None:
-            client = make_client(
-                settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
-            )
-            if read_client is None:
-                read_client = make_client(
-                    settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
-                )
+        client, read_client = clients_for(settings, client, read_client)
         return cls(
             client,
             read_client=read_client,
