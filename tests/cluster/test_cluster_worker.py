@@ -150,3 +150,26 @@ def test_master_failover_is_ridden_out(clean_cluster: ClusterServers, wait_repli
     if wait_replicas:
         assert lost == []
     q.close()
+
+
+def test_a_graceful_stop_hands_back_on_every_partition(clean_cluster: ClusterServers, tmp_path: Path) -> None:
+    """SIGTERM with work read ahead on several partitions: what did not finish goes back to its own
+    partition at once (nothing left pending), and the worker exits 0 within the drain bound."""
+    q = producer(clean_cluster, LEASE_QUEUE)
+    body = [
+        {"type": "start", "flow_id": "f", "execution_id": f"h{i}", "params": {"first_sleep_s": 30}} for i in range(12)
+    ]
+    used = {int(mid.split("/")[0]) for mid in q.enqueue_many(body)}
+    client = server_client(clean_cluster.url)
+    args = ("--partitions", str(PARTITIONS), "--concurrency", "2", "--prefetch", "10", "--drain-timeout-s", "0.3")
+    with worker_proc(clean_cluster.url, tmp_path, "hb", *args) as w:
+        wait_for(lambda: sum(counter(client, "executions", f"h{i}") for i in range(12)) == 2, 20, "two running")
+        wait_for(lambda: stream_stats_or_empty(q)["pending"] == 12, 10, "the rest read ahead")
+        started = time.monotonic()
+        assert w.terminate() == 0
+        assert time.monotonic() - started < 3.0
+        assert "Traceback" not in w.stderr()
+    stats = stream_stats_or_empty(q)
+    assert (stats["pending"], stats["length"]) == (0, 12)
+    assert {p for p, row in enumerate(stats["partitions"]) if int(row["length"]) > 0} == used
+    q.close()
