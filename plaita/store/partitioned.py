@@ -5,8 +5,9 @@ so every script and transaction stays in one slot and Redis Cluster spreads the 
 its masters. Message ids the worker sees are qualified, ``<partition>/<stream id>``: ids of
 different streams can be equal, and each ack, renewal or hand-back must reach its own stream.
 
-Reading is fair: every read sweeps the assigned partitions without BLOCK, starting one further
-along each time, so a busy partition cannot starve the others; when all are empty it blocks on
+Reading is fair: every read is one pipelined sweep of the assigned partitions without BLOCK, the
+batch shared out equally and starting one further along each time, so a busy partition cannot
+starve the others; when all are empty it blocks on
 one partition (in turn) for a share of ``block_ms``, so a new task anywhere waits at most about
 ``block_ms / partitions`` and an idle worker still stops at once (the read is cut like any other).
 """
@@ -21,7 +22,7 @@ import redis
 
 from plaita.config import Settings
 from plaita.store.client import interrupt
-from plaita.store.entries import DeadLetter, Entry
+from plaita.store.entries import DeadLetter, Entry, parse_read
 from plaita.store.keyspace import Keyspace
 from plaita.store.streams import StreamQueue, clients_for
 from plaita.tasks import encode_body
@@ -186,12 +187,18 @@ class PartitionedQueue(StreamQueue):
 
     # -- consume ---------------------------------------------------------------------------
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
+        """Up to ``count`` new entries, shared out over the assigned partitions (one pipelined
+        sweep without BLOCK: one round trip per server); when all are empty, a BLOCK on one
+        partition in turn for a share of ``block_ms``."""
         order = self._rotation()
+        quotas = [count // len(order) + (1 if i < count % len(order) else 0) for i in range(len(order))]
+        wanted = [(p, n) for p, n in zip(order, quotas, strict=True) if n > 0]
+        pipe = self.read_client.pipeline(transaction=False)
+        for p, n in wanted:
+            pipe.xreadgroup(self.group, self.consumer, {self.parts[p].stream: ">"}, count=n)
         out: list[Entry] = []
-        for p in order:
-            if len(out) >= count:
-                break
-            out += self._qualified(p, self.parts[p].read_new(count - len(out), 0))
+        for (p, _), reply in zip(wanted, pipe.execute(), strict=True):
+            out += self._qualified(p, parse_read(reply))
         if out:
             return out
         share_ms = max(MIN_BLOCK_MS, block_ms // len(order))
