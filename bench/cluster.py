@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from bench.common import Progress, WorkerProcess, body, cpu_seconds, exit_on_sigterm, fields
+from bench.report import machine
 from plaita.config import Settings
 from plaita.store.partitioned import open_queue
 from plaita.store.stats import is_settled
@@ -136,8 +137,10 @@ class Run:
     seconds: float
     tasks_per_s: float
     worker_cpu_us: float
-    #: µs of CPU per task of each redis-server, by label ("master 41234").
+    #: µs of CPU per task of each redis-server over the whole run, by label ("master 41234").
     server_cpu_us: dict[str, float]
+    #: µs of CPU per task of all redis-servers together from the rewind on (the timed window).
+    drain_server_cpu_us: float
 
 
 def start_workers(target: Target, queue: str, processes: int, concurrency: int) -> list[WorkerProcess]:
@@ -200,16 +203,18 @@ def one_run(target: Target, queue: str, total: int, processes: int, concurrency:
         hold(q)
         workers = start_workers(target, queue, processes, concurrency)
         w0 = sum(cpu_seconds(w.pid) for w in workers)
+        d0 = sum(cpu_seconds(p) for p in target.servers.values())
         t0 = time.monotonic()
         done = total + release(q, total)
         wait_drained(target, q, workers, timeout_s)
         seconds = time.monotonic() - t0
         w_us = (sum(cpu_seconds(w.pid) for w in workers) - w0) / done * 1e6
         s_us = {k: (cpu_seconds(p) - s0[k]) / done * 1e6 for k, p in target.servers.items()}
+        d_us = (sum(cpu_seconds(p) for p in target.servers.values()) - d0) / done * 1e6
         for w in workers:
             if (code := w.terminate()) != 0:
                 raise RuntimeError(f"{target.name}: worker exited {code} on SIGTERM: {w.stderr_tail()}")
-        return Run(target.name, processes, done, seconds, done / max(seconds, 1e-9), w_us, s_us)
+        return Run(target.name, processes, done, seconds, done / max(seconds, 1e-9), w_us, s_us, d_us)
     finally:
         for w in workers:
             w.close()
@@ -235,7 +240,8 @@ def table(runs: list[Run], concurrency: int) -> str:
     """Markdown: tasks/s, scaling vs the same target's 1-process run, CPU per task."""
     lines = [
         f"| target | worker processes (--concurrency {concurrency}) | tasks/s | vs 1 process "
-        "| worker CPU µs/task | redis CPU µs/task (all servers) | per redis-server µs/task |",
+        "| worker CPU µs/task | redis CPU µs/task, all servers (of it in the timed drain) "
+        "| per redis-server µs/task |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     base = {r.target: r.tasks_per_s for r in runs if r.processes == 1}
@@ -244,7 +250,7 @@ def table(runs: list[Run], concurrency: int) -> str:
         each = ", ".join(f"{k}: {v:.1f}" for k, v in r.server_cpu_us.items())
         lines.append(
             f"| {r.target} | {r.processes} | {r.tasks_per_s:,.0f} | {ratio:.2f}x "
-            f"| {r.worker_cpu_us:.1f} | {sum(r.server_cpu_us.values()):.1f} | {each} |"
+            f"| {r.worker_cpu_us:.1f} | {sum(r.server_cpu_us.values()):.1f} ({r.drain_server_cpu_us:.1f}) | {each} |"
         )
     return "\n".join(lines)
 
@@ -290,10 +296,22 @@ def run_targets(a: argparse.Namespace) -> list[Run]:
     return runs
 
 
+def run_line() -> str:
+    """Where and when (the numbers only mean something next to nproc and the load)."""
+    m = machine()
+    return (
+        f"Run: {m['date']} · commit `{m['commit']}` · nproc {m['nproc']} ({m['cpu']}) · "
+        f"redis-server {m['redis-server']} · redis-py {m['redis-py']} · load average at start {m['load']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     a = parse_args(argv)
+    started = run_line()
     runs = run_targets(a)
+    print()
+    print(started)
     print()
     print(table(runs, a.concurrency))
     return 0
