@@ -184,7 +184,23 @@ class Intake:
             )
             self._dead_letter(entry, "max_deliveries", task.body)
             return None
+        home = self.leases.keyspace.home_of_misrouted(entry.message_id, task.body.get("execution_id"))
+        if home is not None:  # its lease and state live in another partition's slot
+            self._misrouted(entry, task, home)
+            return None
         return task
+
+    def _misrouted(self, entry: Entry, task: Task, home: int) -> None:
+        """A task on the wrong partition: to the DLQ with its body, so ``plaita dlq requeue``
+        (which routes by the body) puts it where it belongs."""
+        n = self.leases.keyspace.partitions
+        reason = (
+            f"misrouted: execution {task.execution_id!r} belongs to partition {home} (crc32 % {n}); enqueue "
+            "with `plaita enqueue --partitions N` or plaita.store.partitioned.open_queue, or `plaita dlq requeue` it"
+        )
+        self.counters.add("bad_input", 1)
+        logger.warning("task %s is misrouted (%s): moved to the DLQ", entry.message_id, reason)
+        self._dead_letter(entry, reason, task.body)
 
     def _malformed(self, entry: Entry, reason: str) -> None:
         self.counters.add("bad_input", 1)

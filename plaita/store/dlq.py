@@ -66,27 +66,40 @@ class DeadLetterQueue:
         return self._row(p, *rows[0]) if rows else None
 
     def requeue(self, dlq_ids: list[str]) -> list[tuple[str, str]]:
-        """Put dead letters back on their stream as new entries (delivery count starts again),
-        keeping their body, and remove them from the DLQ, in one transaction per partition.
+        """Put dead letters back on the queue as new entries (delivery count starts again),
+        keeping their body, and remove them from the DLQ. A body goes to the partition it belongs
+        to (so a misrouted task is routed now): in one transaction with the removal when that is
+        its DLQ's own partition, else added first and removed after (at worst twice, never lost).
         Returns (dlq id, new message id) pairs; unknown ids raise KeyError."""
-        groups: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        groups: dict[tuple[int, int], list[tuple[str, dict[str, Any]]]] = {}
         for dlq_id in dlq_ids:
             row = self.get(dlq_id)
             if row is None:
                 raise KeyError(dlq_id)
-            groups.setdefault(self.ks.unqualify(dlq_id)[0], []).append((self.ks.unqualify(dlq_id)[1], row))
+            source, mid = self.ks.unqualify(dlq_id)
+            body = row.get("payload")
+            target = self.queue.partition_for(body) if isinstance(body, dict) else source
+            groups.setdefault((source, target), []).append((mid, row))
         moved: list[tuple[str, str]] = []
-        for p, rows in groups.items():
-            part = self.parts[p]
-            pipe = self.client.pipeline(transaction=True)
-            for _, row in rows:
-                pipe.xadd(part.stream, _replay_fields(row))
-            pipe.xdel(part.dlq_key, *(mid for mid, _ in rows))
-            results = pipe.execute()
+        for (source, target), rows in groups.items():
+            new_ids = self._move(source, target, rows)
             moved += [
-                (row["dlq_id"], self.ks.qualify(p, as_text(new))) for (_, row), new in zip(rows, results, strict=False)
+                (row["dlq_id"], self.ks.qualify(target, as_text(new)))
+                for (_, row), new in zip(rows, new_ids, strict=True)
             ]
         return moved
+
+    def _move(self, source: int, target: int, rows: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        same_slot = source == target
+        pipe = self.client.pipeline(transaction=same_slot)
+        for _, row in rows:
+            pipe.xadd(self.parts[target].stream, _replay_fields(row))
+        if not same_slot:
+            new_ids = pipe.execute()
+            pipe = self.client.pipeline(transaction=False)
+        pipe.xdel(self.parts[source].dlq_key, *(mid for mid, _ in rows))
+        results = pipe.execute()
+        return new_ids if not same_slot else results[: len(rows)]
 
     def all_ids(self) -> list[str]:
         return [self.ks.qualify(p, as_text(mid)) for p in range(len(self.parts)) for mid, _ in self._range(p)]

@@ -86,6 +86,14 @@ class Keyspace:
             return int(m.group(1))
         return zlib.crc32(name.encode("utf-8", "surrogateescape")) % self.partitions
 
+    def home_of_misrouted(self, qualified: str, execution_id: str | None) -> int | None:
+        """The partition ``execution_id`` belongs to when the entry ``qualified`` sits on another
+        one (a producer that did not route), else None."""
+        if self.partitions == 1 or not execution_id:
+            return None
+        home = self.partition_of(execution_id)
+        return home if home != self.unqualify(qualified)[0] else None
+
     def qualify(self, p: int, message_id: str) -> str:
         return f"{p}/{message_id}" if self.tagged else message_id
 

@@ -115,6 +115,10 @@ class StreamQueue:
         """One queue per partition stream, in partition order (a plain queue is its only one)."""
         return [self]
 
+    def partition_for(self, body: dict[str, Any]) -> int:
+        """The partition a body belongs to (one partition: always 0)."""
+        return 0
+
     @property
     def streams(self) -> list[str]:
         return [q.stream for q in self.partition_queues()]

@@ -94,3 +94,26 @@ def test_cli_enqueue_routes_and_status_sums_partitions(redis_url: str, rclient: 
     assert stats["length"] == 30 == sum(p["length"] for p in stats["partitions"])
     bad = plaita("enqueue", "--partitions", "0", "{}")
     assert bad.returncode == 2 and "--partitions must be within" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_misrouted_task_goes_to_the_dlq_and_a_requeue_routes_it(redis_url: str, rclient: redis.Redis) -> None:
+    """A producer that XADDs straight to the wrong partition: the task is dead-lettered with the
+    fix in the reason, and `dlq requeue` puts it on its own partition, where it runs."""
+    from plaita.store.dlq import DeadLetterQueue
+
+    q = producer(redis_url, 3)
+    eid = next(e for e in (f"m{i}" for i in range(100)) if q.keyspace.partition_of(e) == 2)
+    body = {"type": "start", "flow_id": "f", "execution_id": eid, "params": {"n": 7}}
+    q.ensure_group()
+    rclient.xadd(q.keyspace.stream(0), {"payload": json.dumps(body), "schema_version": "1"})
+    rec = Recorder()
+    with running_worker(redis_url, recorder=rec, partitions=3):
+        dlq = DeadLetterQueue(q)
+        wait_for(lambda: dlq.length() == 1, 10, "the misrouted task dead-lettered")
+        [row] = dlq.oldest(1)
+        assert "misrouted" in row["reason"] and "partition 2" in row["reason"] and rec.count() == 0
+        [(_, new_id)] = dlq.requeue([row["dlq_id"]])
+        assert new_id.startswith("2/")
+        rec.wait_count(1, timeout_s=10)
+    assert [e.n for e in rec.executions] == [7] and dlq.length() == 0
+    q.close()

@@ -186,7 +186,7 @@ class TestPartitionedQueue:
         pq.ensure_group()
         pq.enqueue_many([exec_body(f"d{i}") for i in range(8)])
         entries = pq.read_new(8, 100) + pq.read_new(8, 100)
-        dead = [DeadLetter(e.message_id, "bad", 1, {"n": 1}, e.fields) for e in entries]
+        dead = [DeadLetter(e.message_id, "bad", 1, json.loads((e.fields or {})["payload"]), e.fields) for e in entries]
         assert pq.settle([], dead) == []
         dlq = DeadLetterQueue(pq)
         assert dlq.length() == 8 and stream_stats(pq)["dlq_length"] == 8
