@@ -5,9 +5,9 @@ so every script and transaction stays in one slot and Redis Cluster spreads the 
 its masters. Message ids the worker sees are qualified, ``<partition>/<stream id>``: ids of
 different streams can be equal, and each ack, renewal or hand-back must reach its own stream.
 
-Reading is fair: every read is one pipelined sweep of the assigned partitions without BLOCK, the
-batch shared out equally and starting one further along each time, so a busy partition cannot
-starve the others; when all are empty it blocks on
+Reading is fair: every read takes from the assigned partitions in turn without BLOCK, starting
+one further along each time, so a busy partition cannot starve the others (after an empty read,
+one pipelined sweep asks them all at once, the batch shared out); when all are empty it blocks on
 one partition (in turn) for a share of ``block_ms``, so a new task anywhere waits at most about
 ``block_ms / partitions`` and an idle worker still stops at once (the read is cut like any other).
 """
@@ -117,6 +117,8 @@ class PartitionedQueue(StreamQueue):
         self.dlq_key = f"{ks.dlq(0)} …" if ks.partitions > 1 else ks.dlq(0)
         self.assigned = sorted(set(assigned)) if assigned is not None else list(range(ks.partitions))
         self._turn = 0
+        #: The last read found nothing: the next sweep is pipelined (cheap while idle).
+        self._idle = True
 
     def partition_queues(self) -> list[StreamQueue]:
         return list(self.parts)
@@ -187,10 +189,28 @@ class PartitionedQueue(StreamQueue):
 
     # -- consume ---------------------------------------------------------------------------
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
-        """Up to ``count`` new entries, shared out over the assigned partitions (one pipelined
-        sweep without BLOCK: one round trip per server); when all are empty, a BLOCK on one
-        partition in turn for a share of ``block_ms``."""
+        """Up to ``count`` new entries from the assigned partitions, starting one further along
+        each call; when all are empty, a BLOCK on one partition in turn for a share of ``block_ms``."""
         order = self._rotation()
+        out = self._sweep_pipelined(order, count) if self._idle else self._sweep(order, count)
+        if not out:
+            share_ms = max(MIN_BLOCK_MS, block_ms // len(order))
+            out = self._qualified(order[0], self.parts[order[0]].read_new(count, share_ms))
+        self._idle = not out
+        return out
+
+    def _sweep(self, order: list[int], count: int) -> list[Entry]:
+        """Busy: partition after partition until ``count`` (a full batch is one round trip)."""
+        out: list[Entry] = []
+        for p in order:
+            if len(out) >= count:
+                break
+            out += self._qualified(p, self.parts[p].read_new(count - len(out), 0))
+        return out
+
+    def _sweep_pipelined(self, order: list[int], count: int) -> list[Entry]:
+        """Idle: every partition at once, the batch shared out (one round trip per server: an idle
+        worker polls every partition once per BLOCK share, so this is most of its cost)."""
         quotas = [count // len(order) + (1 if i < count % len(order) else 0) for i in range(len(order))]
         wanted = [(p, n) for p, n in zip(order, quotas, strict=True) if n > 0]
         pipe = self.read_client.pipeline(transaction=False)
@@ -199,10 +219,7 @@ class PartitionedQueue(StreamQueue):
         out: list[Entry] = []
         for (p, _), reply in zip(wanted, pipe.execute(), strict=True):
             out += self._qualified(p, parse_read(reply))
-        if out:
-            return out
-        share_ms = max(MIN_BLOCK_MS, block_ms // len(order))
-        return self._qualified(order[0], self.parts[order[0]].read_new(count, share_ms))
+        return out
 
     def read_own_pending(self, after_id: str, count: int) -> list[Entry]:
         """A page of our own pending entries: partition by partition, in order; the cursor is the
