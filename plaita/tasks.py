@@ -80,6 +80,9 @@ class Task:
     cancelled: CancelFlag = field(default_factory=CancelFlag, repr=False)
     #: Fencing generation of the execution lease; writers refuse older generations.
     fencing_token: int = 0
+    #: Where this task's execution keys live (a ``plaita.store.keyspace.Keyspace``, set by the
+    #: worker): pass it to ``fenced_set(..., keyspace=task.keyspace)``; None = the original keys.
+    keyspace: Any = field(default=None, repr=False)
 
     @property
     def execution_id(self) -> str:

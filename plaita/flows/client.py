@@ -50,6 +50,17 @@ class FlowClient:
         """Enqueue a start; returns the execution id (an earlier one when ``dedup_key`` was seen)."""
         if params is not None and not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object)")
+        ks = self.queue.keyspace
+        if (
+            dedup_key is not None
+            and execution_id is not None
+            and ks.partition_of(execution_id) != ks.partition_of(dedup_key)
+        ):
+            raise ValueError(
+                f"with {ks.partitions} partitions a dedup key is seen only in its own partition: execution id "
+                f"{execution_id!r} is in partition {ks.partition_of(execution_id)}, dedup key {dedup_key!r} in "
+                f"{ks.partition_of(dedup_key)}; leave execution_id out and one is chosen there"
+            )
         if dedup_key is not None:
             earlier = self.store.dedup_target(dedup_key)
             if earlier is not None:

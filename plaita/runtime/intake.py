@@ -90,15 +90,18 @@ class Intake:
             self.inflight.add(InFlight(task, entry.fields, None, now, read_at_s=now))
             started.append(task)
         try:
-            started += self._lease(eager, now)
+            self._lease(eager, now, started)
         finally:
             # Also on a failed acquire: the lazily leased tasks were accepted and must run.
             self.pool.submit(started)
         self.counters.add("read", len(started))
         return len(started)
 
-    def _lease(self, eager: list[tuple[Task, Entry]], now: float, *, retry_own: bool = True) -> list[Task]:
-        """Acquire the leases of ``eager`` in one round trip; the tasks that got theirs."""
+    def _lease(
+        self, eager: list[tuple[Task, Entry]], now: float, started: list[Task], *, retry_own: bool = True
+    ) -> None:
+        """Acquire the leases of ``eager`` in one round trip; append the tasks that got theirs to
+        ``started`` as they do (so a failure later in the batch cannot strand them)."""
         try:
             leases = self.leases.acquire_many([t.execution_id for t, _ in eager])
         except Exception:
@@ -106,7 +109,6 @@ class Intake:
             # outage; the entries stay in our pending list and are re-read then.
             self.inflight.suspect_orphans(t.execution_id for t, _ in eager)
             raise
-        started: list[Task] = []
         orphaned: list[tuple[Task, Entry]] = []
         own = f"{self.leases.holder}:"
         for (task, entry), got in zip(eager, leases, strict=True):
@@ -120,19 +122,23 @@ class Intake:
             assert entry.fields is not None
             self.inflight.add(InFlight(task, entry.fields, got, now, read_at_s=now))
             started.append(task)
-        return started + self._release_and_retry(orphaned, now)
+        if orphaned:
+            self._release_and_retry(orphaned, now, started)
 
-    def _release_and_retry(self, orphaned: list[tuple[Task, Entry]], now: float) -> list[Task]:
+    def _release_and_retry(self, orphaned: list[tuple[Task, Entry]], now: float, started: list[Task]) -> None:
         """Leases of ours that nothing here runs were left by an acquire whose reply was lost (on a
         cluster, a pipeline can fail on one master after another ran its part): release them now
         (owner thread: nothing can start meanwhile) and acquire once more, instead of leaving
         their entries pending until the TTL."""
-        if not orphaned:
-            return []
-        for execution_id in sorted({t.execution_id for t, _ in orphaned}):
-            if self.leases.release_orphan(execution_id):
-                logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
-        return self._lease(orphaned, now, retry_own=False)
+        ids = sorted({t.execution_id for t, _ in orphaned})
+        try:
+            for execution_id in ids:
+                if self.leases.release_orphan(execution_id):
+                    logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
+        except Exception:
+            self.inflight.suspect_orphans(ids)  # released after the outage; the entries stay pending
+            raise
+        self._lease(orphaned, now, started, retry_own=False)
 
     def _refused(self, task: Task, holder: str) -> None:
         """The lease was refused: another holder has it, or its key is not a lease at all."""
@@ -188,6 +194,7 @@ class Intake:
         if home is not None:  # its lease and state live in another partition's slot
             self._misrouted(entry, task, home)
             return None
+        task.keyspace = self.leases.keyspace
         return task
 
     def _misrouted(self, entry: Entry, task: Task, home: int) -> None:

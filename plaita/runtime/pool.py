@@ -41,7 +41,7 @@ class Pool(Protocol):
 
 
 def stream_order(message_id: str) -> tuple[int, int]:
-    ms, _, seq = message_id.partition("-")
+    ms, _, seq = message_id.rpartition("/")[2].partition("-")  # a partitioned id is <p>/<ms>-<seq>
     return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
 
 

@@ -156,7 +156,21 @@ class LeaseRenewer:
         items = self.table.live()
         # Tasks without an execution id take their lease once they outlive a renewal interval.
         lazy = [i for i in items if i.lease is None and now - i.read_at_s >= self.interval_s]
-        for item, got in zip(lazy, self.leases.acquire_many([i.task.execution_id for i in lazy]), strict=True):
+        try:
+            acquired = self.leases.acquire_many([i.task.execution_id for i in lazy])
+        except Exception:
+            self.table.suspect_orphans(i.task.execution_id for i in lazy)  # Redis may have set some
+            raise
+        own = f"{self.leases.holder}:"
+        for item, got in zip(lazy, acquired, strict=True):
+            if isinstance(got, str) and got.startswith(own) and got[len(own) :].isdigit():
+                # Ours already (an earlier acquire whose reply was lost) and the task runs here: adopt it.
+                got = Lease(
+                    item.task.execution_id,
+                    self.leases.keyspace.lease_key(item.task.execution_id),
+                    got,
+                    int(got[len(own) :]),
+                )
             if isinstance(got, str):
                 self.lose(item, f"its message is leased by {got}")
             else:
@@ -168,6 +182,8 @@ class LeaseRenewer:
         for item, ok in zip(leased, results, strict=True):
             if ok:
                 item.renewed_at_s = now
+            elif ok is None:
+                continue  # its server failed this round: expire_unrenewed judges it after a TTL
             elif not item.settling:  # a settling task's lease was released with its ack: not lost
                 self.lose(item, "another worker holds it now or it expired")
         self.queue.renew_pending([i.task.message_id for i in items if not i.lost])

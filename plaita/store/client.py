@@ -23,6 +23,7 @@ from plaita.config import (
     SENTINEL_SCHEME,
     ClusterTarget,
     SentinelTarget,
+    Settings,
     TlsFiles,
     is_cluster_url,
     parse_cluster_url,
@@ -156,6 +157,16 @@ def _pools(client: Any) -> Iterator[Any]:
     yield client.connection_pool
 
 
+def node_client(client: redis.Redis, key: str) -> redis.Redis:
+    """On a cluster, a plain client of the master serving ``key``'s slot (for WAIT, which has no
+    key: sent through the cluster client it would go to some other node); else ``client``."""
+    if not is_cluster(client):
+        return client
+    cluster = client.cluster() if isinstance(client, LazyCluster) else client
+    node = cluster.get_node_from_key(key)  # type: ignore[attr-defined]
+    return cast(redis.Redis, cluster.get_redis_connection(node))  # type: ignore[attr-defined]
+
+
 def get_many(client: redis.Redis, keys: list[Any]) -> list[Any]:
     """MGET; on Redis Cluster, keys of several slots are fetched slot by slot (not atomic)."""
     if not keys:
@@ -223,3 +234,20 @@ def _cluster_clone(cluster: RedisCluster, timeout_s: float) -> redis.Redis:
     nodes = [ClusterNode(n.host, n.port) for n in cluster.get_primaries()]  # type: ignore[no-untyped-call]
     clone = RedisCluster(startup_nodes=nodes, retry=Retry(NoBackoff(), 0), reinitialize_steps=1, **kwargs)
     return cast(redis.Redis, clone)
+
+
+def clients_for(
+    settings: Settings, client: redis.Redis | None, read_client: redis.Redis | None
+) -> tuple[redis.Redis, redis.Redis | None]:
+    """The given clients, or two new ones for a worker (connected lazily: never raises for Redis
+    down): one for acks and renewals, one for the owner's reads, which a stop may cut."""
+    if client is not None:
+        return client, read_client
+    name = f"plaita:{settings.consumer_name}".replace(" ", "_")
+
+    def new() -> redis.Redis:
+        return make_client(
+            settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
+        )
+
+    return new(), read_client if read_client is not None else new()

@@ -115,11 +115,27 @@ class LeaseManager:
         key = self.keyspace.lease_key(execution_id)
         return Lease(execution_id, key, f"{self.holder}:{generation}", generation)
 
-    def renew_many(self, leases: list[Lease]) -> list[bool]:
-        """Compare-and-extend every lease in one round trip; False = lost."""
-        if not leases:
-            return []
+    def renew_many(self, leases: list[Lease]) -> list[bool | None]:
+        """Compare-and-extend every lease: True = renewed, False = lost, None = not known this
+        round (its partition's server failed; one round trip per partition). With partitions on a
+        cluster, one master down must not stop the renewals on the others. Raises only when every
+        partition failed."""
+        groups: dict[int, list[int]] = {}
+        for i, lease in enumerate(leases):
+            groups.setdefault(self.keyspace.partition_of(lease.execution_id), []).append(i)
+        out: list[bool | None] = [None] * len(leases)
+        failure: Exception | None = None
+        for members in groups.values():
+            try:
+                for i, ok in zip(members, self._renew([leases[i] for i in members]), strict=True):
+                    out[i] = ok
+            except Exception as exc:  # this partition's server: the others still renew
+                failure = exc
+        if failure is not None and all(v is None for v in out):
+            raise failure
+        return out
 
+    def _renew(self, leases: list[Lease]) -> list[bool]:
         def build(pipe: Pipeline) -> None:
             for lease in leases:
                 _RENEW.queue(pipe, [lease.key], [lease.value, self.ttl_ms])
@@ -143,14 +159,21 @@ class LeaseManager:
 
 
 def fenced_set(
-    client: redis.Redis, execution_id: str, generation: int, key: str, value: str, *, keyspace: Keyspace = DEFAULT
+    client: redis.Redis,
+    execution_id: str,
+    generation: int,
+    key: str,
+    value: str,
+    *,
+    keyspace: Keyspace | None = None,
 ) -> bool:
     """SET ``key`` only while ``generation`` still holds the execution's lease.
 
     A handler writes execution state through this (``task.fencing_token``); a worker whose
-    lease expired or was taken over gets False and must stop. With partitions, pass the
-    worker's ``keyspace``; on Redis Cluster ``key`` must carry ``keyspace.slot_tag(execution_id)``.
+    lease expired or was taken over gets False and must stop. With partitions pass
+    ``keyspace=task.keyspace``; on Redis Cluster ``key`` must carry ``task.keyspace.slot_tag(execution_id)``.
     """
-    keys = [keyspace.lease_key(execution_id), keyspace.fence_key(execution_id), key]
+    ks = keyspace if keyspace is not None else DEFAULT
+    keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), key]
     result = _FENCED_SET(client, keys, [generation, value])
     return int(result) == 1

@@ -21,10 +21,10 @@ from typing import Any, TypeVar
 import redis
 
 from plaita.config import Settings
-from plaita.store.client import interrupt
-from plaita.store.entries import DeadLetter, Entry, parse_read
+from plaita.store.client import clients_for, interrupt
+from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, parse_read
 from plaita.store.keyspace import Keyspace
-from plaita.store.streams import StreamQueue, clients_for
+from plaita.store.streams import StreamQueue
 from plaita.tasks import encode_body
 
 #: Shortest BLOCK of one partition's read while all are empty.
@@ -176,15 +176,22 @@ class PartitionedQueue(StreamQueue):
         for i, body in enumerate(bodies):
             groups.setdefault(self.partition_for(body), []).append(i)
         out = [""] * len(bodies)
+        lagging: list[ReplicationLagError] = []
         for p, members in groups.items():
-            ids = self.parts[p].enqueue_many(
-                [bodies[i] for i in members],
-                schema_version=schema_version,
-                wait_replicas=wait_replicas,
-                wait_timeout_ms=wait_timeout_ms,
-            )
+            try:
+                ids = self.parts[p].enqueue_many(
+                    [bodies[i] for i in members],
+                    schema_version=schema_version,
+                    wait_replicas=wait_replicas,
+                    wait_timeout_ms=wait_timeout_ms,
+                )
+            except ReplicationLagError as exc:  # added, not proven: the other partitions still go
+                lagging.append(exc)
+                ids = exc.ids
             for i, mid in zip(members, ids, strict=True):
                 out[i] = f"{p}/{mid}"
+        if lagging:
+            raise ReplicationLagError(out, min(e.acked for e in lagging), wait_replicas)
         return out
 
     # -- consume ---------------------------------------------------------------------------
@@ -271,12 +278,15 @@ class PartitionedQueue(StreamQueue):
         cursors = cursor.split("|")[1:] if cursor.startswith("p|") else []
         if len(cursors) != len(self.assigned):
             cursors = ["0-0"] * len(self.assigned)
-        share = max(1, -(-count // len(self.assigned)))
         claimed: list[Entry] = []
         skipped = 0
-        for i, p in enumerate(self.assigned):
-            if cursors[i] == _DONE:
-                continue
+        open_ = [i for i, c in enumerate(cursors) if c != _DONE]
+        for k, i in enumerate(open_):
+            left = count - len(claimed)
+            if left <= 0:
+                break  # the budget is spent: the rest continue from their cursors next time
+            share = -(-left // (len(open_) - k))  # what is left, shared over the partitions still to go
+            p = self.assigned[i]
             after, entries, n = self.parts[p].claim_unleased(cursors[i], min_idle_ms, share)
             cursors[i] = _DONE if after == "0-0" else after
             claimed += self._qualified(p, entries)
@@ -308,8 +318,16 @@ class PartitionedQueue(StreamQueue):
         by_release: dict[int, list[tuple[str, str]]] = {}
         for key, value in releases:
             by_release.setdefault(self._partition_of_key(key), []).append((key, value))
+        xnack = self.supports_xnack()  # asked once, not once per partition while stopping
+        failure: Exception | None = None
         for p in sorted(set(by_entry) | set(by_release)):
-            self.parts[p].hand_back(by_entry.get(p, []), by_release.get(p, []), timeout_s=timeout_s)
+            self.parts[p]._xnack = xnack
+            try:
+                self.parts[p].hand_back(by_entry.get(p, []), by_release.get(p, []), timeout_s=timeout_s)
+            except Exception as exc:  # one master down: the other partitions still get theirs back
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def prune_consumers(self, idle_ms: int) -> list[str]:
         removed: set[str] = set()

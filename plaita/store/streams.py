@@ -19,7 +19,7 @@ from plaita.config import Settings
 from plaita.envelope import build_envelope
 from plaita.fsm.classify import error_code
 from plaita.store import scripts
-from plaita.store.client import bounded_clone, interrupt, make_client
+from plaita.store.client import bounded_clone, clients_for, interrupt, node_client
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
@@ -57,23 +57,6 @@ DEAD_LETTER = scripts.script("dead_letter")
 _RENEW_OWN = scripts.script("renew_own")
 _PRUNE_CONSUMERS = scripts.script("prune_consumers")
 _SWEEP_RESIDUE = scripts.script("sweep_residue")
-
-
-def clients_for(
-    settings: Settings, client: redis.Redis | None, read_client: redis.Redis | None
-) -> tuple[redis.Redis, redis.Redis | None]:
-    """The given clients, or two new ones for a worker (connected lazily: never raises for Redis
-    down): one for acks and renewals, one for the owner's reads, which a stop may cut."""
-    if client is not None:
-        return client, read_client
-    name = f"plaita:{settings.consumer_name}".replace(" ", "_")
-
-    def new() -> redis.Redis:
-        return make_client(
-            settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
-        )
-
-    return new(), read_client if read_client is not None else new()
 
 
 class StreamQueue:
@@ -172,7 +155,10 @@ class StreamQueue:
         once that many replicas have them (or raise ``ReplicationLagError`` after the timeout,
         when the ids are on the master but not proven on a replica).
         """
-        pipe = self.client.pipeline(transaction=False)
+        # WAIT counts what this connection wrote: on a cluster, the XADDs and the WAIT go together
+        # to the master of the stream's slot.
+        client = node_client(self.client, self.stream) if wait_replicas > 0 else self.client
+        pipe = client.pipeline(transaction=False)
         for body in bodies:
             pipe.xadd(self.stream, {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: str(schema_version)})
         if wait_replicas > 0:

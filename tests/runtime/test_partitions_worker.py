@@ -12,10 +12,11 @@ import pytest
 import redis
 
 from plaita.config import Settings
+from plaita.flows.client import FlowClient
 from plaita.flows.context import StepContext
 from plaita.store.partitioned import PartitionedQueue, open_queue
 from plaita.store.stats import is_settled, stream_stats_or_empty
-from plaita.tasks import CancelFlag
+from plaita.tasks import CancelFlag, Task
 from tests.support.workers import ROOT, Recorder, running_worker, wait_for
 
 pytestmark = pytest.mark.redis
@@ -116,4 +117,34 @@ def test_a_misrouted_task_goes_to_the_dlq_and_a_requeue_routes_it(redis_url: str
         assert new_id.startswith("2/")
         rec.wait_count(1, timeout_s=10)
     assert [e.n for e in rec.executions] == [7] and dlq.length() == 0
+    q.close()
+
+
+def test_a_handler_fences_its_writes_with_the_tasks_keyspace(redis_url: str, rclient: redis.Redis) -> None:
+    """fenced_set(..., keyspace=task.keyspace) finds the partition's lease: the write lands."""
+    from plaita.store.client import make_client
+    from plaita.store.leases import fenced_set
+
+    results: list[bool] = []
+    client = make_client(redis_url, socket_timeout_s=5.0)
+
+    def handler(task: Task) -> None:
+        key = f"plaita:test:out:{task.execution_id}:{task.keyspace.slot_tag(task.execution_id)}"
+        results.append(fenced_set(client, task.execution_id, task.fencing_token, key, "v", keyspace=task.keyspace))
+
+    q = producer(redis_url, 3)
+    q.enqueue_many(bodies(6, 0))
+    with running_worker(redis_url, recorder=handler, partitions=3):  # type: ignore[arg-type]
+        wait_for(lambda: len(results) == 6, 10, "six fenced writes")
+    assert results == [True] * 6
+    client.close()
+    q.close()
+
+
+def test_flow_client_refuses_a_dedup_key_its_execution_id_cannot_meet(redis_url: str) -> None:
+    q = producer(redis_url, 6)
+    flows = FlowClient(q)
+    eid = next(e for e in (f"x{i}" for i in range(100)) if q.keyspace.partition_of(e) != q.keyspace.partition_of("k"))
+    with pytest.raises(ValueError, match="dedup key is seen only in its own partition"):
+        flows.start("f", execution_id=eid, dedup_key="k")
     q.close()

@@ -166,6 +166,22 @@ class TestPartitionedQueue:
         assert stream_stats(pq)["pending"] == 0 and stream_stats(pq)["length"] == 16
         dead.close()
 
+    def test_a_claim_never_takes_more_than_its_budget(self, pq: PartitionedQueue, redis_url: str) -> None:
+        """One free slot, four partitions with abandoned work: each call claims at most one."""
+        pq.ensure_group()
+        pq.enqueue_many([exec_body(f"b{i}") for i in range(16)])
+        dead = open_queue(Settings(redis_url=redis_url, queue_name=QUEUE, consumer_name="dead", partitions=4))
+        assert len(dead.read_new(16, 100) + dead.read_new(16, 100)) == 16
+        cursor, total = "0-0", 0
+        for _ in range(40):  # bounded: one claim per call
+            cursor, entries, _skipped = pq.claim_unleased(cursor, 0, 1)
+            assert len(entries) <= 1
+            total += len(entries)
+            if cursor == "0-0":
+                break
+        assert total == 16
+        dead.close()
+
     def test_own_pending_is_resumed_partition_by_partition(self, pq: PartitionedQueue) -> None:
         pq.ensure_group()
         pq.enqueue_many([exec_body(f"o{i}") for i in range(12)])
