@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.store.executions import STAGE_OPS, Staged
+from plaita.store.keyspace import hash_tag
 from plaita.tasks import CancelFlag
 
 #: Staged writes may not touch execution bookkeeping: the checkpoint owns those keys.
@@ -102,17 +103,10 @@ class StepContext:
         assert op in STAGE_OPS
         if not isinstance(key, str) or not key or key.startswith(_RESERVED_PREFIXES):
             raise ValueError(f"cannot stage a write to {key!r}: execution keys belong to the checkpoint")
-        if self.slot_tag and _hash_tag(key) != self.slot_tag:
+        if self.slot_tag and hash_tag(key) != self.slot_tag:
             raise ValueError(
                 f"cannot stage a write to {key!r}: with partitions a staged key must carry the execution's hash "
                 f"tag {self.slot_tag} (use ctx.key({key!r}))"
             )
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         self.staged.append(Staged(op, key, text, max(0, int(ttl_s))))
-
-
-def _hash_tag(key: str) -> str:
-    """The ``{…}`` part Redis Cluster hashes (the first non-empty one), or ""."""
-    start = key.find("{")
-    end = key.find("}", start + 1)
-    return key[start : end + 1] if start != -1 and end > start + 1 else ""

@@ -110,10 +110,13 @@ class Intake:
             self.inflight.suspect_orphans(t.execution_id for t, _ in eager)
             raise
         orphaned: list[tuple[Task, Entry]] = []
-        own = f"{self.leases.holder}:"
         for (task, entry), got in zip(eager, leases, strict=True):
             if isinstance(got, str):
-                if retry_own and got.startswith(own) and not self.inflight.runs_execution(task.execution_id):
+                if (
+                    retry_own
+                    and self.leases.ours(task.execution_id, got) is not None
+                    and not self.inflight.runs_execution(task.execution_id)
+                ):
                     orphaned.append((task, entry))  # our own lease, yet nothing of it runs here
                 else:
                     self._refused(task, got)

@@ -161,16 +161,10 @@ class LeaseRenewer:
         except Exception:
             self.table.suspect_orphans(i.task.execution_id for i in lazy)  # Redis may have set some
             raise
-        own = f"{self.leases.holder}:"
         for item, got in zip(lazy, acquired, strict=True):
-            if isinstance(got, str) and got.startswith(own) and got[len(own) :].isdigit():
+            if isinstance(got, str):
                 # Ours already (an earlier acquire whose reply was lost) and the task runs here: adopt it.
-                got = Lease(
-                    item.task.execution_id,
-                    self.leases.keyspace.lease_key(item.task.execution_id),
-                    got,
-                    int(got[len(own) :]),
-                )
+                got = self.leases.ours(item.task.execution_id, got) or got
             if isinstance(got, str):
                 self.lose(item, f"its message is leased by {got}")
             else:

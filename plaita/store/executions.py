@@ -57,12 +57,13 @@ HOLD_KEEPER_LEASE = scripts.script("hold_keeper_lease")
 RELEASE_KEEPER_LEASE = scripts.script("release_keeper_lease")
 
 
-def execution_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
-    return keyspace.execution_key(execution_id)
+# The original plaita's keys (one untagged partition); a partitioned queue's are its ``keyspace``'s.
+def execution_key(execution_id: str) -> str:
+    return DEFAULT.execution_key(execution_id)
 
 
-def cancel_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
-    return keyspace.cancel_key(execution_id)
+def cancel_key(execution_id: str) -> str:
+    return DEFAULT.cancel_key(execution_id)
 
 
 def dedup_key(key: str) -> str:
@@ -104,9 +105,6 @@ class ExecutionStore:
     def __init__(self, client: redis.Redis, keyspace: Keyspace = DEFAULT) -> None:
         self.client = client
         self.ks = keyspace
-
-    def _get_many(self, keys: list[str]) -> list[Any]:
-        return get_many(self.client, keys)
 
     # -- the worker's path ---------------------------------------------------------------
     def load(self, execution_id: str) -> tuple[dict[str, Any] | None, bool]:
@@ -173,7 +171,7 @@ class ExecutionStore:
         return int(ok) == 1, int(cancel) == 1
 
     def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
-        return [v is not None for v in self._get_many([self.ks.cancel_key(e) for e in execution_ids])]
+        return [v is not None for v in get_many(self.client, [self.ks.cancel_key(e) for e in execution_ids])]
 
     # -- producers and operators ---------------------------------------------------------
     def get(self, execution_id: str) -> dict[str, Any] | None:
@@ -207,7 +205,7 @@ class ExecutionStore:
         rows = self._index(status, first, first + max(0, limit - 1), newest=True)
         if not rows:
             return []
-        raws = self._get_many([self.ks.execution_key(e) for _, e, _ in rows])
+        raws = get_many(self.client, [self.ks.execution_key(e) for _, e, _ in rows])
         if prune:
             for (p, eid, _), raw in zip(rows, raws, strict=True):
                 if raw is None:

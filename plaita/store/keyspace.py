@@ -42,6 +42,13 @@ _QUALIFIED = re.compile(r"(\d+)/(\d+-\d+)")
 _TAG_SEARCH = 10_000
 
 
+def hash_tag(key: str) -> str:
+    """The ``{…}`` part Redis Cluster hashes (the first non-empty one, braces included), or ""."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start : end + 1] if start != -1 and end > start + 1 else ""
+
+
 def partition_tag(index: int, partitions: int) -> str:
     """The hash tag of partition ``index``: ``{p<i>}``, or ``{p<i>.<k>}`` with the smallest ``k``
     whose slot falls in the ``index``-th equal share of the 16384 slots. A cluster created with

@@ -36,12 +36,13 @@ _RELEASE_ORPHAN = scripts.script("release_orphan")
 _FENCED_SET = scripts.script("fenced_set")
 
 
-def lease_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
-    return keyspace.lease_key(execution_id)
+# The original plaita's keys (one untagged partition); a partitioned queue's are its ``keyspace``'s.
+def lease_key(execution_id: str) -> str:
+    return DEFAULT.lease_key(execution_id)
 
 
-def fence_key(execution_id: str, keyspace: Keyspace = DEFAULT) -> str:
-    return keyspace.fence_key(execution_id)
+def fence_key(execution_id: str) -> str:
+    return DEFAULT.fence_key(execution_id)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,14 @@ class LeaseManager:
             for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
                 out[i] = self._lease_or_holder(execution_ids[i], ok, value)
         return out
+
+    def ours(self, execution_id: str, value: str) -> Lease | None:
+        """The lease a refusal names when its holder is this very incarnation (``holder:gen``):
+        left by an earlier acquire whose reply was lost. Else None."""
+        own = f"{self.holder}:"
+        if not value.startswith(own) or not value[len(own) :].isdigit():
+            return None
+        return Lease(execution_id, self.keyspace.lease_key(execution_id), value, int(value[len(own) :]))
 
     def _lease_or_holder(self, execution_id: str, ok: object, value: object) -> Lease | str:
         if int(ok) != 1:  # type: ignore[call-overload]

@@ -23,7 +23,7 @@ import redis
 from plaita.config import Settings
 from plaita.store.client import clients_for, interrupt
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, parse_read
-from plaita.store.keyspace import Keyspace
+from plaita.store.keyspace import Keyspace, hash_tag
 from plaita.store.streams import StreamQueue
 from plaita.tasks import encode_body
 
@@ -139,10 +139,13 @@ class PartitionedQueue(StreamQueue):
             out.setdefault(p, []).append(mid)
         return out
 
-    def _partition_of_key(self, key: str) -> int:
-        """The partition of a lease key (its hash tag)."""
-        tag = key[key.index("{") : key.index("}") + 1] if "{" in key else ""
-        return self.keyspace.tags.index(tag) if tag in self.keyspace.tags else 0
+    def _releases_by_partition(self, releases: Iterable[tuple[str, str]]) -> dict[int, list[tuple[str, str]]]:
+        """(lease key, value) pairs by the partition of the key's hash tag."""
+        out: dict[int, list[tuple[str, str]]] = {}
+        for key, value in releases:
+            tag = hash_tag(key)
+            out.setdefault(self.keyspace.tags.index(tag) if tag in self.keyspace.tags else 0, []).append((key, value))
+        return out
 
     def _each(self, fn: Callable[[StreamQueue], T], partitions: Iterable[int] | None = None) -> list[T]:
         return [fn(self.parts[p]) for p in (self.assigned if partitions is None else partitions)]
@@ -260,9 +263,7 @@ class PartitionedQueue(StreamQueue):
         for d in dead:
             p, mid = self.keyspace.unqualify(d.message_id)
             by_dead.setdefault(p, []).append((d, dataclasses.replace(d, message_id=mid)))
-        by_release: dict[int, list[tuple[str, str]]] = {}
-        for key, value in releases or []:
-            by_release.setdefault(self._partition_of_key(key), []).append((key, value))
+        by_release = self._releases_by_partition(releases or [])
         refused: list[tuple[DeadLetter, str]] = []
         for p in sorted(set(by_ack) | set(by_dead) | set(by_release)):
             originals = {id(local): d for d, local in by_dead.get(p, [])}
@@ -315,9 +316,7 @@ class PartitionedQueue(StreamQueue):
         for qualified, fields in entries:
             p, mid = self.keyspace.unqualify(qualified)
             by_entry.setdefault(p, []).append((mid, fields))
-        by_release: dict[int, list[tuple[str, str]]] = {}
-        for key, value in releases:
-            by_release.setdefault(self._partition_of_key(key), []).append((key, value))
+        by_release = self._releases_by_partition(releases)
         xnack = self.supports_xnack()  # asked once, not once per partition while stopping
         failure: Exception | None = None
         for p in sorted(set(by_entry) | set(by_release)):
