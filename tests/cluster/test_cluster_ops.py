@@ -47,8 +47,12 @@ def test_admin_commands_and_remote_control_on_a_cluster(clean_cluster: ClusterSe
         assert listed.returncode == 0, listed.stderr
         [row] = json.loads(listed.stdout)
         assert row["dlq_id"].startswith("4/") and "JSON" in row["reason"], row
-        one = plaita(clean_cluster, "status", str(entry["instance_id"]), "--json")
-        assert one.returncode == 0 and json.loads(one.stdout)["state"] == "READING", one.stderr
+        def own_answer_reading() -> bool:
+            one = plaita(clean_cluster, "status", str(entry["instance_id"]), "--json")
+            assert one.returncode == 0, one.stderr
+            return bool(json.loads(one.stdout)["state"] == "READING")  # not a passing RECLAIMING
+
+        wait_for(own_answer_reading, 10, "the worker's own answer READING")
         stop = plaita(clean_cluster, "stop", "--all")
         assert stop.returncode == 0 and "1 worker(s) received it" in stop.stdout, stop.stdout + stop.stderr
         assert w.proc.wait(10) == 0

@@ -137,7 +137,8 @@ def test_master_failover_is_ridden_out(clean_cluster: ClusterServers, wait_repli
         except AssertionError:  # say which partition is stuck
             print(json.dumps(stream_stats_or_empty(q), indent=1, default=str))
             raise
-        assert w.alive and w.worker.lifecycle.state.name == "READING"
+        assert w.alive
+        wait_for(lambda: w.worker.lifecycle.state.name == "READING", 10, "READING after the failover")
     done = Counter(e.n for e in rec.executions)
     lost = [n for n in prod.acked if n not in done]
     print(

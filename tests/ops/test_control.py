@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -51,13 +52,17 @@ class TestReadCommands:
             rows = {r["instance_id"]: r for r in plaita_json(redis_url, "workers")}
             assert rows[a.instance_id]["pid"] == a.proc.pid and rows[b.instance_id]["consumer"] == b.consumer
 
-            table = plaita(redis_url, "workers")
-            assert table.returncode == 0, table.stderr
-            header, *lines = table.stdout.splitlines()
-            assert header.split()[:3] == ["INSTANCE", "HOST", "STATE"] and "HEARTBEAT_AGE" in header
-            by_id = {line.split()[0]: line for line in lines}
-            assert set(by_id) == {a.instance_id, b.instance_id}
-            assert all(line.split()[2] == "READING" for line in by_id.values())
+            def table_reading() -> dict[str, str] | None:
+                table = plaita(redis_url, "workers")
+                assert table.returncode == 0, table.stderr
+                header, *lines = table.stdout.splitlines()
+                assert header.split()[:3] == ["INSTANCE", "HOST", "STATE"] and "HEARTBEAT_AGE" in header
+                by_id = {line.split()[0]: line for line in lines}
+                assert set(by_id) == {a.instance_id, b.instance_id}
+                # A periodic reclaim pass may be running at this moment: wait for the steady state.
+                return by_id if all(line.split()[2] == "READING" for line in by_id.values()) else None
+
+            wait_until(table_reading, 10, "both workers READING in the `plaita workers` table")
 
     def test_queue_status_counts(self, rclient: redis.Redis, redis_url: str) -> None:
         """`plaita status` reports length, pending, lag, oldest pending age, consumers and DLQ length."""
@@ -84,9 +89,13 @@ class TestReadCommands:
     def test_status_of_one_instance_is_its_own_answer(self, redis_url: str, tmp_path: Path) -> None:
         """`plaita status INSTANCE` returns the worker's live status over the reply key (by id or consumer)."""
         with ops_worker(redis_url, tmp_path) as w:
-            answer = plaita_json(redis_url, "status", w.instance_id)
+            def reading_answer() -> dict[str, Any] | None:
+                answer: dict[str, Any] = plaita_json(redis_url, "status", w.instance_id)
+                return answer if answer["state"] == "READING" else None  # not a passing RECLAIMING
+
+            answer = wait_until(reading_answer, 10, "the worker's own answer READING")
             assert answer["instance_id"] == w.instance_id and answer["pid"] == w.proc.pid
-            assert answer["state"] == "READING" and answer["ready"] is True
+            assert answer["ready"] is True
             assert plaita_json(redis_url, "status", w.consumer)["instance_id"] == w.instance_id
             text = plaita(redis_url, "status", w.instance_id)
             assert text.returncode == 0 and f"instance_id: {w.instance_id}" in text.stdout

@@ -93,7 +93,12 @@ class TestDocumentedAcl:
 
             assert plaita_json(admin_url, "workers")[0]["instance_id"] == w.instance_id
             assert plaita_json(admin_url, "status")["dlq_length"] == 2
-            assert plaita_json(admin_url, "status", w.instance_id)["state"] == "READING"
+            # RECLAIMING comes every 0.2 s here: wait for the steady state instead of sampling it.
+            wait_until(
+                lambda: plaita_json(admin_url, "status", w.instance_id)["state"] == "READING",
+                10,
+                "the admin user's `status INSTANCE` to answer READING",
+            )
             assert len(plaita_json(admin_url, "dlq", "list")) == 2
             stop = plaita(admin_url, "stop", w.instance_id, "--now")
             assert stop.returncode == 0, stop.stderr

@@ -78,7 +78,11 @@ def test_remote_stop_then_redis_frozen_exits_within_a_second(private_redis: Redi
             wait_for(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode(), 0) >= 1, 5.0, "listener")
             started = time.monotonic()
             assert client.publish(channel, json.dumps({"command": "stop", "now": True})) == 1
-            private_redis.freeze()  # the command is in the listener's socket; every later call hangs
+            # Redis may send PUBLISH's reply before it writes the message to the subscriber (both in one
+            # flush); a freeze in between would keep the stop from the worker. Any later command is
+            # served only after that flush, so once PING answers the message is in the listener's socket.
+            assert client.ping()
+            private_redis.freeze()  # every later call hangs
             try:
                 rc = wp.proc.wait(10)
                 elapsed_s = time.monotonic() - started
