@@ -19,6 +19,7 @@ from plaita.store.leases import LeaseManager
 from plaita.store.partitioned import PartitionedQueue, open_queue
 from plaita.store.stats import is_settled, stream_stats
 from plaita.store.streams import StreamQueue
+from tests.support.redis_server import free_port
 
 QUEUE = "plaita:test:pq"
 GROUP = "plaita-workers"
@@ -146,6 +147,24 @@ class TestPartitionedQueue:
         assert pq.settle([e.message_id for e in entries], [], releases) == []
         assert is_settled(pq)
         assert not any(rclient.exists(k) for k, _ in releases)
+
+    def test_a_partition_whose_settle_fails_keeps_its_leases(self, pq: PartitionedQueue, rclient: redis.Redis) -> None:
+        """Each partition's leases are released in its own MULTI, with its own acks: when partition 3's
+        server (settled last) is unreachable, its leases stay held (its tasks are still pending) while the others'
+        are released. (Releasing every lease with partition 0's settle passes on one server otherwise.)"""
+        pq.ensure_group()
+        eids = [f"r{i}" for i in range(16)]
+        pq.enqueue_many([exec_body(e) for e in eids])
+        entries = pq.read_new(32, 100)
+        got = LeaseManager(pq.client, consumer="c1", ttl_s=30, keyspace=pq.keyspace).acquire_many(eids)
+        releases = [(g.key, g.value) for g in got if not isinstance(g, str)]
+        by_part = {e: pq.keyspace.partition_of(e) for e in eids}
+        assert len(releases) == 16 and set(by_part.values()) == {0, 1, 2, 3}
+        pq.parts[3].client = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1)
+        with pytest.raises(redis.ConnectionError):
+            pq.settle([e.message_id for e in entries], [], releases)
+        held = {e for e in eids if rclient.exists(pq.keyspace.lease_key(e))}
+        assert held == {e for e, p in by_part.items() if p == 3}, "partition 3's leases, and only those, are held"
 
     def test_claim_renew_and_hand_back_reach_every_partition(self, pq: PartitionedQueue, redis_url: str) -> None:
         pq.ensure_group()
