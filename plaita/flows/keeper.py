@@ -8,8 +8,10 @@
 - A running, unleased execution not updated for ``zombie_after_s`` is set to ``error``
   ("orphaned"): retrying it has not helped for that long.
 
-Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``. A Redis
-failure never ends the keeper: it backs off (``BackoffPolicy``) and tries again.
+Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``; a dry run
+reads only and never touches that lease. A Redis failure never ends the keeper: it backs off
+(``BackoffPolicy``) and tries again. One execution key that holds no execution is skipped,
+counted and logged once; it never stops a pass (docs/flows.md, "The keeper").
 """
 
 from __future__ import annotations

@@ -82,13 +82,17 @@ def test_list_names_each_unreadable_key_lists_the_others_and_writes_nothing(
 
 @pytest.mark.redis
 @pytest.mark.parametrize("eid", ["a-corrupt", "a-list", "a-hash"])
-def test_show_of_an_unreadable_key_is_one_line_and_exit_1(redis_url: str, bad: dict[str, str], eid: str) -> None:
-    """Reproduction 6: ``show`` of a corrupt key was a raw traceback (a hash one "Redis failed")."""
-    for extra in ((), ("--json",)):
-        r = run("executions", "show", eid, *extra, "--redis-url", redis_url)
+def test_show_of_an_unreadable_key_is_one_line_and_exit_1(
+    redis_url: str, rclient: redis.Redis, bad: dict[str, str], eid: str
+) -> None:
+    """Reproduction 6: ``show`` of a corrupt key was a raw traceback (a hash one "Redis failed");
+    ``cancel`` and ``resume`` of it refuse the same way and write nothing."""
+    for argv in (("show", eid), ("show", eid, "--json"), ("cancel", eid), ("resume", eid, "--data", "1")):
+        r = run("executions", *argv, "--redis-url", redis_url)
         assert r.returncode == 1, r.stderr
         line = one_line(r)
         assert eid in line and bad[eid] in line and "Redis" not in line, line
+    assert rclient.exists(f"plaita:execution:cancel:{eid}") == 0 and rclient.xlen("plaita:tasks") == 0
 
 
 @pytest.mark.redis
