@@ -242,7 +242,7 @@ class Keeper:
 
     def _orphans(self, now_s: float, report: KeeperPass) -> None:
         s = self.settings
-        unleased = self._unleased(now_s - s.orphan_grace_s)
+        unleased = self._unleased(now_s - s.orphan_grace_s, report)
         if not unleased:
             return
         in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
@@ -253,12 +253,8 @@ class Keeper:
         unqueued = [(eid, at) for eid, at in unleased if eid not in in_stream]
         # Read again after the scan: an execution that moved on meanwhile is not an orphan.
         now_scores = self.store.still_running([eid for eid, _ in unqueued])
-        docs = self.store.read_many([eid for eid, _ in unqueued])
-        for (eid, at), score, doc in zip(unqueued, now_scores, docs, strict=True):
+        for (eid, at), score in zip(unqueued, now_scores, strict=True):
             if score is None or score != at:
-                continue
-            if isinstance(doc, UnreadableExecution):  # no worker could run a retry of it
-                self._skip_unreadable(doc, report)
                 continue
             if now_s - at > s.zombie_after_s:
                 self._orphaned(eid, at, now_s, report)
@@ -276,16 +272,22 @@ class Keeper:
                 self.store.clear_retry_mark(eid)
             raise
 
-    def _unleased(self, before_s: float) -> list[tuple[str, float]]:
+    def _unleased(self, before_s: float, report: KeeperPass) -> list[tuple[str, float]]:
         """Running executions not updated since ``before_s`` whose lease is gone, page by page:
         long steps of live workers keep old scores, so the first page alone could hide every
-        orphan behind them."""
+        orphan behind them; so could unreadable keys (skipped here: no worker could run a
+        retry of one, and they must not fill the batch)."""
         s = self.settings
         out: list[tuple[str, float]] = []
         for offset in range(0, s.max_candidates, s.batch):
             page = self.store.running_since(before_s, offset, s.batch)
             leased = self.store.leased([eid for eid, _ in page])
-            out.extend(c for c, held in zip(page, leased, strict=True) if not held)
+            candidates = [c for c, held in zip(page, leased, strict=True) if not held]
+            for c, doc in zip(candidates, self.store.read_many([eid for eid, _ in candidates]), strict=True):
+                if isinstance(doc, UnreadableExecution):
+                    self._skip_unreadable(doc, report)
+                else:
+                    out.append(c)
             if len(page) < s.batch or len(out) >= s.batch:
                 break
         return out

@@ -177,6 +177,17 @@ def test_corrupt_keys_in_the_running_index_are_skipped(h: Harness) -> None:
     assert h.client.hget("plaita:execution:a-hash", "status") == b"suspended"  # untouched
 
 
+def test_unreadable_keys_do_not_hide_the_orphans_behind_them(h: Harness) -> None:
+    """More unreadable keys than a batch, all older than the orphan: the same pass goes on to it."""
+    for i in range(5):
+        h.client.set(f"plaita:execution:bad-{i}", "{")
+        h.client.zadd(RUNNING, {f"bad-{i}": time.time() - 600 + i})
+    make_orphan(h.store, h.leases, "behind", age_s=60)
+    settings = KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2, batch=2)
+    report = Keeper(h.store, h.queue, settings).run_once()
+    assert report.retries == ["behind"] and len(report.corrupt) == 5
+
+
 # -- the execution guarantees (issue 18 mutants 3, 4, 5, 9) ---------------------------------
 twice = Flow("twice")
 
