@@ -33,7 +33,7 @@ def add_parsers(
     ex = add(
         "executions",
         help="start, steer and inspect flow executions",
-        description="start FLOW | resume ID | cancel ID | list | show ID",
+        description="start FLOW | resume ID | cancel ID | list | show ID (the Redis flags may follow the action too)",
     )
     redis_options(ex)
     sub = WithParents(ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex)), [late])
