@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from plaita.cli.main import main
+from plaita.config import DEFAULT_QUEUE_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = "plaita:keeper:lease"
@@ -92,7 +93,7 @@ def test_show_of_an_unreadable_key_is_one_line_and_exit_1(
         assert r.returncode == 1, r.stderr
         line = one_line(r)
         assert eid in line and bad[eid] in line and "Redis" not in line, line
-    assert rclient.exists(f"plaita:execution:cancel:{eid}") == 0 and rclient.xlen("plaita:tasks") == 0
+    assert rclient.exists(f"plaita:execution:cancel:{eid}") == 0 and rclient.xlen(DEFAULT_QUEUE_NAME) == 0
 
 
 @pytest.mark.redis
@@ -121,10 +122,25 @@ def test_keeper_once_against_a_held_lease(redis_url: str, rclient: redis.Redis) 
 
 
 @pytest.mark.redis
+def test_keeper_once_goes_past_a_corrupt_key(redis_url: str, rclient: redis.Redis) -> None:
+    """Reproduction 6 as run: ``SET plaita:execution:a-corrupt 'garbage{'`` and ``ZADD
+    plaita:executions:deadlines 1 a-corrupt`` stopped every pass ("Redis failed (JSONDecodeError")."""
+    rclient.set("plaita:execution:a-corrupt", "garbage{")
+    put(rclient, "due", "suspended", suspension={"seq": 1, "step": "s", "since": 0, "deadline": 1})
+    rclient.zadd("plaita:executions:deadlines", {"a-corrupt": 1, "due": 1})
+    r = run("keeper", "--once", "--redis-url", redis_url)
+    assert r.returncode == 0 and "Redis failed" not in r.stderr, r.stderr
+    assert "plaita:execution:a-corrupt" in one_line(r)
+    [(_, fields)] = rclient.xrange(DEFAULT_QUEUE_NAME)
+    body = json.loads(fields["payload"])
+    assert (body["execution_id"], body["resume_type"], body["suspension"]) == ("due", "timeout", 1)
+
+
+@pytest.mark.redis
 def test_redis_flags_after_the_sub_subcommand(redis_url: str, rclient: redis.Redis) -> None:
     """Reproduction 11: ``executions list --redis-url URL`` was refused."""
     put(rclient, "late", "completed")
-    r = run("executions", "list", "--redis-url", redis_url, "--queue-name", "plaita:tasks", "--partitions", "1")
+    r = run("executions", "list", "--redis-url", redis_url, "--queue-name", DEFAULT_QUEUE_NAME, "--partitions", "1")
     assert r.returncode == 0 and "late" in r.stdout, r.stderr
     r = run("executions", "show", "late", "--redis-url", redis_url)
     assert r.returncode == 0 and "late" in r.stdout, r.stderr
