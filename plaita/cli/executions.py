@@ -1,7 +1,8 @@
 """``plaita executions start | resume | cancel | list | show`` and the flow worker's handler.
 
-Exit codes: 0 done, 1 unknown execution, a Redis failure or a wait that timed out (one
-line on stderr), 2 bad arguments.
+Exit codes: 0 done, 1 unknown or unreadable execution, a Redis failure or a wait that timed
+out (one line on stderr), 2 bad arguments. Read commands (``list``, ``show``) never write;
+``list`` names each unreadable execution key on stderr and lists the others.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plaita.cli.common import redis_failed
-from plaita.cli.options import tls_of
+from plaita.cli.options import WithParents, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.errors import ConfigError, PlaitaError
 
@@ -24,15 +25,18 @@ Add = Callable[..., argparse.ArgumentParser]
 LIST_STATUSES = ("running", "suspended", "completed", "error", "cancelled")
 
 
-def add_parsers(add: Add, redis_options: Callable[[argparse.ArgumentParser], None]) -> None:
-    """The ``executions`` command group, on the main parser's ``add`` (subcommand factory)."""
+def add_parsers(
+    add: Add, redis_options: Callable[[argparse.ArgumentParser], None], late: argparse.ArgumentParser
+) -> None:
+    """The ``executions`` command group, on the main parser's ``add`` (subcommand factory);
+    ``late``: the Redis flags again, accepted after the action too."""
     ex = add(
         "executions",
         help="start, steer and inspect flow executions",
-        description="start FLOW | resume ID | cancel ID | list | show ID",
+        description="start FLOW | resume ID | cancel ID | list | show ID (the Redis flags may follow the action too)",
     )
     redis_options(ex)
-    sub = ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex))
+    sub = WithParents(ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex)), [late])
     st = sub.add_parser("start", help="start an execution of FLOW")
     st.add_argument("flow", help="flow id")
     st.add_argument("--input", default="{}", help="params as a JSON object (default {})")
@@ -125,14 +129,18 @@ def _cancel(flows: Any, args: argparse.Namespace) -> int:
 
 
 def _list(flows: Any, args: argparse.Namespace) -> int:
+    """Reads only (never prunes the index); an unreadable execution key is one line on stderr
+    and the others are listed."""
     rows: list[dict[str, Any]] = []
+    bad: list[Any] = []
     for status in args.status or LIST_STATUSES:
-        rows.extend(
-            d for d in flows.store.by_status(status, max(1, args.count)) if args.flow in (None, d.get("flow_id"))
-        )
-    rows.sort(key=lambda d: d.get("updated_at") or 0, reverse=True)
+        docs, unreadable = flows.store.listing(status, max(1, args.count))
+        rows.extend(d for d in docs if args.flow in (None, d.get("flow_id")))
+        bad.extend(unreadable)
+    _report_unreadable(bad)
+    rows.sort(key=lambda d: _number(d.get("updated_at")), reverse=True)
     if args.json:
-        print(json.dumps([_summary(d) for d in rows], indent=2))
+        print(json.dumps([_summary(d) for d in rows], indent=2, ensure_ascii=False))
         return 0
     print(f"{'EXECUTION':34} {'FLOW':16} {'STATUS':10} {'STEP':18} UPDATED")
     for d in rows:
@@ -143,6 +151,21 @@ def _list(flows: Any, args: argparse.Namespace) -> int:
     if not rows:
         print("(no executions)")
     return 0
+
+
+#: Unreadable keys named one line each; past this, one line counts the rest.
+MAX_BAD_LINES = 20
+
+
+def _report_unreadable(bad: Sequence[Any]) -> None:
+    for exc in bad[:MAX_BAD_LINES]:
+        print(f"plaita executions list: skipped: {exc}", file=sys.stderr)
+    if len(bad) > MAX_BAD_LINES:
+        print(f"plaita executions list: skipped {len(bad) - MAX_BAD_LINES} more unreadable key(s)", file=sys.stderr)
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _show(flows: Any, args: argparse.Namespace) -> int:
@@ -160,9 +183,12 @@ def _summary(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _when(ts: Any) -> str:
-    if not isinstance(ts, int | float):
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
         return "-"
-    return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # out of the calendar's range, or NaN
+        return repr(ts)
 
 
 def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
@@ -188,8 +214,13 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
         print(f"error in {error.get('step')}: {error.get('type')}: {error.get('message')}")
     print(f"state {json.dumps(doc.get('state'), ensure_ascii=False)[:500]}")
     print("timeline:")
-    for e in doc.get("history") or []:
-        took_ms = ((e.get("ended_at") or 0) - (e.get("started_at") or 0)) * 1000
+    history = doc.get("history")
+    # Any JSON object is shown: a field of an unexpected type prints as it is, never a traceback.
+    for e in history if isinstance(history, list) else []:
+        if not isinstance(e, dict):
+            print(f"  {json.dumps(e, ensure_ascii=False)[:200]}")
+            continue
+        took_ms = (_number(e.get("ended_at")) - _number(e.get("started_at"))) * 1000
         extra = f"  {e['error']}" if e.get("error") else ""
         print(
             f"  {_when(e.get('started_at'))}  {e.get('step')!s:18} attempt {e.get('attempt')}  "

@@ -1,7 +1,9 @@
 """``plaita keeper``: recover orphaned executions, time out suspensions, mark zombies.
 
 Runs until SIGTERM/SIGINT (stops within about a second, even with Redis frozen); ``--once``
-runs one pass (exit 1 if Redis failed). A Redis failure never ends the loop.
+runs one pass: exit 1 (one line) if it failed or another keeper holds the lease, and the
+lease is handed back on every exit; ``--dry-run`` reads only and never touches the lease.
+A Redis failure never ends the loop.
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ def add_parser(
         description="Any number may run; one acts at a time (lease plaita:keeper:lease).",
     )
     redis_options(k)
-    k.add_argument("--once", action="store_true", help="one pass, then exit (1 if Redis failed)")
-    k.add_argument("--dry-run", action="store_true", help="log what would be done; change nothing")
+    k.add_argument(
+        "--once", action="store_true", help="one pass, then exit (1 if it failed or another keeper holds the lease)"
+    )
+    k.add_argument(
+        "--dry-run", action="store_true", help="log what would be done; change nothing (never takes the keeper lease)"
+    )
     options = (
         ("--interval-s", 5.0, "seconds between passes"),
         ("--zombie-after-s", 7200.0, "running, unleased and not updated this long = error 'orphaned'"),

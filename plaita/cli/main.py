@@ -18,7 +18,7 @@ from plaita import __version__
 from plaita.cli import dashboard as dashboard_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
-from plaita.cli.options import add_redis_options, add_worker_options
+from plaita.cli.options import WithParents, add_redis_options, add_worker_options, late_redis_options, redact_text
 from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ
 from plaita.errors import ConfigError
 
@@ -29,24 +29,11 @@ ADMIN_COMMANDS = ("workers", "status", "stop", "pause", "resume", "dlq")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that prints one clear line (not the whole usage) and exits 2."""
+    """argparse that prints one clear line (not the whole usage) and exits 2; a URL's password
+    in the message (argparse echoes what it could not use) is redacted."""
 
     def error(self, message: str) -> Any:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-Sub = Any  # argparse's private _SubParsersAction
-
-
-class _WithParents:
-    """Adds the same parent parsers to every parser a sub-parsers action creates."""
-
-    def __init__(self, sub: Sub, parents: list[argparse.ArgumentParser]) -> None:
-        self._sub, self._parents = sub, parents
-
-    def add_parser(self, name: str, **kw: Any) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = self._sub.add_parser(name, parents=self._parents, **kw)
-        return parser
+        self.exit(2, redact_text(f"{self.prog}: error: {message} (see --help)") + "\n")
 
 
 def _common_options() -> _Parser:
@@ -149,10 +136,10 @@ def _add_dlq(add: Any, env: Mapping[str, str]) -> None:
     _dlq_key_option(dq, env)
     dsub = dq.add_subparsers(dest="dlq_command", required=True, parser_class=_Parser)
     # The connection options are accepted after the action too (`plaita dlq list --redis-url …`).
-    late = _Parser(add_help=False)
-    for flag in ("--redis-url", "--queue-name", "--partitions", "--dlq-key", "--consumer-group"):
+    late = late_redis_options(env)
+    for flag in ("--dlq-key", "--consumer-group"):
         late.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    actions = _WithParents(dsub, [late])
+    actions = WithParents(dsub, [late])
     dl = actions.add_parser("list", help="oldest dead letters")
     dl.add_argument("--count", type=int, default=50, help="how many (default %(default)s)")
     dl.add_argument("--json", action="store_true", help="print JSON")
@@ -204,7 +191,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_dlq(add, env)
     _add_tools(add)
     dashboard_cli.add_parser(add, env)
-    executions_cli.add_parsers(add, lambda p: add_redis_options(p, env))
+    executions_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     keeper_cli.add_parser(add, lambda p: add_redis_options(p, env))
     return parser
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -269,6 +270,38 @@ def add_redis_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
         "must agree (env PLAITA_PARTITIONS; default 1 = the single stream <queue>)",
     )
     add_options(p, env, TLS_OPTIONS)
+
+
+def late_redis_options(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The Redis flags again, for the actions of a command group (``plaita executions list
+    --redis-url …``): hidden, and SUPPRESS keeps a value given before the action when none is
+    given after it."""
+    late = argparse.ArgumentParser(add_help=False)
+    add_redis_options(late, env)
+    for action in late._actions:
+        action.default, action.help = argparse.SUPPRESS, argparse.SUPPRESS
+    return late
+
+
+class WithParents:
+    """Adds the same parent parsers to every parser a sub-parsers action creates."""
+
+    def __init__(self, sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+        self._sub, self._parents = sub, parents
+
+    def add_parser(self, name: str, **kw: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self._sub.add_parser(name, parents=self._parents, **kw)
+        return parser
+
+
+#: ``scheme://user:password@`` in any text; the password is everything up to the last ``@``
+#: of the word (a password may contain ``@`` and ``:``).
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s'\"]*@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:***@", text)
 
 
 def tls_of(args: argparse.Namespace) -> TlsFiles:

@@ -8,12 +8,15 @@
 - A running, unleased execution not updated for ``zombie_after_s`` is set to ``error``
   ("orphaned"): retrying it has not helped for that long.
 
-Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``. A Redis
-failure never ends the keeper: it backs off (``BackoffPolicy``) and tries again.
+Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``; a dry run
+reads only and never touches that lease. A Redis failure never ends the keeper: it backs off
+(``BackoffPolicy``) and tries again. One execution key that holds no execution is skipped,
+counted and logged once; it never stops a pass (docs/flows.md, "The keeper").
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -25,14 +28,16 @@ from dataclasses import dataclass, field
 
 from plaita.errors import ConfigError
 from plaita.flows import model
-from plaita.fsm import BackoffPolicy, ErrorKind, classify
-from plaita.store.executions import ExecutionStore, stream_execution_ids
+from plaita.fsm import BackoffPolicy, ErrorKind, classify, is_redis_failure
+from plaita.store.executions import KEEPER_LEASE_KEY, ExecutionStore, UnreadableExecution, stream_execution_ids
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
 
 #: Longest wait for the keeper lease release when stopping.
 HAND_OVER_S = 0.3
+#: Unreadable execution ids remembered (each is logged once); past this the memory starts over.
+MAX_REMEMBERED_BAD = 10_000
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ class KeeperPass:
     timeouts: list[str] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
     orphaned: list[str] = field(default_factory=list)
+    #: Unreadable execution keys met in the indexes and skipped (left as they are).
+    corrupt: list[str] = field(default_factory=list)
     skipped_scan: bool = False
 
 
@@ -93,6 +100,9 @@ class Keeper:
         self.holder = f"keeper:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
         self._stop = threading.Event()
+        #: Unreadable execution keys skipped, every time one was met (a counter for operators).
+        self.corrupt_skips = 0
+        self._logged_bad: set[str] = set()
 
     def request_stop(self) -> None:
         """Safe from any thread or a signal handler: the loop ends within about a second."""
@@ -100,7 +110,34 @@ class Keeper:
         self.store.interrupt()
 
     def run(self, *, once: bool = False) -> int:
-        """Pass after pass until stopped; with ``once`` a single pass (exit 1 if Redis failed)."""
+        """Pass after pass until stopped; with ``once`` a single pass: exit 1 (one error line) if
+        it failed or another keeper holds the lease. The lease is handed back on every exit."""
+        try:
+            return self._single() if once else self._loop()
+        finally:
+            if not self.settings.dry_run:  # a dry run never takes it: nothing to hand back
+                self._hand_over()
+
+    def _single(self) -> int:
+        try:
+            report = self.run_once()
+        except Exception as exc:
+            logger.error("keeper pass failed: %s: %s", type(exc).__name__, exc)
+            return 1
+        if not report.acting:
+            holder = self._lease_holder()
+            logger.error("keeper: %s is held by %s; this pass did nothing", KEEPER_LEASE_KEY, holder)
+            return 1
+        self.log_pass(report)
+        return 0
+
+    def _lease_holder(self) -> str:
+        try:
+            return self.store.keeper_lease_holder() or "another keeper (expired since)"
+        except Exception:  # the pass itself did not fail: do not make it fail now
+            return "another keeper"
+
+    def _loop(self) -> int:
         s = self.settings
         backoff = BackoffPolicy(base_s=s.backoff_base_s, cap_s=s.backoff_cap_s, persistent_s=s.persistent_backoff_s)
         failing_since: float | None = None
@@ -111,23 +148,18 @@ class Keeper:
                 if self._stop.is_set():
                     break
                 kind = classify(exc)
-                if once:
-                    logger.error("keeper pass failed: %s: %s", type(exc).__name__, exc)
-                    return 1
                 delay_s = backoff.schedule(persistent=kind is not ErrorKind.TRANSIENT)
                 level = logging.WARNING if failing_since is None else logging.DEBUG
                 failing_since = failing_since or time.monotonic()
-                logger.log(level, "keeper: Redis failed (%s: %s); retrying in %.2f s", type(exc).__name__, exc, delay_s)
+                what = "Redis failed" if is_redis_failure(exc) else "pass failed"
+                logger.log(level, "keeper: %s (%s: %s); retrying in %.2f s", what, type(exc).__name__, exc, delay_s)
                 self._stop.wait(delay_s)
                 continue
             if failing_since is not None:
                 logger.info("keeper: Redis is back after %.1f s", time.monotonic() - failing_since)
                 failing_since = None
             backoff.reset()
-            if once:
-                break
             self._stop.wait(s.interval_s)
-        self._hand_over()
         return 0
 
     def _hand_over(self) -> None:
@@ -146,6 +178,8 @@ class Keeper:
 
     @staticmethod
     def log_pass(report: KeeperPass) -> None:
+        if report.corrupt:
+            logger.debug("keeper: %d unreadable execution key(s) skipped %s", len(report.corrupt), report.corrupt[:10])
         if report.timeouts or report.retries or report.orphaned:
             logger.info(
                 "keeper: %d timeout(s) %s, %d recovery retr%s %s, %d orphaned %s",
@@ -159,8 +193,9 @@ class Keeper:
             )
 
     def run_once(self) -> KeeperPass:
+        """One pass. A dry run reads only: it neither takes nor waits for the keeper lease."""
         s = self.settings
-        if not self.store.hold_keeper_lease(self.holder, int(s.lease_ttl_s * 1000)):
+        if not s.dry_run and not self.store.hold_keeper_lease(self.holder, int(s.lease_ttl_s * 1000)):
             return KeeperPass(acting=False)
         report = KeeperPass()
         now_s = self._clock()
@@ -168,10 +203,27 @@ class Keeper:
         self._orphans(now_s, report)
         return report
 
+    def _skip_unreadable(self, bad: UnreadableExecution, report: KeeperPass) -> None:
+        """Count it, log it once per process, leave it: one bad key must not stop a pass, and
+        deleting it would destroy what an operator may still repair."""
+        self.corrupt_skips += 1
+        report.corrupt.append(bad.execution_id)
+        if bad.key in self._logged_bad:
+            return
+        if len(self._logged_bad) >= MAX_REMEMBERED_BAD:
+            self._logged_bad.clear()
+        self._logged_bad.add(bad.key)
+        logger.warning("keeper: %s %s; skipped (logged once, left for an operator)", bad.key, bad.reason)
+
     def _timeouts(self, now_s: float, report: KeeperPass) -> None:
         s = self.settings
-        for eid in self.store.due_deadlines(now_s, now_s + s.timeout_cooldown_s, s.batch, dry_run=s.dry_run):
-            doc = self.store.get(eid)
+        # The claim re-arms each due deadline first: if an enqueue below fails, it fires again
+        # after the cooldown instead of never.
+        due = self.store.due_deadlines(now_s, now_s + s.timeout_cooldown_s, s.batch, dry_run=s.dry_run)
+        for eid, doc in zip(due, self.store.read_many(due), strict=True):
+            if isinstance(doc, UnreadableExecution):
+                self._skip_unreadable(doc, report)
+                continue
             suspension = doc.get("suspension") if doc else None
             if doc is None or doc.get("status") != "suspended" or not isinstance(suspension, dict):
                 if not s.dry_run:
@@ -190,7 +242,7 @@ class Keeper:
 
     def _orphans(self, now_s: float, report: KeeperPass) -> None:
         s = self.settings
-        unleased = self._unleased(now_s - s.orphan_grace_s)
+        unleased = self._unleased(now_s - s.orphan_grace_s, report)
         if not unleased:
             return
         in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
@@ -209,18 +261,33 @@ class Keeper:
             elif s.dry_run or self.store.mark_retry_sent(eid, int(s.retry_cooldown_s)):
                 report.retries.append(eid)
                 if not s.dry_run:
-                    self.queue.enqueue(model.resume_body(eid, "retry", resume_id=f"keeper:{uuid.uuid4().hex[:12]}"))
+                    self._send_retry(eid)
 
-    def _unleased(self, before_s: float) -> list[tuple[str, float]]:
+    def _send_retry(self, eid: str) -> None:
+        try:
+            self.queue.enqueue(model.resume_body(eid, "retry", resume_id=f"keeper:{uuid.uuid4().hex[:12]}"))
+        except Exception:
+            # Not sent: take the cooldown mark back (best effort) so the next pass retries it.
+            with contextlib.suppress(Exception):
+                self.store.clear_retry_mark(eid)
+            raise
+
+    def _unleased(self, before_s: float, report: KeeperPass) -> list[tuple[str, float]]:
         """Running executions not updated since ``before_s`` whose lease is gone, page by page:
         long steps of live workers keep old scores, so the first page alone could hide every
-        orphan behind them."""
+        orphan behind them; so could unreadable keys (skipped here: no worker could run a
+        retry of one, and they must not fill the batch)."""
         s = self.settings
         out: list[tuple[str, float]] = []
         for offset in range(0, s.max_candidates, s.batch):
             page = self.store.running_since(before_s, offset, s.batch)
             leased = self.store.leased([eid for eid, _ in page])
-            out.extend(c for c, held in zip(page, leased, strict=True) if not held)
+            candidates = [c for c, held in zip(page, leased, strict=True) if not held]
+            for c, doc in zip(candidates, self.store.read_many([eid for eid, _ in candidates]), strict=True):
+                if isinstance(doc, UnreadableExecution):
+                    self._skip_unreadable(doc, report)
+                else:
+                    out.append(c)
             if len(page) < s.batch or len(out) >= s.batch:
                 break
         return out

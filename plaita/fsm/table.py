@@ -148,3 +148,28 @@ def edges() -> list[tuple[State, str, State | None, str | None]]:
             assert dest is None or isinstance(dest, State)
             out.append((src, t["trigger"], dest, cond_name))
     return out
+
+
+#: The same rule for flow executions, for docs/states.md: one execution key that holds no
+#: execution stays with that key in the keeper and in ``plaita executions``.
+EXECUTION_ISOLATION_RULES: Final[list[tuple[str, str]]] = [
+    (
+        "an execution key in the deadlines or running index that is not JSON, JSON but not an object, or not a "
+        "string key",
+        "the keeper skips it and leaves it as it is (no timeout or retry for it, the index entry kept); one warning "
+        "per key per keeper process, counted (`Keeper.corrupt_skips`, `KeeperPass.corrupt`); the rest of the pass "
+        "goes on; never called a Redis failure",
+    ),
+    (
+        "the same key met by `plaita executions list`",
+        "one line on stderr naming it; the others are listed; exit 0",
+    ),
+    (
+        "the same key asked for by `plaita executions show`, `cancel` or `resume`",
+        "one line on stderr naming it and what it holds; exit 1; nothing written",
+    ),
+    (
+        "`plaita keeper --once` while another keeper holds `plaita:keeper:lease`, or a pass that failed",
+        "one error line, exit 1; its own lease is handed back on every exit",
+    ),
+]

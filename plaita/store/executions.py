@@ -18,12 +18,13 @@ and the step's staged writes are written together. Every key a script touches is
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 
+from plaita.errors import PlaitaError
 from plaita.store import scripts
 from plaita.store.client import get_many, interrupt
 from plaita.store.keyspace import (
@@ -35,9 +36,18 @@ from plaita.store.keyspace import (
     STATUS_PREFIX,
     Keyspace,
 )
-from plaita.tasks import PAYLOAD_FIELD
+from plaita.store.stream_scan import stream_execution_ids
 
-__all__ = ["CANCEL_PREFIX", "DEADLINES_KEY", "DEDUP_PREFIX", "EXECUTION_PREFIX", "STATUS_PREFIX", "ExecutionStore"]
+__all__ = [
+    "CANCEL_PREFIX",
+    "DEADLINES_KEY",
+    "DEDUP_PREFIX",
+    "EXECUTION_PREFIX",
+    "STATUS_PREFIX",
+    "ExecutionStore",
+    "UnreadableExecution",
+    "stream_execution_ids",
+]
 #: Set by the keeper when it enqueued a recovery ``retry``: one per cooldown per execution.
 KEEPER_RETRY_PREFIX = "plaita:execution:keeper-retry:"
 KEEPER_LEASE_KEY = "plaita:keeper:lease"
@@ -93,6 +103,36 @@ def _decode(raw: Any) -> dict[str, Any] | None:
         return None
     doc = json.loads(raw)
     return doc if isinstance(doc, dict) else None
+
+
+class UnreadableExecution(PlaitaError):
+    """An execution key that holds no execution: not JSON, JSON but not an object, or not a
+    string key at all. Data, not an outage: readers skip it (and say so), never delete it."""
+
+    def __init__(self, execution_id: str, key: str, reason: str) -> None:
+        super().__init__(f"execution {execution_id!r} is unreadable ({key} {reason})")
+        self.execution_id, self.key, self.reason = execution_id, key, reason
+
+
+def _is_wrongtype(value: Any) -> bool:
+    return isinstance(value, redis.ResponseError) and str(value).startswith("WRONGTYPE")
+
+
+def _checked(execution_id: str, key: str, raw: Any) -> dict[str, Any] | None | UnreadableExecution:
+    """The state in ``raw`` (a GET reply, or the error a pipeline returned for it)."""
+    if _is_wrongtype(raw):
+        return UnreadableExecution(execution_id, key, "is not a string key")
+    if isinstance(raw, Exception):
+        raise raw
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # ValueError covers bad UTF-8 too
+        return UnreadableExecution(execution_id, key, f"is not JSON: {str(exc)[:80]}")
+    if not isinstance(doc, dict):
+        return UnreadableExecution(execution_id, key, f"is JSON but not an object ({type(doc).__name__})")
+    return doc
 
 
 class ExecutionStore:
@@ -175,7 +215,23 @@ class ExecutionStore:
 
     # -- producers and operators ---------------------------------------------------------
     def get(self, execution_id: str) -> dict[str, Any] | None:
-        return _decode(self.client.get(self.ks.execution_key(execution_id)))
+        """The state, or None; UnreadableExecution when the key holds no execution."""
+        [doc] = self.read_many([execution_id])
+        if isinstance(doc, UnreadableExecution):
+            raise doc
+        return doc
+
+    def read_many(self, execution_ids: Sequence[str]) -> list[dict[str, Any] | None | UnreadableExecution]:
+        """Each execution's state (None = no key) in one round trip; an unreadable key is
+        returned as its UnreadableExecution instead of failing the others."""
+        if not execution_ids:
+            return []
+        keys = [self.ks.execution_key(e) for e in execution_ids]
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        raws = pipe.execute(raise_on_error=False)
+        return [_checked(e, k, raw) for e, k, raw in zip(execution_ids, keys, raws, strict=True)]
 
     def request_cancel(self, execution_id: str) -> None:
         self.client.set(self.ks.cancel_key(execution_id), "1", ex=FLAG_TTL_S)
@@ -197,20 +253,29 @@ class ExecutionStore:
         rows.sort(key=lambda r: -r[2] if newest else r[2])
         return rows[first : last + 1] if len(self.ks.tags) > 1 else rows
 
-    def by_status(self, status: str, limit: int, *, offset: int = 0, prune: bool = True) -> list[dict[str, Any]]:
+    def by_status(self, status: str, limit: int, *, offset: int = 0, prune: bool = False) -> list[dict[str, Any]]:
         """The most recently updated executions with ``status``, skipping the newest ``offset``
-        (index entries whose state has expired are dropped from the index on the way, unless
-        ``prune`` is false: a read-only user may not write)."""
+        (unreadable keys left out: ``listing`` names them)."""
+        return self.listing(status, limit, offset=offset, prune=prune)[0]
+
+    def listing(
+        self, status: str, limit: int, *, offset: int = 0, prune: bool = False
+    ) -> tuple[list[dict[str, Any]], list[UnreadableExecution]]:
+        """(states, unreadable keys) of ranks ``offset..offset+limit-1`` of ``status``, newest
+        first. Reads only, unless ``prune``: then index entries with no key at all (expired
+        state) are dropped; an unreadable key is never touched (it may still be repaired)."""
         first = max(0, offset)
         rows = self._index(status, first, first + max(0, limit - 1), newest=True)
-        if not rows:
-            return []
-        raws = get_many(self.client, [self.ks.execution_key(e) for _, e, _ in rows])
-        if prune:
-            for (p, eid, _), raw in zip(rows, raws, strict=True):
-                if raw is None:
-                    self.client.zrem(self.ks.status_key(p, status), eid)
-        return [doc for doc in (_decode(r) for r in raws) if doc is not None]
+        docs: list[dict[str, Any]] = []
+        bad: list[UnreadableExecution] = []
+        for (p, eid, _), doc in zip(rows, self.read_many([e for _, e, _ in rows]), strict=True):
+            if isinstance(doc, UnreadableExecution):
+                bad.append(doc)
+            elif doc is not None:
+                docs.append(doc)
+            elif prune:
+                self.client.zrem(self.ks.status_key(p, status), eid)
+        return docs, bad
 
     def counts(self) -> dict[str, int]:
         pipe = self.client.pipeline(transaction=False)
@@ -229,6 +294,10 @@ class ExecutionStore:
 
     def hold_keeper_lease(self, holder: str, ttl_ms: int) -> bool:
         return int(HOLD_KEEPER_LEASE(self.client, [KEEPER_LEASE_KEY], [holder, ttl_ms])) == 1
+
+    def keeper_lease_holder(self) -> str | None:
+        raw = self.client.get(KEEPER_LEASE_KEY)
+        return None if raw is None else _text(raw)
 
     def release_keeper_lease(self, holder: str) -> None:
         """Hand the keeper role over at once (compare-and-delete: only our own lease)."""
@@ -286,6 +355,9 @@ class ExecutionStore:
         """True if no recovery retry was sent for this execution within the cooldown."""
         return bool(self.client.set(f"{KEEPER_RETRY_PREFIX}{execution_id}", "1", nx=True, ex=max(1, cooldown_s)))
 
+    def clear_retry_mark(self, execution_id: str) -> None:
+        self.client.delete(f"{KEEPER_RETRY_PREFIX}{execution_id}")
+
     def mark_orphaned(
         self, execution_id: str, updated_at_s: float, error_doc: dict[str, Any], now_s: float, retention_s: int
     ) -> bool:
@@ -299,9 +371,11 @@ class ExecutionStore:
         with self.client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(key, lease, running)  # type: ignore[no-untyped-call]
-                doc = _decode(pipe.get(key))
+                doc = _checked(execution_id, key, self._get_or_error(pipe, key))
                 score = pipe.zscore(running, execution_id)
-                if doc is None or doc.get("status") != "running" or pipe.exists(lease) or score != updated_at_s:
+                if not isinstance(doc, dict) or doc.get("status") != "running":
+                    return False  # an unreadable key is left as it is for an operator to repair
+                if pipe.exists(lease) or score != updated_at_s:
                     return False
                 doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
                 pipe.multi()
@@ -313,44 +387,12 @@ class ExecutionStore:
             except redis.WatchError:
                 return False
 
-
-def stream_execution_ids(
-    client: redis.Redis, streams: Sequence[str], max_entries: int, page: int = 500
-) -> tuple[set[str], bool]:
-    """Execution ids of every task still in ``streams`` (queued or pending: acked entries are
-    deleted), and whether every stream was read within ``max_entries`` entries each."""
-    seen: set[str] = set()
-    for stream in streams:
-        ids, complete = _stream_ids(client, stream, max_entries, page)
-        seen |= ids
-        if not complete:
-            return seen, False
-    return seen, True
-
-
-def _stream_ids(client: redis.Redis, stream: str, max_entries: int, page: int) -> tuple[set[str], bool]:
-    seen: set[str] = set()
-    start, read = "-", 0
-    while read < max_entries:
-        batch = cast(list[Any], client.xrange(stream, min=start, max="+", count=page))
-        if not batch:
-            return seen, True
-        for message_id, fields in batch:
-            seen.update(_ids_in(message_id, fields))
-        read += len(batch)
-        if len(batch) < page:
-            return seen, True
-        start = "(" + _text(batch[-1][0])
-    return seen, False
-
-
-def _ids_in(message_id: Any, fields: dict[Any, Any]) -> Iterable[str]:
-    raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
-    try:
-        body = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return ()
-    if not isinstance(body, dict):
-        return ()
-    value = body.get("execution_id")
-    return (value,) if isinstance(value, str) and value else (_text(message_id),)
+    @staticmethod
+    def _get_or_error(pipe: Any, key: str) -> Any:
+        """GET in a WATCHed pipeline (immediate mode), a WRONGTYPE refusal returned, not raised."""
+        try:
+            return pipe.get(key)
+        except redis.ResponseError as exc:
+            if _is_wrongtype(exc):
+                return exc
+            raise

@@ -1,0 +1,58 @@
+"""What the keeper reads from the streams: the execution ids of every task still queued or
+pending, so it never retries an execution whose task is only waiting."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+import redis
+
+from plaita.tasks import PAYLOAD_FIELD
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def stream_execution_ids(
+    client: redis.Redis, streams: Sequence[str], max_entries: int, page: int = 500
+) -> tuple[set[str], bool]:
+    """Execution ids of every task still in ``streams`` (queued or pending: acked entries are
+    deleted), and whether every stream was read within ``max_entries`` entries each."""
+    seen: set[str] = set()
+    for stream in streams:
+        ids, complete = _stream_ids(client, stream, max_entries, page)
+        seen |= ids
+        if not complete:
+            return seen, False
+    return seen, True
+
+
+def _stream_ids(client: redis.Redis, stream: str, max_entries: int, page: int) -> tuple[set[str], bool]:
+    seen: set[str] = set()
+    start, read = "-", 0
+    while read < max_entries:
+        batch = cast(list[Any], client.xrange(stream, min=start, max="+", count=page))
+        if not batch:
+            return seen, True
+        for message_id, fields in batch:
+            seen.update(_ids_in(message_id, fields))
+        read += len(batch)
+        if len(batch) < page:
+            return seen, True
+        start = "(" + _text(batch[-1][0])
+    return seen, False
+
+
+def _ids_in(message_id: Any, fields: dict[Any, Any]) -> Iterable[str]:
+    raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
+    try:
+        body = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return ()
+    if not isinstance(body, dict):
+        return ()
+    value = body.get("execution_id")
+    return (value,) if isinstance(value, str) and value else (_text(message_id),)
