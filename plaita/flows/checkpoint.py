@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +11,8 @@ from typing import Any
 from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.definition import Flow, Step
-from plaita.store.executions import ExecutionStore, Staged
+from plaita.flows.validate import StepOutputError, dumps, output_error
+from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -36,9 +36,21 @@ class Run:
     #: applied at the next suspension instead of being lost.
     pending: tuple[str, Any, str] | None = None
 
+    def snapshot(self) -> tuple[dict[str, Any], tuple[str, Any, str] | None]:
+        """What a step's output changes in place (the document's top level, its history and
+        results, the pending resume), to put back when its checkpoint writes nothing."""
+        doc = dict(self.doc)
+        doc["history"] = list(doc.get("history") or [])
+        doc["results"] = dict(doc.get("results") or {})
+        return doc, self.pending
+
+    def restore(self, saved: tuple[dict[str, Any], tuple[str, Any, str] | None]) -> None:
+        self.doc, self.pending = saved
+
 
 def encode(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    """The execution document as strict JSON (no NaN or Infinity: every parser must read it)."""
+    return dumps(doc)
 
 
 async def call_io(offload: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -49,7 +61,8 @@ async def call_io(offload: bool, fn: Callable[..., Any], *args: Any, **kwargs: A
 
 
 class Checkpointer:
-    """Writes a run's state with one fenced call; LeaseLostError when the lease moved on."""
+    """Writes a run's state with one fenced call, all or nothing: LeaseLostError when the lease
+    moved on, StepOutputError when the step's output cannot be written (nothing was)."""
 
     def __init__(
         self,
@@ -78,24 +91,28 @@ class Checkpointer:
     ) -> None:
         doc = run.doc
         doc.update(status=status, updated_at=self._clock())
-        text = encode(doc)
+        name = step.name if step else None
+        text = self._encode(doc, status, name)
         size = len(text.encode("utf-8"))
         if size > self.max_state_bytes and status != "error":
-            message = model.make_too_large(doc, size, self.max_state_bytes, step.name if step else None)
+            message = model.make_too_large(doc, size, self.max_state_bytes, name)
             logger.error("execution %s: %s", run.task.execution_id, message)
             status, staged, deadline_s, text = "error", None, None, encode(doc)
-        ok, cancel = await call_io(
-            run.offload,
-            self.store.checkpoint,
-            run.task.execution_id,
-            run.task.fencing_token,
-            text,
-            status=status,
-            now_s=doc["updated_at"],
-            deadline_s=deadline_s,
-            retention_s=self.retention_s,
-            staged=staged or (),
-        )
+        try:
+            ok, cancel = await call_io(
+                run.offload,
+                self.store.checkpoint,
+                run.task.execution_id,
+                run.task.fencing_token,
+                text,
+                status=status,
+                now_s=doc["updated_at"],
+                deadline_s=deadline_s,
+                retention_s=self.retention_s,
+                staged=staged or (),
+            )
+        except StagedWriteRefused as exc:
+            raise StepOutputError("StagedWriteRefused", f"step {name!r}: {exc}; nothing was written") from None
         if not ok:
             raise LeaseLostError(
                 f"checkpoint of execution {run.task.execution_id} refused: lease generation "
@@ -104,3 +121,16 @@ class Checkpointer:
         run.cancel = run.cancel or cancel
         if self.on_saved is not None:
             self.on_saved(run, status)
+
+    @staticmethod
+    def _encode(doc: dict[str, Any], status: str, step: str | None) -> str:
+        """The document to write; a step's output that is not strict JSON is a StepOutputError,
+        and an ``error`` that still cannot be written (a state stored before JSON was strict)
+        drops the state so the execution can end."""
+        try:
+            return encode(doc)
+        except (TypeError, ValueError, RecursionError):
+            if status != "error":
+                raise output_error(doc, step) from None
+        doc.update(state={}, results={}, resume=None)
+        return encode(doc)

@@ -107,7 +107,7 @@ def wobble(ctx: StepContext) -> dict[str, Any]:
 bad_result = Flow("bad_result")
 
 
-@bad_result.step
+@bad_result.step(max_attempts=2, base_s=0.01, cap_s=0.02)
 def unserialisable(ctx: StepContext) -> Any:
     return {"when": object()}
 
