@@ -8,11 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from plaita.errors import PlaitaError
+from plaita.errors import ConfigError, PlaitaError
 from plaita.flows import model
 from plaita.flows.definition import Flow, Step
 from plaita.flows.validate import StepOutputError, dumps, output_error
 from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
+from plaita.store.staged import MAX_SECONDS
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class Checkpointer:
         clock: Callable[[], float],
         on_saved: Callable[[Run, str], None] | None = None,
     ) -> None:
+        if not 0 <= retention_s <= MAX_SECONDS:  # EXPIRE must not fail after the state is written
+            raise ConfigError(f"retention_s must be between 0 (keep forever) and {MAX_SECONDS} s, got {retention_s}")
         self.store = store
         #: Told the status each checkpoint really wrote (an oversized state turns into error).
         self.on_saved = on_saved
@@ -92,12 +95,9 @@ class Checkpointer:
         doc = run.doc
         doc.update(status=status, updated_at=self._clock())
         name = step.name if step else None
-        text = self._encode(doc, status, name)
-        size = len(text.encode("utf-8"))
-        if size > self.max_state_bytes and status != "error":
-            message = model.make_too_large(doc, size, self.max_state_bytes, name)
-            logger.error("execution %s: %s", run.task.execution_id, message)
-            status, staged, deadline_s, text = "error", None, None, encode(doc)
+        status, text = self._encode(doc, status, name, output=staged is not None)
+        if len(text.encode("utf-8")) > self.max_state_bytes and status != "error":
+            status, staged, deadline_s, text = "error", None, None, self._too_large(run, text, name)
         try:
             ok, cancel = await call_io(
                 run.offload,
@@ -122,15 +122,23 @@ class Checkpointer:
         if self.on_saved is not None:
             self.on_saved(run, status)
 
+    def _too_large(self, run: Run, text: str, step: str | None) -> str:
+        """The ``error`` document replacing a state over the limit (with none of its staged writes)."""
+        message = model.make_too_large(run.doc, len(text.encode("utf-8")), self.max_state_bytes, step)
+        logger.error("execution %s: %s", run.task.execution_id, message)
+        return encode(run.doc)
+
     @staticmethod
-    def _encode(doc: dict[str, Any], status: str, step: str | None) -> str:
-        """The document to write; a step's output that is not strict JSON is a StepOutputError,
-        and an ``error`` that still cannot be written (a state stored before JSON was strict)
-        drops the state so the execution can end."""
+    def _encode(doc: dict[str, Any], status: str, step: str | None, *, output: bool) -> tuple[str, str]:
+        """(status, document) to write. A step's output (``output``) that is not strict JSON is a
+        StepOutputError; any other checkpoint that cannot be written (a state stored before JSON
+        was strict) ends the execution in ``error``, without its state, instead of failing forever."""
         try:
-            return encode(doc)
+            return status, encode(doc)
         except (TypeError, ValueError, RecursionError):
-            if status != "error":
-                raise output_error(doc, step) from None
-        doc.update(state={}, results={}, resume=None)
-        return encode(doc)
+            problem = output_error(doc, step)
+            if output:
+                raise problem from None
+        error = model.error_doc(doc.get("step"), problem.kind, str(problem))
+        doc.update(state={}, results={}, resume=None, status="error", error=error, ended_at=doc.get("updated_at"))
+        return "error", encode(doc)

@@ -85,6 +85,16 @@ def status_key(status: str) -> str:
     return DEFAULT.status_key(0, status)
 
 
+def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
+    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names."""
+    code = int(reply[0])
+    if code == 2:
+        raise StagedWriteRefused(_text(reply[1]), _text(reply[2]))
+    if code == 3:
+        raise ExecutionKeyError(_text(reply[1]), _text(reply[2]))
+    return code == 1, code == 1 and int(reply[1]) == 1
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -157,15 +167,9 @@ class ExecutionStore:
         if deadline_s is not None and not math.isfinite(deadline_s):
             raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
         ks, p = self.ks, self.ks.partition_of(execution_id)
-        keys = [
-            ks.lease_key(execution_id),
-            ks.fence_key(execution_id),
-            ks.execution_key(execution_id),
-            ks.cancel_key(execution_id),
-            ks.deadlines_key(p),
-            *(ks.status_key(p, s) for s in STATUSES),
-            *(s.key for s in staged),
-        ]
+        keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
+        keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
+        keys += [s.key for s in staged]
         args: list[Any] = [
             generation,
             state_json,
@@ -177,13 +181,7 @@ class ExecutionStore:
             len(staged),
             *plan_staged(staged),
         ]
-        reply = cast(list[Any], CHECKPOINT(self.client, keys, args))
-        code = int(reply[0])
-        if code == 2:
-            raise StagedWriteRefused(_text(reply[1]), _text(reply[2]))
-        if code == 3:
-            raise ExecutionKeyError(_text(reply[1]), _text(reply[2]))
-        return code == 1, code == 1 and int(reply[1]) == 1
+        return _checkpointed(cast(list[Any], CHECKPOINT(self.client, keys, args)))
 
     def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
         return [v is not None for v in get_many(self.client, [self.ks.cancel_key(e) for e in execution_ids])]

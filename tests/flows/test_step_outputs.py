@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from plaita.errors import BadTaskError
+from plaita.errors import BadTaskError, ConfigError
 from plaita.flows import Flow, FlowRunner, LeaseLostError, StepContext
 from plaita.store.executions import execution_key, status_key
 from plaita.store.keyspace import DEADLINES_KEY
@@ -230,3 +230,19 @@ def test_no_step_runs_after_the_lease_is_lost_at_a_step_boundary(h: Harness) -> 
     h.leases.release(lease)
     assert not thread.is_alive() and len(failure) == 1 and isinstance(failure[0], LeaseLostError), failure
     assert ledgers("l1", ["one", "two", "three"]) == [1, 0, 0]
+
+
+def test_a_state_stored_with_nan_before_json_was_strict_ends_in_error_not_a_loop(h: Harness) -> None:
+    h.run(start("g1", "signup"))
+    legacy = stored(h, "g1")
+    legacy["state"]["score"] = math.nan
+    h.client.set(execution_key("g1"), json.dumps(legacy))  # what an older plaita wrote
+    doc = h.run(resume("g1", "event", "a@b.c"))  # returns: the error is written, no redelivery
+    assert doc is not None and doc["status"] == "error" and doc["error"]["type"] == "NotSerializable"
+    assert "ctx.state['score']" in doc["error"]["message"]
+    stored(h, "g1")
+
+
+def test_a_retention_redis_cannot_expire_is_refused_at_start_up(h: Harness) -> None:
+    with pytest.raises(ConfigError, match="retention_s"):
+        FlowRunner(FLOWS, h.store, retention_s=10**19)
