@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from plaita.flows.validate import check_timeout_s, dumps
+from plaita.flows.validate import check_timeout_s
 from plaita.store.keyspace import hash_tag
 from plaita.store.staged import STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.tasks import CancelFlag
@@ -116,7 +117,7 @@ class StepContext:
             )
         ttl = check_ttl_s(ttl_s)
         try:
-            text = value if isinstance(value, str) else dumps(value)
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"cannot stage {type(value).__name__} to {key!r}: not strict JSON ({exc})") from None
         self.staged.append(Staged(op, key, text, ttl))

@@ -95,6 +95,15 @@ def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
     return code == 1, code == 1 and int(reply[1]) == 1
 
 
+def _strict_json(doc: dict[str, Any]) -> str:
+    """``doc`` as strict JSON; one stored before JSON was strict (NaN in its state) loses its
+    state, results and params rather than being written back with NaN."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return json.dumps({**doc, "state": {}, "results": {}, "params": {}}, ensure_ascii=False, allow_nan=False)
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
@@ -318,7 +327,7 @@ class ExecutionStore:
                     return False
                 doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
                 pipe.multi()
-                pipe.set(key, json.dumps(doc, ensure_ascii=False), ex=retention_s)
+                pipe.set(key, _strict_json(doc), ex=retention_s)
                 pipe.zrem(running, execution_id)
                 pipe.zadd(ks.status_key(p, "error"), {execution_id: now_s})
                 pipe.execute()

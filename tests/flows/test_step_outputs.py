@@ -246,3 +246,59 @@ def test_a_state_stored_with_nan_before_json_was_strict_ends_in_error_not_a_loop
 def test_a_retention_redis_cannot_expire_is_refused_at_start_up(h: Harness) -> None:
     with pytest.raises(ConfigError, match="retention_s"):
         FlowRunner(FLOWS, h.store, retention_s=10**19)
+
+
+def test_an_orphan_stored_with_nan_is_marked_in_strict_json(h: Harness) -> None:
+    doc = {"execution_id": "o1", "status": "running", "state": {"score": math.nan}, "params": {}}
+    h.client.set(execution_key("o1"), json.dumps(doc))
+    h.client.zadd(status_key("running"), {"o1": 100.0})
+    assert h.store.mark_orphaned("o1", 100.0, {"type": "Orphaned"}, time.time(), 3600)
+    marked = stored(h, "o1")
+    assert marked["status"] == "error" and marked["error"] == {"type": "Orphaned"}
+
+
+def _ctx() -> StepContext:
+    from plaita.tasks import CancelFlag
+
+    return StepContext(
+        execution_id="u1", flow_id="f", step="s", params={}, state={}, results={}, resume=None, attempt=1,
+        cancel=CancelFlag(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda c: c.stage("k", "v", ttl_s=10**19), "ttl_s"),
+        (lambda c: c.stage("k", "v", ttl_s=-1), "ttl_s"),
+        (lambda c: c.stage("k", "v", ttl_s=1.5), "whole number"),
+        (lambda c: c.stage("k", "v", ttl_s=True), "whole number"),
+        (lambda c: c.stage("k", {"x": math.nan}), "strict JSON"),
+        (lambda c: c.stage_push("k", math.inf), "strict JSON"),
+        (lambda c: c.stage("k", {1, 2}), "strict JSON"),
+        (lambda c: c.stage_incr("k", 10**30), "64-bit"),
+        (lambda c: c.stage_incr("k", 1.5), "whole number"),
+        (lambda c: c.stage_incr("k", math.nan), "whole number"),
+        (lambda c: c.suspend(timeout_s=math.nan), "timeout_s"),
+        (lambda c: c.suspend(timeout_s=math.inf), "timeout_s"),
+        (lambda c: c.suspend(timeout_s=1e308), "timeout_s"),
+        (lambda c: c.suspend(timeout_s=-1), "timeout_s"),
+        (lambda c: c.suspend(timeout_s="60"), "timeout_s"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_bad_staged_value_or_timeout_raises_in_the_step_at_the_call(call: Any, match: str) -> None:
+    ctx = _ctx()
+    with pytest.raises(ValueError, match=match):
+        call(ctx)
+    assert ctx.staged == []
+
+
+def test_sane_staged_values_and_timeouts_are_accepted() -> None:
+    ctx = _ctx()
+    ctx.stage("a", {"x": 1.5}, ttl_s=3600.0)
+    ctx.stage_incr("b", -(2**63))
+    ctx.stage_push("c", "text", ttl_s=10 * 365 * 24 * 3600)
+    assert [(s.op, s.value, s.ttl_s) for s in ctx.staged] == [
+        ("set", '{"x": 1.5}', 3600), ("incrby", str(-(2**63)), 0), ("rpush", "text", 10 * 365 * 24 * 3600)
+    ]  # fmt: skip
+    assert ctx.suspend(timeout_s=0).timeout_s == 0.0 and ctx.suspend().timeout_s is None
