@@ -95,7 +95,7 @@ class StepContext:
 
     def stage_incr(self, key: str, amount: int = 1, *, ttl_s: int = 0) -> None:
         """INCRBY ``key`` with this step's checkpoint (``amount`` a signed 64-bit integer)."""
-        self._stage("incrby", key, check_amount(amount), ttl_s)
+        self._stage("incrby", key, amount, ttl_s)
 
     def stage_push(self, key: str, value: Any, *, ttl_s: int = 0) -> None:
         """RPUSH ``value`` onto ``key`` with this step's checkpoint."""
@@ -115,9 +115,20 @@ class StepContext:
                 f"cannot stage a write to {key!r}: with partitions a staged key must carry the execution's hash "
                 f"tag {self.slot_tag} (use ctx.key({key!r}))"
             )
-        ttl = check_ttl_s(ttl_s)
         try:
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, allow_nan=False)
+            ttl = check_ttl_s(ttl_s)
+            text = self._text(op, value)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"cannot stage {type(value).__name__} to {key!r}: not strict JSON ({exc})") from None
+            raise ValueError(f"cannot stage {op} {key!r}: {exc}") from None
         self.staged.append(Staged(op, key, text, ttl))
+
+    @staticmethod
+    def _text(op: str, value: Any) -> str:
+        if op == "incrby":
+            return str(check_amount(value))
+        if isinstance(value, str):
+            return value
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{type(value).__name__} is not strict JSON ({exc})") from None

@@ -106,8 +106,8 @@ def runs(h: Harness, eid: str) -> int:
     ("bad", "kind", "named"),
     [
         ("list", "StagedWriteRefused", "app:list"),
-        ("ttl", "ValueError", "ttl_s"),
-        ("amount", "ValueError", "64-bit"),
+        ("ttl", "ValueError", "'app:ttl': ttl_s"),
+        ("amount", "ValueError", "'app:big': the increment"),
         ("text-then-incr", "StagedWriteRefused", "app:t"),
     ],
 )
