@@ -16,7 +16,7 @@ from bench.common import WorkerProcess, client_for, enqueue, median, wait_for
 
 FLOW_STEPS = 3
 #: Commands Redis counts when the checkpoint, create and lease scripts run them (not round trips).
-SCRIPT_INNER = {"get", "set", "zadd", "zrem", "exists", "expire", "incr", "incrby", "rpush", "del", "pexpire",
+SCRIPT_INNER = {"get", "set", "type", "zadd", "zrem", "exists", "expire", "incr", "incrby", "rpush", "del", "pexpire",
                 "zremrangebyscore"}  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from plaita.errors import PlaitaError
 from plaita.flows import model
+from plaita.flows.validate import require_json
 from plaita.store.executions import TERMINAL, ExecutionStore
 from plaita.store.streams import StreamQueue
 
@@ -50,6 +51,7 @@ class FlowClient:
         """Enqueue a start; returns the execution id (an earlier one when ``dedup_key`` was seen)."""
         if params is not None and not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object)")
+        require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
         ks = self.queue.keyspace
         if (
             dedup_key is not None
@@ -78,6 +80,7 @@ class FlowClient:
         """
         if resume_type not in model.RESUME_TYPES:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
+        require_json(data, "data")
         doc = self._require(execution_id)
         body = model.resume_body(execution_id, resume_type, flow_id=doc.get("flow_id"), data=data, resume_id=resume_id)
         return self.queue.enqueue(body)

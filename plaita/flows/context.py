@@ -6,8 +6,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from plaita.store.executions import STAGE_OPS, Staged
+from plaita.flows.validate import check_timeout_s
 from plaita.store.keyspace import hash_tag
+from plaita.store.staged import STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.tasks import CancelFlag
 
 #: Staged writes may not touch execution bookkeeping: the checkpoint owns those keys.
@@ -27,9 +28,13 @@ class Suspend:
     """Returned by a step (``return ctx.suspend(...)``): checkpoint and wait for a resume.
 
     The same step runs again when the execution is resumed, with ``ctx.resume`` set.
+    ``timeout_s`` is None (no timeout) or finite seconds in [0, 10 years]; ValueError otherwise.
     """
 
     timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "timeout_s", check_timeout_s(self.timeout_s))
 
 
 class StepContext:
@@ -73,22 +78,24 @@ class StepContext:
         return self.cancel.is_set()
 
     def suspend(self, timeout_s: float | None = None) -> Suspend:
-        """The value to return to suspend; past ``timeout_s`` the keeper resumes with ``timeout``."""
-        if timeout_s is not None and timeout_s < 0:
-            raise ValueError("timeout_s must be >= 0")
+        """The value to return to suspend; past ``timeout_s`` the keeper resumes with ``timeout``.
+        ValueError unless ``timeout_s`` is None or finite seconds in [0, 10 years]."""
         return Suspend(timeout_s)
 
     def goto(self, step_name: str) -> None:
         """Run ``step_name`` next instead of the following step (branches and loops)."""
         self.next_step = step_name
 
+    # Every staged value is checked here, where the step can see the error: a checkpoint
+    # writes all of its staged writes or none (a key of the wrong type refuses the whole step).
     def stage(self, key: str, value: Any, *, ttl_s: int = 0) -> None:
-        """SET ``key`` atomically with this step's checkpoint: it happens exactly once."""
+        """SET ``key`` atomically with this step's checkpoint: it happens exactly once.
+        ``ttl_s``: 0 (none) to 10 years; ``value``: a str as is, else strict JSON."""
         self._stage("set", key, value, ttl_s)
 
     def stage_incr(self, key: str, amount: int = 1, *, ttl_s: int = 0) -> None:
-        """INCRBY ``key`` with this step's checkpoint."""
-        self._stage("incrby", key, int(amount), ttl_s)
+        """INCRBY ``key`` with this step's checkpoint (``amount`` a signed 64-bit integer)."""
+        self._stage("incrby", key, amount, ttl_s)
 
     def stage_push(self, key: str, value: Any, *, ttl_s: int = 0) -> None:
         """RPUSH ``value`` onto ``key`` with this step's checkpoint."""
@@ -108,5 +115,20 @@ class StepContext:
                 f"cannot stage a write to {key!r}: with partitions a staged key must carry the execution's hash "
                 f"tag {self.slot_tag} (use ctx.key({key!r}))"
             )
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        self.staged.append(Staged(op, key, text, max(0, int(ttl_s))))
+        try:
+            ttl = check_ttl_s(ttl_s)
+            text = self._text(op, value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cannot stage {op} {key!r}: {exc}") from None
+        self.staged.append(Staged(op, key, text, ttl))
+
+    @staticmethod
+    def _text(op: str, value: Any) -> str:
+        if op == "incrby":
+            return str(check_amount(value))
+        if isinstance(value, str):
+            return value
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{type(value).__name__} is not strict JSON ({exc})") from None

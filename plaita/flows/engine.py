@@ -27,6 +27,7 @@ from plaita.flows import model
 from plaita.flows.checkpoint import Checkpointer, LeaseLostError, Run, call_io, encode
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
+from plaita.flows.validate import StepOutputError, require_task_json
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
 from plaita.store.executions import TERMINAL, ExecutionStore
@@ -150,6 +151,7 @@ class FlowRunner:
         dedup = body.get("dedup_key")
         dedup = str(dedup) if dedup not in (None, "") else None
         doc = model.new_execution(eid, flow, params, dedup_key=dedup, now_s=self._clock())
+        require_task_json(params, "start 'params'")
         text = encode(doc)
         if len(text.encode("utf-8")) > self.max_state_bytes:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
@@ -209,6 +211,7 @@ class FlowRunner:
         if rtype == "cancel" or cancel:
             await self._end(run, "cancelled")
             return None
+        require_task_json(body.get("data"), "resume 'data'")
         if status == "suspended":
             model.apply_resume(doc, rtype, body.get("data"), rid)
         elif rtype != "retry":
@@ -275,7 +278,12 @@ class FlowRunner:
         finally:
             self._watch.remove(ctx)
         self._step_finished(run, step, "suspended" if isinstance(value, Suspend) else "ok", began_s)
-        return await self._succeeded(run, step, ctx, value, started_s)
+        before = run.snapshot()
+        try:
+            return await self._succeeded(run, step, ctx, value, started_s)
+        except StepOutputError as exc:  # nothing was written: a failed attempt of the step
+            run.restore(before)
+            return await self._failed(run, step, ctx, exc, started_s)
 
     def _step_finished(self, run: Run, step: Step, outcome: str, began_s: float) -> None:
         if self.observer is not None:
@@ -296,16 +304,6 @@ class FlowRunner:
         doc, now_s = run.doc, self._clock()
         if isinstance(value, Suspend):
             return await self._suspended(run, step, ctx, value, started_s)
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            return await self._fail_now(
-                run,
-                step,
-                "NotSerializable",
-                f"step {step.name!r} returned a value that is not JSON-serialisable ({type(value).__name__}): {exc}",
-                ctx.attempt,
-            )
         if ctx.next_step is not None:
             index = run.flow.index_of(ctx.next_step)
             if index is None:
@@ -355,7 +353,8 @@ class FlowRunner:
         policy, attempt = step.retry, ctx.attempt
         desc = model.describe_exception(exc)
         where = f"execution {ctx.execution_id}: step {step.name!r}"
-        if not policy.retryable(exc) or attempt >= policy.max_attempts:
+        retryable = isinstance(exc, StepOutputError) or policy.retryable(exc)
+        if not retryable or attempt >= policy.max_attempts:
             logger.warning("%s failed for good (attempt %d): %s", where, attempt, desc)
             model.add_history(doc, model.history_entry(step.name, attempt, started_s, now_s, "error", desc))
             doc.update(attempt=attempt, error=model.error_from_exception(step.name, exc, attempt), ended_at=now_s)

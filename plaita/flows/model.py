@@ -84,7 +84,7 @@ def error_from_exception(step: str, exc: BaseException, attempts: int) -> dict[s
     text = "".join(traceback.format_exception(exc))
     return {
         "step": step,
-        "type": type(exc).__name__,
+        "type": getattr(exc, "kind", None) or type(exc).__name__,
         "message": str(exc)[:2000],
         "attempts": attempts,
         "traceback": text[-TRACEBACK_CHARS:],

@@ -18,8 +18,8 @@ and the step's staged writes are written together. Every key a script touches is
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -36,6 +36,8 @@ from plaita.store.keyspace import (
     STATUS_PREFIX,
     Keyspace,
 )
+from plaita.store.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
+from plaita.store.staged import plan as plan_staged
 from plaita.store.stream_scan import stream_execution_ids
 
 __all__ = [
@@ -43,8 +45,12 @@ __all__ = [
     "DEADLINES_KEY",
     "DEDUP_PREFIX",
     "EXECUTION_PREFIX",
+    "STAGE_OPS",
     "STATUS_PREFIX",
+    "ExecutionKeyError",
     "ExecutionStore",
+    "Staged",
+    "StagedWriteRefused",
     "UnreadableExecution",
     "stream_execution_ids",
 ]
@@ -56,8 +62,6 @@ STATUSES = ("running", "suspended", "completed", "error", "cancelled")
 TERMINAL = frozenset({"completed", "error", "cancelled"})
 #: Cancel flags and dedup keys outlive any execution that could still use them.
 FLAG_TTL_S = 7 * 24 * 3600
-#: Staged write operations a step may queue.
-STAGE_OPS = frozenset({"set", "incrby", "rpush"})
 
 
 CHECKPOINT = scripts.script("checkpoint_execution")
@@ -84,14 +88,23 @@ def status_key(status: str) -> str:
     return DEFAULT.status_key(0, status)
 
 
-@dataclass(frozen=True)
-class Staged:
-    """One write a step queued to commit with its checkpoint."""
+def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
+    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names."""
+    code = int(reply[0])
+    if code == 2:
+        raise StagedWriteRefused(_text(reply[1]), _text(reply[2]))
+    if code == 3:
+        raise ExecutionKeyError(_text(reply[1]), _text(reply[2]))
+    return code == 1, code == 1 and int(reply[1]) == 1
 
-    op: str
-    key: str
-    value: str
-    ttl_s: int = 0
+
+def _strict_json(doc: dict[str, Any]) -> str:
+    """``doc`` as strict JSON; one stored before JSON was strict (NaN in its state) loses its
+    state, results and params rather than being written back with NaN."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return json.dumps({**doc, "state": {}, "results": {}, "params": {}}, ensure_ascii=False, allow_nan=False)
 
 
 def _text(value: Any) -> str:
@@ -157,7 +170,8 @@ class ExecutionStore:
     def create(
         self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
     ) -> tuple[int, str, bool]:
-        """Create the state under the lease: (code, text, cancel requested); see CREATE."""
+        """Create the state under the lease: (code, text, cancel requested); see CREATE.
+        ExecutionKeyError (nothing written) when one of its keys holds the wrong type."""
         ks, p = self.ks, self.ks.partition_of(execution_id)
         keys = [
             ks.lease_key(execution_id),
@@ -170,6 +184,8 @@ class ExecutionStore:
             keys.append(ks.dedup_key(p, dedup))
         args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
         code, text, cancel = CREATE(self.client, keys, args)
+        if int(code) == 4:
+            raise ExecutionKeyError(_text(text), "holds the wrong type")
         return int(code), _text(text), int(cancel) == 1
 
     def checkpoint(
@@ -184,17 +200,18 @@ class ExecutionStore:
         retention_s: int = 0,
         staged: Sequence[Staged] = (),
     ) -> tuple[bool, bool]:
-        """One fenced write of the state, index, deadline and staged writes: (written, cancel requested)."""
+        """One fenced write of the state, index, deadline and staged writes: (written, cancel requested).
+
+        All or nothing. StagedWriteRefused for a staged write Redis would refuse (checked here,
+        or by the script against the key's current type and value), ExecutionKeyError for a
+        wrong-typed index: in both cases nothing was written.
+        """
+        if deadline_s is not None and not math.isfinite(deadline_s):
+            raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
         ks, p = self.ks, self.ks.partition_of(execution_id)
-        keys = [
-            ks.lease_key(execution_id),
-            ks.fence_key(execution_id),
-            ks.execution_key(execution_id),
-            ks.cancel_key(execution_id),
-            ks.deadlines_key(p),
-            *(ks.status_key(p, s) for s in STATUSES),
-            *(s.key for s in staged),
-        ]
+        keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
+        keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
+        keys += [s.key for s in staged]
         args: list[Any] = [
             generation,
             state_json,
@@ -204,11 +221,9 @@ class ExecutionStore:
             "" if deadline_s is None else repr(deadline_s),
             retention_s if status in TERMINAL else 0,
             len(staged),
+            *plan_staged(staged),
         ]
-        for s in staged:
-            args.extend((s.op, s.value, s.ttl_s))
-        ok, cancel = CHECKPOINT(self.client, keys, args)
-        return int(ok) == 1, int(cancel) == 1
+        return _checkpointed(cast(list[Any], CHECKPOINT(self.client, keys, args)))
 
     def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
         return [v is not None for v in get_many(self.client, [self.ks.cancel_key(e) for e in execution_ids])]
@@ -379,7 +394,7 @@ class ExecutionStore:
                     return False
                 doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
                 pipe.multi()
-                pipe.set(key, json.dumps(doc, ensure_ascii=False), ex=retention_s)
+                pipe.set(key, _strict_json(doc), ex=retention_s)
                 pipe.zrem(running, execution_id)
                 pipe.zadd(ks.status_key(p, "error"), {execution_id: now_s})
                 pipe.execute()

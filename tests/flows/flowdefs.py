@@ -107,7 +107,7 @@ def wobble(ctx: StepContext) -> dict[str, Any]:
 bad_result = Flow("bad_result")
 
 
-@bad_result.step
+@bad_result.step(max_attempts=2, base_s=0.01, cap_s=0.02)
 def unserialisable(ctx: StepContext) -> Any:
     return {"when": object()}
 
@@ -203,3 +203,31 @@ async def async_awaits(ctx: StepContext) -> dict[str, Any]:
 
 
 FLOWS.append(mixed)
+
+
+refused = Flow("refused")
+
+
+@refused.step(max_attempts=2, base_s=0.01, cap_s=0.02)
+def stage_three(ctx: StepContext) -> dict[str, Any]:
+    """Issue 18's half checkpoint: good, a write Redis refuses (a list under INCRBY), good."""
+    _count(ctx)
+    ctx.stage_incr(ctx.key(f"app:good1:{ctx.execution_id}"))
+    ctx.stage_incr(ctx.key(f"app:list:{ctx.execution_id}"))
+    ctx.stage_incr(ctx.key(f"app:good2:{ctx.execution_id}"))
+    return {"staged": 3}
+
+
+stamp = Flow("stamp")
+
+
+@stamp.step(max_attempts=2, base_s=0.01, cap_s=0.02)
+def stamp_state(ctx: StepContext) -> None:
+    """Issue 18's in-place state that is not JSON."""
+    import datetime
+
+    _count(ctx)
+    ctx.state["when"] = datetime.datetime.now()
+
+
+FLOWS += [refused, stamp]

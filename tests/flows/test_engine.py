@@ -14,6 +14,7 @@ from plaita.errors import BadTaskError, ConfigError
 from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows, model
 from plaita.store.executions import status_key
 from plaita.store.leases import Lease
+from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, ledgers, resume, start
 
 pytestmark = pytest.mark.redis
@@ -226,7 +227,7 @@ def test_flow_changed_is_refused_unless_a_compatible_version(h: Harness, redis_u
 
 def test_load_flows(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = load_flows(["tests.flows.flowdefs"])
-    assert registry.get("ledger3") is not None and len(registry) == 9
+    assert registry.get("ledger3") is not None and len(registry) == len(flowdefs.FLOWS) == 11
     with pytest.raises(ConfigError, match="cannot import"):
         load_flows(["tests.flows.no_such_module"])
     with pytest.raises(ConfigError, match="no Flow"):

@@ -1,6 +1,11 @@
 -- One step's checkpoint of a flow execution, fenced: written only while the writer's lease
 -- generation still holds the execution and no newer generation exists. Writes the state, the
--- status index, the suspension deadline and the step's staged writes together.
+-- status index, the suspension deadline and the step's staged writes together: all or nothing.
+-- Redis does not roll back a script whose later command fails, so nothing after the first write
+-- may fail: the caller checked every value (TTLs, increments, deadline, state size); the staged
+-- keys (type, and for INCRBY the integer value and range) and the deadlines index are checked
+-- here; the first write is the ZADD to the status index, which fails alone if that key is not
+-- a sorted set; a ZREM from a wrong-typed index has nothing to remove and is ignored.
 -- KEYS[1]  lease key
 -- KEYS[2]  fence counter
 -- KEYS[3]  execution state
@@ -15,29 +20,67 @@
 -- ARGV[5]  execution id (the index member)
 -- ARGV[6]  deadline (epoch seconds) or '' for none
 -- ARGV[7]  retention seconds when terminal, else 0
--- ARGV[8]  number of staged writes, then per write: op (set | incrby | rpush), value, ttl_s (0 = none)
--- Returns  {1, cancel_requested} written, {0, 0} refused
-local cur = redis.call('GET', KEYS[1])
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence ~= tonumber(ARGV[1]) or not cur then return {0, 0} end
+-- ARGV[8]  number of staged writes, then per write: op (set | incrby | rpush), value, ttl_s
+--          (0 = none), and what the key must hold now: '' anything, 'list' a list or nothing,
+--          'int:<lo>:<hi>' nothing or an integer string in [lo, hi]
+-- Returns  {1, cancel_requested} written; {0, 0} refused (fenced out, also when the lease or
+--          fence key is not a string); {2, key, why} a staged write Redis would refuse; {3, key,
+--          why} an index key of the wrong type. Nothing is written unless the reply is {1, ...}.
+local cur = redis.pcall('GET', KEYS[1])
+local fence = redis.pcall('GET', KEYS[2])
+if type(cur) ~= 'string' or type(fence) ~= 'string' or tonumber(fence) ~= tonumber(ARGV[1]) then return {0, 0} end
 local suffix = ':' .. ARGV[1]
 if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, 0} end
+local function kind(key) return redis.call('TYPE', key).ok end
+-- Signed decimal integers without leading zeros (Redis's own format), compared exactly.
+local function cmp(a, b)
+  local na, nb = string.sub(a, 1, 1) == '-', string.sub(b, 1, 1) == '-'
+  if na ~= nb then return na and -1 or 1 end
+  local r = 0
+  if #a ~= #b then r = (#a < #b) and -1 or 1 elseif a ~= b then r = (a < b) and -1 or 1 end
+  return na and -r or r
+end
+local function refusal(key, need)
+  if need == '' then return nil end
+  if need == 'list' then
+    local t = kind(key)
+    if t ~= 'none' and t ~= 'list' then return 'RPUSH on a key holding a ' .. t end
+    return nil
+  end
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then return 'INCRBY on a key holding a ' .. kind(key) end
+  v = v or '0'
+  if not (v == '0' or string.match(v, '^%-?[1-9]%d*$')) then return 'INCRBY on a value that is not an integer' end
+  local lo, hi = string.match(need, '^int:(%-?%d+):(%-?%d+)$')
+  if cmp(v, lo) < 0 or cmp(v, hi) > 0 then return 'INCRBY on ' .. v .. ' would overflow signed 64 bits' end
+  return nil
+end
+local function wrong_index(key)
+  return {3, key, 'holds a ' .. kind(key) .. ', not a sorted set'}
+end
+local n = tonumber(ARGV[8])
+for i = 1, n do
+  local why = refusal(KEYS[10 + i], ARGV[4 * i + 8])
+  if why then return {2, KEYS[10 + i], why} end
+end
+if ARGV[6] ~= '' and kind(KEYS[5]) ~= 'zset' and kind(KEYS[5]) ~= 'none' then return wrong_index(KEYS[5]) end
 local status = tonumber(ARGV[3])
 local retention = tonumber(ARGV[7])
+local index = KEYS[5 + status]
+if type(redis.pcall('ZADD', index, ARGV[4], ARGV[5])) == 'table' then return wrong_index(index) end
 redis.call('SET', KEYS[3], ARGV[2])
 for i = 1, 5 do
-  if i == status then redis.call('ZADD', KEYS[5 + i], ARGV[4], ARGV[5])
-  else redis.call('ZREM', KEYS[5 + i], ARGV[5]) end
+  if i ~= status then redis.pcall('ZREM', KEYS[5 + i], ARGV[5]) end
 end
 if ARGV[6] ~= '' then redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
-else redis.call('ZREM', KEYS[5], ARGV[5]) end
+else redis.pcall('ZREM', KEYS[5], ARGV[5]) end
 if retention > 0 then
   redis.call('EXPIRE', KEYS[3], retention)
-  redis.call('ZREMRANGEBYSCORE', KEYS[5 + status], '-inf', tonumber(ARGV[4]) - retention)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - retention)
   redis.call('DEL', KEYS[4])
 end
-for i = 1, tonumber(ARGV[8]) do
-  local key, op, value, ttl = KEYS[10 + i], ARGV[3 * i + 6], ARGV[3 * i + 7], tonumber(ARGV[3 * i + 8])
+for i = 1, n do
+  local key, op, value, ttl = KEYS[10 + i], ARGV[4 * i + 5], ARGV[4 * i + 6], tonumber(ARGV[4 * i + 7])
   if op == 'set' then redis.call('SET', key, value)
   elseif op == 'incrby' then redis.call('INCRBY', key, value)
   else redis.call('RPUSH', key, value) end

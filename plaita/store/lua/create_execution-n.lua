@@ -1,5 +1,6 @@
 -- Create a flow execution under its lease (fenced like a checkpoint), or report why not. A
 -- start's one round trip: it also returns an existing execution's state and the cancel flag.
+-- All or nothing: every key is checked before the first write.
 -- KEYS[1]  lease key
 -- KEYS[2]  fence counter
 -- KEYS[3]  execution state
@@ -12,13 +13,21 @@
 -- ARGV[4]  execution id
 -- ARGV[5]  dedup key TTL in seconds
 -- Returns  {code, text, cancel_requested}: 1 created; 0 refused (fenced out); 2 the dedup key
---          started execution <text>; 3 the execution exists and <text> is its state
+--          started execution <text>; 3 the execution exists and <text> is its state; 4 key
+--          <text> holds the wrong type (nothing written)
+local function kind(key) return redis.call('TYPE', key).ok end
+if kind(KEYS[1]) ~= 'string' or kind(KEYS[2]) ~= 'string' then return {0, '', 0} end
 local cur = redis.call('GET', KEYS[1])
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence ~= tonumber(ARGV[1]) or not cur then return {0, '', 0} end
+local fence = tonumber(redis.call('GET', KEYS[2]))
+if fence ~= tonumber(ARGV[1]) then return {0, '', 0} end
 local suffix = ':' .. ARGV[1]
 if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, '', 0} end
 local cancel = redis.call('EXISTS', KEYS[5])
+local want = {[3] = 'string', [4] = 'zset', [6] = 'string'}
+for i = 3, #KEYS do
+  local t = kind(KEYS[i])
+  if want[i] and t ~= 'none' and t ~= want[i] then return {4, KEYS[i], cancel} end
+end
 local existing = redis.call('GET', KEYS[3])
 if existing then return {3, existing, cancel} end
 if #KEYS >= 6 then

@@ -1,0 +1,289 @@
+"""A checkpoint (and a create) is all or nothing: every refusal, at every write position, leaves
+every key it would have touched exactly as it was. Real Redis, real leases, the store's own calls."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from plaita.store.executions import (
+    FLAG_TTL_S,
+    STATUSES,
+    ExecutionKeyError,
+    ExecutionStore,
+    Staged,
+    StagedWriteRefused,
+    cancel_key,
+    dedup_key,
+    execution_key,
+    status_key,
+)
+from plaita.store.keyspace import DEADLINES_KEY
+from plaita.store.leases import Lease, LeaseManager, fence_key, lease_key
+
+pytestmark = pytest.mark.redis
+
+MAX = 2**63 - 1
+MIN = -(2**63)
+GOOD = [Staged("incrby", "app:good1", "1"), Staged("set", "app:good2", "v", 60), Staged("rpush", "app:good3", "x")]
+
+
+def read_key(client: redis.Redis, key: str) -> tuple[Any, ...]:
+    """Everything observable about ``key``: type, value and whether it has a TTL."""
+    kind = client.type(key).decode()  # type: ignore[union-attr]
+    readers = {
+        "string": lambda: client.get(key),
+        "list": lambda: client.lrange(key, 0, -1),
+        "hash": lambda: client.hgetall(key),
+        "zset": lambda: client.zrange(key, 0, -1, withscores=True),
+        "set": lambda: sorted(client.smembers(key)),  # type: ignore[arg-type]
+    }
+    value = readers[kind]() if kind in readers else None
+    return kind, value, int(client.pttl(key)) > 0  # type: ignore[arg-type]
+
+
+def watched(eid: str, extra: list[str]) -> list[str]:
+    return [
+        execution_key(eid),
+        cancel_key(eid),
+        DEADLINES_KEY,
+        *(status_key(s) for s in STATUSES),
+        *(s.key for s in GOOD),
+        *extra,
+    ]
+
+
+def snapshot(client: redis.Redis, keys: list[str]) -> dict[str, tuple[Any, ...]]:
+    return {k: read_key(client, k) for k in keys}
+
+
+class Setup:
+    """A created execution ``eid`` under a held lease, state ``{"n": 0}``, running."""
+
+    def __init__(self, client: redis.Redis, eid: str) -> None:
+        self.client, self.eid = client, eid
+        self.store = ExecutionStore(client)
+        self.leases = LeaseManager(client, consumer=f"atomic-{eid}", ttl_s=30.0)
+        lease = self.leases.acquire(eid)
+        assert isinstance(lease, Lease)
+        self.lease = lease
+        code, _, _ = self.store.create(eid, lease.generation, json.dumps({"n": 0}), time.time(), None)
+        assert code == 1
+
+    def checkpoint(self, staged: list[Staged], *, status: str = "completed", generation: int | None = None) -> bool:
+        gen = self.lease.generation if generation is None else generation
+        ok, _ = self.store.checkpoint(
+            self.eid,
+            gen,
+            json.dumps({"n": 1}),
+            status=status,
+            now_s=time.time(),
+            deadline_s=time.time() + 60 if status == "suspended" else None,
+            retention_s=3600,
+            staged=staged,
+        )
+        return ok
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url, socket_timeout=5)
+    yield c
+    c.close()
+
+
+def test_control_the_same_checkpoint_without_its_bad_write_lands_whole(client: redis.Redis) -> None:
+    s = Setup(client, "ok1")
+    assert s.checkpoint(GOOD)
+    assert json.loads(client.get(execution_key("ok1"))) == {"n": 1}  # type: ignore[arg-type]
+    assert client.get("app:good1") == b"1" and client.get("app:good2") == b"v"
+    assert 0 < int(client.ttl("app:good2")) <= 60  # type: ignore[arg-type]
+    assert client.lrange("app:good3", 0, -1) == [b"x"]
+    assert client.zscore(status_key("completed"), "ok1") is not None
+
+
+# (setup of the bad key in Redis, the bad staged write, what the refusal must name)
+LUA_REFUSALS = {
+    "incrby-on-list": (("rpush", "app:bad", "a"), Staged("incrby", "app:bad", "1"), "list"),
+    "incrby-on-hash": (("hset", "app:bad", "f", "v"), Staged("incrby", "app:bad", "1"), "hash"),
+    "incrby-on-text": (("set", "app:bad", "abc"), Staged("incrby", "app:bad", "1"), "not an integer"),
+    "incrby-on-padded-int": (("set", "app:bad", "07"), Staged("incrby", "app:bad", "1"), "not an integer"),
+    "incrby-overflow": (("set", "app:bad", str(MAX)), Staged("incrby", "app:bad", "1"), "overflow"),
+    "incrby-underflow": (("set", "app:bad", str(MIN)), Staged("incrby", "app:bad", "-1"), "overflow"),
+    "rpush-on-string": (("set", "app:bad", "abc"), Staged("rpush", "app:bad", "x"), "string"),
+    "rpush-on-zset": (("zadd", "app:bad", {"m": 1}), Staged("rpush", "app:bad", "x"), "zset"),
+    "rpush-with-ttl-on-set": (("sadd", "app:bad", "m"), Staged("rpush", "app:bad", "x", 30), "set"),
+}
+# Bad values the store refuses before calling Redis (the script would fail after writing).
+PY_REFUSALS = {
+    "ttl-too-large": Staged("set", "app:bad", "v", 10**19),
+    "ttl-negative": Staged("set", "app:bad", "v", -1),
+    "incrby-amount-too-large": Staged("incrby", "app:bad", str(10**30)),
+    "incrby-amount-not-integer": Staged("incrby", "app:bad", "1.5"),
+    "unknown-op": Staged("lpush", "app:bad", "x"),
+}
+POSITIONS = {"first": 0, "middle": 1, "last": len(GOOD)}
+
+
+def _with_bad(bad: Staged, position: str) -> list[Staged]:
+    writes = list(GOOD)
+    writes.insert(POSITIONS[position], bad)
+    return writes
+
+
+@pytest.mark.parametrize("position", list(POSITIONS))
+@pytest.mark.parametrize("case", list(LUA_REFUSALS))
+def test_a_staged_write_redis_would_refuse_writes_nothing(client: redis.Redis, case: str, position: str) -> None:
+    (command, *args), bad, named = LUA_REFUSALS[case]
+    s = Setup(client, "a1")
+    getattr(client, command)(*args)
+    keys = watched("a1", ["app:bad"])
+    before = snapshot(client, keys)
+    with pytest.raises(StagedWriteRefused, match=named) as caught:
+        s.checkpoint(_with_bad(bad, position))
+    assert caught.value.key == "app:bad"
+    assert snapshot(client, keys) == before
+
+
+@pytest.mark.parametrize("position", list(POSITIONS))
+@pytest.mark.parametrize("case", list(PY_REFUSALS))
+def test_a_bad_staged_value_writes_nothing(client: redis.Redis, case: str, position: str) -> None:
+    s = Setup(client, "p1")
+    keys = watched("p1", ["app:bad"])
+    before = snapshot(client, keys)
+    with pytest.raises(StagedWriteRefused) as caught:
+        s.checkpoint(_with_bad(PY_REFUSALS[case], position))
+    assert caught.value.key == "app:bad"
+    assert snapshot(client, keys) == before
+
+
+# Writes of one checkpoint that only fail because of an earlier write of the same checkpoint.
+CHAINS = {
+    "set-text-then-incrby": [Staged("set", "app:bad", "abc"), Staged("incrby", "app:bad", "1")],
+    "set-max-then-incrby": [Staged("set", "app:bad", str(MAX)), Staged("incrby", "app:bad", "1")],
+    "rpush-then-incrby": [Staged("rpush", "app:bad", "x"), Staged("incrby", "app:bad", "1")],
+    "incrby-then-rpush": [Staged("incrby", "app:bad", "1"), Staged("rpush", "app:bad", "x")],
+    "set-then-rpush": [Staged("set", "app:bad", "v"), Staged("rpush", "app:bad", "x")],
+    "increments-overflow-together": [Staged("incrby", "app:bad", str(MAX)), Staged("incrby", "app:bad", str(MAX))],
+}
+
+
+@pytest.mark.parametrize("case", list(CHAINS))
+def test_a_write_refused_because_of_an_earlier_one_writes_nothing(client: redis.Redis, case: str) -> None:
+    s = Setup(client, "c1")
+    keys = watched("c1", ["app:bad"])
+    before = snapshot(client, keys)
+    with pytest.raises(StagedWriteRefused, match="app:bad"):
+        s.checkpoint([GOOD[0], *CHAINS[case], GOOD[1]])
+    assert snapshot(client, keys) == before
+
+
+def test_an_incrby_chain_within_range_of_the_current_value_lands(client: redis.Redis) -> None:
+    s = Setup(client, "c2")
+    client.set("app:n", str(MAX - 5))
+    chain = [Staged("incrby", "app:n", "-10"), Staged("incrby", "app:n", "15"), Staged("incrby", "app:n", "-3")]
+    assert s.checkpoint(chain)
+    assert int(client.get("app:n")) == MAX - 3  # type: ignore[arg-type]
+    s2 = Setup(client, "c3")
+    with pytest.raises(StagedWriteRefused, match="overflow"):  # MAX - 3 - 10 + 15 > MAX on the way
+        s2.checkpoint(chain)
+    assert int(client.get("app:n")) == MAX - 3  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("index", [DEADLINES_KEY, *(status_key(s) for s in STATUSES)])
+def test_a_wrong_typed_index_key_refuses_the_checkpoint_that_adds_to_it(
+    client: redis.Redis, index: str, status: str
+) -> None:
+    """The index the checkpoint adds to must be a sorted set (else nothing is written); one it
+    only removes the execution from holds no member, so the checkpoint lands whole."""
+    s = Setup(client, "i1")
+    client.delete(index)
+    client.set(index, "not a sorted set")
+    keys = watched("i1", [])
+    before = snapshot(client, keys)
+    adds = index == status_key(status) or (index == DEADLINES_KEY and status == "suspended")
+    if not adds:
+        assert s.checkpoint(GOOD, status=status)
+        assert json.loads(client.get(execution_key("i1"))) == {"n": 1}  # type: ignore[arg-type]
+        assert client.get("app:good1") == b"1" and client.get(index) == b"not a sorted set"
+        return
+    with pytest.raises(ExecutionKeyError, match="not a sorted set") as caught:
+        s.checkpoint(GOOD, status=status)
+    assert caught.value.key == index
+    assert snapshot(client, keys) == before
+
+
+def _stale_lease(s: Setup) -> None:
+    s.leases.release(s.lease)  # the same holder takes it again: generation + 1
+    again = s.leases.acquire(s.eid)
+    assert isinstance(again, Lease) and again.generation == s.lease.generation + 1
+
+
+FENCED_OUT = {
+    # Only the fence counter moved on (the lease value still ends in our generation).
+    "fence-advanced": lambda s: s.client.incr(fence_key(s.eid)),
+    # Only the lease moved on: another holder's value, the fence counter untouched.
+    "lease-taken": lambda s: s.client.set(lease_key(s.eid), f"worker:other@x:{s.lease.generation + 1}", px=30_000),
+    "lease-expired": lambda s: s.client.delete(lease_key(s.eid)),
+    "same-holder-reacquired": _stale_lease,
+    "lease-wrong-type": lambda s: (s.client.delete(lease_key(s.eid)), s.client.rpush(lease_key(s.eid), "x")),
+}
+
+
+@pytest.mark.parametrize("case", list(FENCED_OUT))
+@pytest.mark.parametrize("with_staged", [False, True])
+def test_a_fenced_out_checkpoint_writes_neither_state_nor_staged_keys(
+    client: redis.Redis, case: str, with_staged: bool
+) -> None:
+    s = Setup(client, "f1")
+    client.set(cancel_key("f1"), "1")  # a terminal checkpoint would delete it
+    FENCED_OUT[case](s)
+    keys = watched("f1", [])
+    before = snapshot(client, keys)
+    assert s.checkpoint(GOOD if with_staged else [], status="completed") is False
+    assert snapshot(client, keys) == before
+    assert json.loads(client.get(execution_key("f1"))) == {"n": 0}  # type: ignore[arg-type]
+
+
+# -- the create script ---------------------------------------------------------------------
+def _create(client: redis.Redis, eid: str, dedup: str | None) -> int:
+    store, leases = ExecutionStore(client), LeaseManager(client, consumer=f"create-{eid}", ttl_s=30.0)
+    lease = leases.acquire(eid)
+    assert isinstance(lease, Lease)
+    return store.create(eid, lease.generation, json.dumps({"n": 0}), time.time(), dedup)[0]
+
+
+def test_create_records_the_dedup_key_with_its_ttl(client: redis.Redis) -> None:
+    assert _create(client, "d1", "order-1") == 1
+    assert client.get(dedup_key("order-1")) == b"d1"
+    ttl_s = int(client.ttl(dedup_key("order-1")))  # type: ignore[arg-type]
+    assert FLAG_TTL_S - 60 < ttl_s <= FLAG_TTL_S
+
+
+@pytest.mark.parametrize("target", ["state", "running-index", "dedup"])
+def test_create_with_a_wrong_typed_key_writes_nothing(client: redis.Redis, target: str) -> None:
+    key = {"state": execution_key("k1"), "running-index": status_key("running"), "dedup": dedup_key("order-2")}[target]
+    client.hset(key, "f", "v")
+    keys = [execution_key("k1"), status_key("running"), dedup_key("order-2")]
+    before = snapshot(client, keys)
+    with pytest.raises(ExecutionKeyError, match="wrong type") as caught:
+        _create(client, "k1", "order-2")
+    assert caught.value.key == key
+    assert snapshot(client, keys) == before
+
+
+def test_a_fenced_out_create_writes_nothing(client: redis.Redis) -> None:
+    store, leases = ExecutionStore(client), LeaseManager(client, consumer="create-x", ttl_s=30.0)
+    lease = leases.acquire("k2")
+    assert isinstance(lease, Lease)
+    client.incr(fence_key("k2"))
+    keys = [execution_key("k2"), status_key("running"), dedup_key("order-3")]
+    before = snapshot(client, keys)
+    assert store.create("k2", lease.generation, "{}", time.time(), "order-3")[0] == 0
+    assert snapshot(client, keys) == before
