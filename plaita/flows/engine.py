@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import json
 import logging
 import random
 import threading
@@ -165,7 +164,9 @@ class FlowRunner:
             logger.info("start of execution %s: dedup key %r already started %s; duplicate ignored", eid, dedup, other)
             return None
         if code == 3:
-            return await self._restart(Run(task, flow, json.loads(other), cancel, offload))
+            existing = self.store.parse(eid, other)
+            assert existing is not None  # the script returns code 3 only with a state
+            return await self._restart(Run(task, flow, existing, cancel, offload))
         if self.observer is not None:
             self.observer.execution_event(flow.flow_id, "started")
         return Run(task, flow, doc, cancel, offload)

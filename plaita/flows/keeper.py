@@ -213,7 +213,7 @@ class Keeper:
         if len(self._logged_bad) >= MAX_REMEMBERED_BAD:
             self._logged_bad.clear()
         self._logged_bad.add(bad.key)
-        logger.warning("keeper: %s %s; skipped (logged once, left for an operator)", bad.key, bad.reason)
+        logger.warning("keeper: %s %s; skipped (logged once, left for an operator)", bad.key, bad.why)
 
     def _timeouts(self, now_s: float, report: KeeperPass) -> None:
         s = self.settings

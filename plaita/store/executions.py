@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import redis
 
-from plaita.errors import PlaitaError
+from plaita.errors import BadTaskError
 from plaita.store import scripts
 from plaita.store.client import get_many, interrupt
 from plaita.store.keyspace import (
@@ -111,20 +111,14 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _decode(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    doc = json.loads(raw)
-    return doc if isinstance(doc, dict) else None
-
-
-class UnreadableExecution(PlaitaError):
+class UnreadableExecution(BadTaskError):
     """An execution key that holds no execution: not JSON, JSON but not an object, or not a
-    string key at all. Data, not an outage: readers skip it (and say so), never delete it."""
+    string key at all. Data, not an outage: readers skip it (and say so), never delete it; a
+    task of that execution is a bad task (the DLQ, with this reason), not a failed delivery."""
 
     def __init__(self, execution_id: str, key: str, reason: str) -> None:
         super().__init__(f"execution {execution_id!r} is unreadable ({key} {reason})")
-        self.execution_id, self.key, self.reason = execution_id, key, reason
+        self.execution_id, self.key, self.why = execution_id, key, reason
 
 
 def _is_wrongtype(value: Any) -> bool:
@@ -162,10 +156,16 @@ class ExecutionStore:
     # -- the worker's path ---------------------------------------------------------------
     def load(self, execution_id: str) -> tuple[dict[str, Any] | None, bool]:
         """(state or None, cancel requested) in one round trip."""
-        raw, flag = cast(
-            list[Any], self.client.mget([self.ks.execution_key(execution_id), self.ks.cancel_key(execution_id)])
-        )
-        return _decode(raw), flag is not None
+        key = self.ks.execution_key(execution_id)
+        raw, flag = cast(list[Any], self.client.mget([key, self.ks.cancel_key(execution_id)]))
+        return self.parse(execution_id, raw), flag is not None
+
+    def parse(self, execution_id: str, raw: Any) -> dict[str, Any] | None:
+        """The state in ``raw`` (a GET of the execution key); UnreadableExecution when it holds none."""
+        doc = _checked(execution_id, self.ks.execution_key(execution_id), raw)
+        if isinstance(doc, UnreadableExecution):
+            raise doc
+        return doc
 
     def create(
         self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None

@@ -180,6 +180,20 @@ def test_bad_input_raises_bad_task_error(h: Harness, body: dict[str, object], re
         h.run(body)
 
 
+@pytest.mark.parametrize("raw", ["garbage{", "[1, 2]", "\xff\xfe"])
+@pytest.mark.parametrize("kind", ["start", "resume"])
+def test_a_task_of_an_unreadable_execution_is_a_bad_task_naming_the_key(h: Harness, raw: str, kind: str) -> None:
+    """A corrupt execution key dead-letters the task with the key in the reason (one delivery), is
+    never a failed delivery retried --max-deliveries times, and is left as it was for an operator."""
+    eid = f"corrupt-{kind}-{len(raw)}"
+    key = f"plaita:execution:{eid}"
+    h.client.set(key, raw.encode("latin-1"))
+    body = start(eid) if kind == "start" else resume(eid, "continue")
+    with pytest.raises(BadTaskError, match=f"{eid}.*unreadable.*{key}"):
+        h.run(body)
+    assert h.client.get(key) == raw.encode("latin-1")
+
+
 def test_resume_of_another_flows_execution_and_bad_resume_type(h: Harness) -> None:
     h.run(start("s5", "signup"))
     with pytest.raises(BadTaskError, match="runs flow 'signup'"):
