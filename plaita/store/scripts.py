@@ -5,6 +5,12 @@ the caller passes a list. Its header lists each ``KEYS[i]``, ``ARGV[i]`` and the
 reader checks cluster safety (every key a script touches is passed in KEYS, never built in
 Lua) without reading the body.
 
+A piece several scripts share (the fence check) is written once in ``lua/includes/<name>.lua``
+and pulled into a script by a line ``--- @include "<name>"``, replaced by that file when the
+script is loaded: the server, the SHA and the NOSCRIPT reload all see the assembled source, and
+the header stays in the script's own file. An include takes its keys as arguments, so the
+header still names every key. A directive naming no include fails the import, not a call.
+
 Scripts run as a bare EVALSHA. redis-py's ``Script`` objects make every pipeline that holds
 one send ``SCRIPT EXISTS`` first: an extra round trip per read batch and per ack batch, most of
 a worker's cost with a fast handler. Only when the server answers NOSCRIPT (it restarted and
@@ -17,25 +23,73 @@ re-adds entries) calls ``ensure_loaded`` first.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
 import redis
 from redis.client import Pipeline
 
+_INCLUDE = re.compile(r'--- @include "([a-z0-9_]+)"')
+
+
+def _read_lua(folder: str) -> dict[str, str]:
+    """Every ``*.lua`` file of the package folder ``folder``, by file name, in name order."""
+    root = resources.files("plaita.store")
+    for part in folder.split("/"):
+        root = root.joinpath(part)
+    files = sorted((item for item in root.iterdir() if item.name.endswith(".lua")), key=lambda p: p.name)
+    return {item.name: item.read_text(encoding="utf-8") for item in files}
+
+
+#: Every shared piece, by name (the file name in ``lua/includes/`` without ``.lua``).
+INCLUDES: dict[str, str] = {name.removesuffix(".lua"): text for name, text in _read_lua("lua/includes").items()}
+
+
+def assemble(filename: str, text: str, includes: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
+    """``text`` with each ``--- @include "name"`` line replaced by that include; and the names used.
+
+    Any line that mentions ``@include`` must be a well-formed directive naming a known include,
+    used once per script; an include cannot include another (one level keeps a script readable).
+    """
+    lines: list[str] = []
+    used: list[str] = []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        if "@include" not in line:
+            lines.append(line)
+            continue
+        where = f"Lua file {filename!r} line {number}"
+        match = _INCLUDE.fullmatch(line.rstrip("\r\n"))
+        if match is None:
+            raise ValueError(f'{where}: write an include as a whole line --- @include "<name>"')
+        name = match[1]
+        if name not in includes:
+            raise ValueError(f"{where}: unknown include {name!r} (known: {', '.join(sorted(includes)) or 'none'})")
+        if name in used:
+            raise ValueError(f"{where}: include {name!r} is already included above")
+        piece = includes[name]
+        if "@include" in piece:
+            raise ValueError(f"{where}: include {name!r} includes another; includes do not nest")
+        lines.append(piece if piece.endswith("\n") else piece + "\n")
+        used.append(name)
+    return "".join(lines), tuple(used)
+
 
 class Script:
-    """One Lua file: its name, source, SHA1 and declared key count (None = a list)."""
+    """One Lua file: its name, source (includes assembled), SHA1 and declared key count (None = a list)."""
 
-    def __init__(self, filename: str, source: str) -> None:
+    def __init__(self, filename: str, text: str, includes: Mapping[str, str] | None = None) -> None:
         stem = filename.removesuffix(".lua")
         self.name, _, keys = stem.rpartition("-")
         if not self.name or not (keys == "n" or keys.isdigit()):
             raise ValueError(f"Lua file {filename!r} must be named <name>-<keys|n>.lua")
         self.num_keys: int | None = None if keys == "n" else int(keys)
-        self.source = source
-        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+        #: The file as written: its header documents KEYS and ARGV.
+        self.text = text
+        #: What the server runs (and what the SHA is of): ``text`` with its includes in place.
+        self.source, self.includes = assemble(filename, text, INCLUDES if includes is None else includes)
+        self.sha = hashlib.sha1(self.source.encode("utf-8")).hexdigest()
 
     def _check(self, keys: Sequence[Any]) -> None:
         if self.num_keys is not None and len(keys) != self.num_keys:
@@ -59,12 +113,8 @@ class Script:
 
 
 def _load_all() -> dict[str, Script]:
-    scripts: dict[str, Script] = {}
-    for item in sorted(resources.files("plaita.store").joinpath("lua").iterdir(), key=lambda p: p.name):
-        if item.name.endswith(".lua"):
-            script = Script(item.name, item.read_text(encoding="utf-8"))
-            scripts[script.name] = script
-    return scripts
+    scripts = (Script(filename, text) for filename, text in _read_lua("lua").items())
+    return {script.name: script for script in scripts}
 
 
 #: Every script, by name (the file name without ``-<keys>.lua``).

@@ -26,11 +26,8 @@
 -- Returns  {1, cancel_requested} written; {0, 0} refused (fenced out, also when the lease or
 --          fence key is not a string); {2, key, why} a staged write Redis would refuse; {3, key,
 --          why} an index key of the wrong type. Nothing is written unless the reply is {1, ...}.
-local cur = redis.pcall('GET', KEYS[1])
-local fence = redis.pcall('GET', KEYS[2])
-if type(cur) ~= 'string' or type(fence) ~= 'string' or tonumber(fence) ~= tonumber(ARGV[1]) then return {0, 0} end
-local suffix = ':' .. ARGV[1]
-if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, 0} end
+--- @include "fence"
+if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return {0, 0} end
 local function kind(key) return redis.call('TYPE', key).ok end
 -- Signed decimal integers without leading zeros (Redis's own format), compared exactly.
 local function cmp(a, b)

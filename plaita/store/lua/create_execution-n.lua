@@ -12,16 +12,13 @@
 -- ARGV[3]  now (epoch seconds)
 -- ARGV[4]  execution id
 -- ARGV[5]  dedup key TTL in seconds
--- Returns  {code, text, cancel_requested}: 1 created; 0 refused (fenced out); 2 the dedup key
---          started execution <text>; 3 the execution exists and <text> is its state; 4 key
---          <text> holds the wrong type (nothing written)
+-- Returns  {code, text, cancel_requested}: 1 created; 0 refused (fenced out, also when the
+--          lease or fence key is not a string); 2 the dedup key started execution <text>; 3 the
+--          execution exists and <text> is its state; 4 key <text> holds the wrong type (nothing
+--          written)
+--- @include "fence"
+if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return {0, '', 0} end
 local function kind(key) return redis.call('TYPE', key).ok end
-if kind(KEYS[1]) ~= 'string' or kind(KEYS[2]) ~= 'string' then return {0, '', 0} end
-local cur = redis.call('GET', KEYS[1])
-local fence = tonumber(redis.call('GET', KEYS[2]))
-if fence ~= tonumber(ARGV[1]) then return {0, '', 0} end
-local suffix = ':' .. ARGV[1]
-if string.sub(cur, -string.len(suffix)) ~= suffix then return {0, '', 0} end
 local cancel = redis.call('EXISTS', KEYS[5])
 local want = {[3] = 'string', [4] = 'zset', [6] = 'string'}
 for i = 3, #KEYS do

@@ -6,11 +6,7 @@
 -- ARGV[1]  the writer's generation
 -- ARGV[2]  value
 -- Returns  1 written, 0 refused (also when the lease or fence key is not a string)
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' or redis.call('TYPE', KEYS[2]).ok ~= 'string' then return 0 end
-local cur = redis.call('GET', KEYS[1])
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence ~= tonumber(ARGV[1]) or not cur then return 0 end
-local suffix = ':' .. ARGV[1]
-if string.sub(cur, -string.len(suffix)) ~= suffix then return 0 end
+--- @include "fence"
+if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return 0 end
 redis.call('SET', KEYS[3], ARGV[2])
 return 1
