@@ -76,9 +76,9 @@ def _run_owner(worker: Any) -> None:
 
 
 def run_enqueue(args: argparse.Namespace) -> int:
-    from plaita.fsm import is_redis_failure
     from plaita.store.client import make_client
     from plaita.store.entries import ReplicationLagError
+    from plaita.store.errors import is_redis_failure
     from plaita.store.partitioned import open_queue
     from plaita.tasks import validate_body
 

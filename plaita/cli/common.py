@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from plaita.config import DEFAULT_REDIS_URL, redact_url
-from plaita.fsm import is_redis_failure
+from plaita.store.errors import is_redis_failure
 
 
 def redis_failed(command: str, redis_url: str | None, exc: Exception) -> int:

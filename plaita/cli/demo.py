@@ -50,8 +50,8 @@ from plaita.cli.demo_parts import (
     print_tally,
 )
 from plaita.config import redact_url, validate_redis_url
-from plaita.fsm import is_redis_failure
 from plaita.store.client import Client, make_client
+from plaita.store.errors import is_redis_failure
 from plaita.store.fleet import registry_key
 from plaita.store.leases import fence_key, lease_key
 from plaita.store.server import PrivateRedis, RedisServerError

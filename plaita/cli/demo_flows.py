@@ -23,8 +23,8 @@ from typing import Any
 
 from plaita.cli.demo_parts import WORKER_DRAIN_S, DemoError, WorkerProcess, delete_or_say
 from plaita.flows import Flow, StepContext
-from plaita.fsm import is_redis_failure
 from plaita.store.client import Client, make_client
+from plaita.store.errors import is_redis_failure
 
 #: Environment variable naming the step-run log.
 FLOW_LOG_ENV = "PLAITA_DEMO_FLOW_LOG"

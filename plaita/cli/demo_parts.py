@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plaita.fsm import is_redis_failure
 from plaita.store.client import Client, delete_keys
+from plaita.store.errors import is_redis_failure
 from plaita.store.server import PrivateRedis, stop_process
 from plaita.tasks import Task
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.dashboard.probe import MAX_PROBED, probe, probe_address
-from plaita.fsm import cause, is_redis_failure
+from plaita.store.errors import cause, is_redis_failure
 from plaita.store.executions import ExecutionStore
 from plaita.store.fleet import list_workers
 from plaita.store.stats import stream_stats_or_empty

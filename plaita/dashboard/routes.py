@@ -23,7 +23,7 @@ from plaita.dashboard import actions, executions
 from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.app import Dashboard
 from plaita.dashboard.security import SESSION_COOKIE, Forbidden
-from plaita.fsm import is_redis_failure
+from plaita.store.errors import is_redis_failure
 
 T = TypeVar("T")
 #: Dead letters listed on the DLQ page at most (and scanned by "requeue all matching").

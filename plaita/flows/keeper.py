@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from plaita.errors import ConfigError
 from plaita.flows import model
-from plaita.fsm import BackoffPolicy, ErrorKind, classify, is_redis_failure
+from plaita.fsm import BackoffPolicy, ErrorKind
+from plaita.store.errors import classify, is_redis_failure
 from plaita.store.executions import KEEPER_LEASE_KEY, ExecutionStore, UnreadableExecution, stream_execution_ids
 from plaita.store.streams import StreamQueue
 

@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plaita.fsm import BackoffPolicy, ErrorKind, classify
+from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.ops.commands import BadControlMessage, parse_control_message
 from plaita.store import fleet
 from plaita.store.client import Client
+from plaita.store.errors import classify
 from plaita.store.fleet import CONTROL_ALL, control_channel
 
 logger = logging.getLogger(__name__)

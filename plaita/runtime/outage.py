@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from plaita.fsm import ErrorKind, cause, classify
+from plaita.fsm import ErrorKind
+from plaita.store.errors import cause, classify
 
 #: Longest error text kept (status file, registry entry, readiness reason).
 ERROR_TEXT_MAX = 300

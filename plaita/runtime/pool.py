@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from plaita.errors import BadTaskError
-from plaita.fsm import is_redis_failure
 from plaita.runtime.settler import RETRY, Outcome
+from plaita.store.errors import is_redis_failure
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

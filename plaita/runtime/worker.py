@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.config import Settings, new_instance_id
-from plaita.fsm import ACTIVE_STATES, BackoffPolicy, ErrorKind, Lifecycle, State, describe_failure
+from plaita.fsm import ACTIVE_STATES, BackoffPolicy, ErrorKind, Lifecycle, State
 from plaita.runtime.aio_pool import AsyncHandlerPool, is_async_handler
 from plaita.runtime.consume import ConsumePhases
 from plaita.runtime.counters import CounterBook
@@ -29,6 +29,7 @@ from plaita.runtime.renewer import InFlightTable, LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.status import worker_status
 from plaita.runtime.stopping import Drainer
+from plaita.store.errors import describe_failure
 from plaita.store.leases import LeaseManager
 from plaita.store.partitioned import open_queue
 from plaita.store.streams import StreamQueue

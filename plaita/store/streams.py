@@ -1,7 +1,7 @@
 """StreamQueue: every stream command of a worker (read, claim, settle, hand back, housekeeping).
 
 Every method lets redis-py exceptions through unchanged: the worker classifies them
-(``plaita.fsm.classify``) and turns them into ``redis_failed``. Nothing here retries or
+(``plaita.store.errors``) and turns them into ``redis_failed``. Nothing here retries or
 sleeps; retrying is the lifecycle's job (BACKOFF), and redis-py's own retry is switched off
 so a frozen server costs one socket timeout, not ten.
 """
@@ -17,10 +17,10 @@ from redis.client import Pipeline
 
 from plaita.config import Settings
 from plaita.envelope import build_envelope
-from plaita.fsm.classify import error_code
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, clients_for, interrupt, node_client
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
+from plaita.store.errors import error_code
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body, field_name_bytes

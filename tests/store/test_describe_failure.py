@@ -6,7 +6,8 @@ import redis.exceptions as rx
 from redis._parsers.base import BaseParser
 
 from plaita.errors import BadTaskError
-from plaita.fsm import ErrorKind, classify, describe_failure
+from plaita.fsm import ErrorKind
+from plaita.store.errors import classify, describe_failure
 
 
 def parsed(reply: str) -> rx.RedisError:

@@ -1,70 +1,62 @@
-"""Sort exceptions into what the worker does about them: retry quietly, retry slowly and shout, or DLQ.
+"""Sort exceptions into what the worker does about them (retry quietly, retry slowly and shout,
+or DLQ) and say in words what an operator must look at.
 
-Pure: redis is never imported here. redis-py classes are recognised by module and class
-name along the MRO, which is stable across redis-py 8.x and keeps the FSM package free of
-I/O dependencies.
+This is where Redis's error vocabulary lives: redis-py's exception classes and the reply codes
+of a plain ``ResponseError``. The lifecycle (``plaita.fsm``) only knows the resulting
+``ErrorKind``. Classes are matched by identity along the exception's MRO, most specific first,
+so an application's subclass of a redis-py class is treated like its base.
 """
 
 from __future__ import annotations
 
-import enum
+import redis.exceptions as rx
 
 from plaita.errors import BadTaskError
-
-
-class ErrorKind(enum.Enum):
-    """How the worker treats an exception."""
-
-    #: Retry quietly with backoff; warn once per outage.
-    TRANSIENT = "transient"
-    #: Operator must act (auth, ACL, types); retry slowly, log an error every attempt.
-    PERSISTENT = "persistent"
-    #: The task itself is broken: DLQ it with a reason, never retry.
-    BAD_INPUT = "bad_input"
-    #: Not a Redis failure and not bad input (a handler bug, a programming error).
-    NOT_OURS = "not_ours"
-
+from plaita.fsm.kinds import ErrorKind
 
 T, P = ErrorKind.TRANSIENT, ErrorKind.PERSISTENT
 
-#: redis-py exception class name -> kind. Order of lookup is the MRO, most specific first.
-REDIS_CLASS_KINDS: dict[str, ErrorKind] = {
-    "AuthenticationError": P,
-    "AuthenticationWrongNumberOfArgsError": P,
-    "AuthorizationError": P,
-    "ExternalAuthProviderError": P,
-    "NoPermissionError": P,
-    "BusyLoadingError": T,
-    "MaxConnectionsError": T,
-    "ConnectionError": T,
-    "TimeoutError": T,
-    "InvalidResponse": T,
-    "ReadOnlyError": T,
-    "TryAgainError": T,
-    "MasterDownError": T,
-    "ClusterDownError": T,
-    "ClusterError": T,
-    "AskError": T,
-    "MovedError": T,
-    "SlotNotCoveredError": T,
-    "WatchError": T,
-    "OutOfMemoryError": P,
-    "NoScriptError": P,
-    "ExecAbortError": P,
-    "ModuleError": P,
-    "NoSuchFieldsetError": P,
-    "ClusterCrossSlotError": P,
-    "CrossSlotTransactionError": P,
-    "InvalidPipelineStack": P,
-    "RedisClusterException": T,
-    "ChildDeadlockedError": P,
-    "IncorrectPolicyType": P,
-    "DataError": P,
-    "PubSubError": P,
-    "LockNotOwnedError": P,
-    "LockError": P,
-    "RedisError": P,
+#: redis-py exception class -> kind. Order of lookup is the MRO, most specific first.
+REDIS_CLASS_KINDS: dict[type[BaseException], ErrorKind] = {
+    rx.AuthenticationError: P,
+    rx.AuthenticationWrongNumberOfArgsError: P,
+    rx.AuthorizationError: P,
+    rx.ExternalAuthProviderError: P,
+    rx.NoPermissionError: P,
+    rx.BusyLoadingError: T,
+    rx.MaxConnectionsError: T,
+    rx.ConnectionError: T,
+    rx.TimeoutError: T,
+    rx.InvalidResponse: T,
+    rx.ReadOnlyError: T,
+    rx.TryAgainError: T,
+    rx.MasterDownError: T,
+    rx.ClusterDownError: T,
+    rx.ClusterError: T,
+    rx.AskError: T,
+    rx.MovedError: T,
+    rx.SlotNotCoveredError: T,
+    rx.WatchError: T,
+    rx.OutOfMemoryError: P,
+    rx.NoScriptError: P,
+    rx.ExecAbortError: P,
+    rx.ModuleError: P,
+    rx.ClusterCrossSlotError: P,
+    rx.CrossSlotTransactionError: P,
+    rx.InvalidPipelineStack: P,
+    rx.RedisClusterException: T,
+    rx.ChildDeadlockedError: P,
+    rx.IncorrectPolicyType: P,
+    rx.DataError: P,
+    rx.PubSubError: P,
+    rx.LockNotOwnedError: P,
+    rx.LockError: P,
+    rx.RedisError: P,
 }
+# redis-py 8.1 added NoSuchFieldsetError; plaita also runs on 8.0, which lacks it.
+_NO_SUCH_FIELDSET: type[BaseException] | None = getattr(rx, "NoSuchFieldsetError", None)
+if _NO_SUCH_FIELDSET is not None:
+    REDIS_CLASS_KINDS[_NO_SUCH_FIELDSET] = P
 
 #: Error-reply prefixes that a plain ``ResponseError`` may carry, and their kind.
 RESPONSE_PREFIX_KINDS: dict[str, ErrorKind] = {
@@ -84,10 +76,6 @@ RESPONSE_PREFIX_KINDS: dict[str, ErrorKind] = {
     "NOAUTH": P,
     "WRONGPASS": P,
 }
-
-
-def _is_redis_class(cls: type) -> bool:
-    return cls.__module__.split(".", 1)[0] == "redis"
 
 
 def response_code(exc: BaseException) -> str:
@@ -114,11 +102,9 @@ def classify(exc: BaseException) -> ErrorKind:
     if is_tls_refusal(exc):
         return ErrorKind.PERSISTENT
     for cls in type(exc).__mro__:
-        if not _is_redis_class(cls):
-            continue
-        if cls.__name__ == "ResponseError":
+        if cls is rx.ResponseError:
             return RESPONSE_PREFIX_KINDS.get(response_code(exc), P)
-        kind = REDIS_CLASS_KINDS.get(cls.__name__)
+        kind = REDIS_CLASS_KINDS.get(cls)
         if kind is not None:
             return kind
     # socket.timeout is the builtin TimeoutError, an OSError; resets and refusals are OSErrors.
@@ -132,18 +118,20 @@ def is_redis_failure(exc: BaseException) -> bool:
     return classify(exc) in (ErrorKind.TRANSIENT, ErrorKind.PERSISTENT)
 
 
-#: Class names (anywhere in the MRO) and reply codes that mean "who you are" was refused.
-_AUTH_CLASSES = frozenset({"AuthenticationError", "AuthenticationWrongNumberOfArgsError", "AuthorizationError"})
+#: Classes (anywhere in the MRO) and reply codes that mean "who you are" was refused.
+_AUTH_CLASSES: frozenset[type[BaseException]] = frozenset(
+    {rx.AuthenticationError, rx.AuthenticationWrongNumberOfArgsError, rx.AuthorizationError}
+)
 _AUTH_CODES = frozenset({"WRONGPASS", "NOAUTH"})
 
 
 def cause(exc: BaseException) -> str:
     """What an operator must look at: ``auth`` (credentials), ``acl`` (permissions), else ``""``."""
-    names = {cls.__name__ for cls in type(exc).__mro__ if _is_redis_class(cls)}
+    classes = set(type(exc).__mro__)
     code = response_code(exc)
-    if names & _AUTH_CLASSES or code in _AUTH_CODES:
+    if classes & _AUTH_CLASSES or code in _AUTH_CODES:
         return "auth"
-    if "NoPermissionError" in names or code == "NOPERM":
+    if rx.NoPermissionError in classes or code == "NOPERM":
         return "acl"
     if is_tls_refusal(exc):
         return "tls"
@@ -173,20 +161,20 @@ CAUSES_BY_CODE: dict[str, str] = {
     "CROSSSLOT": "one command touched keys of several cluster slots (CROSSSLOT): a key lacks its hash tag",
 }
 
-#: Operator cause per redis-py class name, for failures without an error code.
-CAUSES_BY_CLASS: dict[str, str] = {
-    "AuthenticationError": "Redis rejected the credentials (wrong user or password)",
-    "AuthenticationWrongNumberOfArgsError": "Redis rejected the credentials (this server takes no user name)",
-    "AuthorizationError": "the Redis user is not authorised",
-    "NoPermissionError": CAUSES_BY_CODE["NOPERM"],
-    "OutOfMemoryError": CAUSES_BY_CODE["OOM"],
-    "BusyLoadingError": CAUSES_BY_CODE["LOADING"],
-    "ReadOnlyError": CAUSES_BY_CODE["READONLY"],
-    "NoScriptError": CAUSES_BY_CODE["NOSCRIPT"],
-    "ExecAbortError": CAUSES_BY_CODE["EXECABORT"],
-    "TimeoutError": "Redis did not answer in time (frozen, overloaded or network loss)",
-    "ConnectionError": "Redis is unreachable (refused, reset or closed connection)",
-    "MaxConnectionsError": "the connection pool is exhausted",
+#: Operator cause per redis-py class, for failures without an error code.
+CAUSES_BY_CLASS: dict[type[BaseException], str] = {
+    rx.AuthenticationError: "Redis rejected the credentials (wrong user or password)",
+    rx.AuthenticationWrongNumberOfArgsError: "Redis rejected the credentials (this server takes no user name)",
+    rx.AuthorizationError: "the Redis user is not authorised",
+    rx.NoPermissionError: CAUSES_BY_CODE["NOPERM"],
+    rx.OutOfMemoryError: CAUSES_BY_CODE["OOM"],
+    rx.BusyLoadingError: CAUSES_BY_CODE["LOADING"],
+    rx.ReadOnlyError: CAUSES_BY_CODE["READONLY"],
+    rx.NoScriptError: CAUSES_BY_CODE["NOSCRIPT"],
+    rx.ExecAbortError: CAUSES_BY_CODE["EXECABORT"],
+    rx.TimeoutError: "Redis did not answer in time (frozen, overloaded or network loss)",
+    rx.ConnectionError: "Redis is unreachable (refused, reset or closed connection)",
+    rx.MaxConnectionsError: "the connection pool is exhausted",
 }
 
 #: Longest server message quoted in a cause (a reply can carry a whole script or value).
@@ -223,14 +211,7 @@ def describe_failure(exc: BaseException) -> str:
     if cause is None and "maxmemory" in str(exc):
         cause = CAUSES_BY_CODE["OOM"]  # an OOM wrapped by a script or transaction error
     if cause is None:
-        cause = next(
-            (
-                CAUSES_BY_CLASS[c.__name__]
-                for c in type(exc).__mro__
-                if _is_redis_class(c) and c.__name__ in CAUSES_BY_CLASS
-            ),
-            None,
-        )
+        cause = next((CAUSES_BY_CLASS[c] for c in type(exc).__mro__ if c in CAUSES_BY_CLASS), None)
     if cause is None and isinstance(exc, OSError):
         cause = "Redis is unreachable (network error)"
     if cause is None:

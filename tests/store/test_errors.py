@@ -1,22 +1,17 @@
-"""Tier 1: ``plaita.fsm.classify`` sorts every exception into what the worker does about it. No Redis."""
+"""Tier 1: ``plaita.store.errors`` sorts every exception into what the worker does about it. No Redis."""
 
 from __future__ import annotations
 
 import inspect
-import os
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import redis.exceptions as rx
 from redis._parsers.base import BaseParser
 
 from plaita.errors import BadTaskError, PlaitaError
-from plaita.fsm import ErrorKind, classify, is_redis_failure
-
-ROOT = Path(__file__).resolve().parents[2]
+from plaita.fsm import ErrorKind
+from plaita.store.errors import classify, is_redis_failure
 
 T = ErrorKind.TRANSIENT
 P = ErrorKind.PERSISTENT
@@ -94,7 +89,7 @@ class TestRedisExceptionClasses:
     @pytest.mark.parametrize("name", sorted(REDIS_CLASSES))
     def test_class(self, name: str) -> None:
         """An instance of the class (with a message carrying no reply code) gets the expected kind."""
-        assert name in EXPECTED_REDIS_KINDS, f"redis-py added {name}: decide its kind in classify.py and here"
+        assert name in EXPECTED_REDIS_KINDS, f"redis-py added {name}: decide its kind in store/errors.py and here"
         exc = REDIS_CLASSES[name](*CTOR_ARGS.get(name, ("boom",)))
         assert classify(exc) is EXPECTED_REDIS_KINDS[name]
 
@@ -103,6 +98,13 @@ class TestRedisExceptionClasses:
         """An application subclass of a redis-py class is classified like its base."""
         sub = type(f"My{name}", (REDIS_CLASSES[name],), {"__module__": "app.errors"})
         assert classify(sub(*CTOR_ARGS.get(name, ("boom",)))) is EXPECTED_REDIS_KINDS[name]
+
+    @pytest.mark.parametrize("name", ["TimeoutError", "ConnectionError", "ResponseError", "AuthenticationError"])
+    def test_a_class_that_only_shares_a_redis_py_name_is_not_a_redis_failure(self, name: str) -> None:
+        """Classes are matched by identity: a look-alike, even in a ``redis.*`` module, is not ours to retry."""
+        lookalike = type(name, (Exception,), {"__module__": "redis.lookalike"})
+        assert classify(lookalike("NOGROUP boom")) is ErrorKind.NOT_OURS
+        assert is_redis_failure(lookalike("boom")) is False
 
     def test_redis_timeout_is_not_a_connection_error_but_transient(self) -> None:
         """In redis-py 8 TimeoutError is neither a redis ConnectionError nor an OSError; both are TRANSIENT."""
@@ -211,19 +213,3 @@ class TestNonRedisExceptions:
         assert is_redis_failure(rx.ResponseError("WRONGTYPE Operation")) is True
         assert is_redis_failure(BadTaskError("x")) is False
         assert is_redis_failure(RuntimeError("x")) is False
-
-
-class TestPurity:
-    """The FSM package never pulls redis in."""
-
-    def test_plaita_fsm_does_not_import_redis(self) -> None:
-        """Importing plaita.fsm (every module of it) in a fresh interpreter leaves redis unimported."""
-        code = (
-            "import sys, plaita.fsm, plaita.fsm.diagram, plaita.fsm.classify; "
-            "assert 'redis' not in sys.modules, sorted(m for m in sys.modules if m.startswith('redis'))"
-        )
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run(
-            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
-        )
-        assert proc.returncode == 0, proc.stderr
