@@ -63,8 +63,9 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         None,
         str,
         ("PLAITA_HANDLER",),
-        "task handler as MODULE:CALLABLE",
-        default="plaita.runtime.handlers:echo",
+        "task handler as MODULE:CALLABLE; a worker needs this or --flows (no default: a worker must "
+        "never consume a queue's tasks with a handler nobody chose)",
+        shown="none",
     ),
     Opt("--concurrency", "concurrency", int, ("PLAITA_WORKER_CONCURRENCY",), "tasks run at once (handler threads)"),
     Opt(
