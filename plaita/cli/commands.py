@@ -30,6 +30,7 @@ def run_worker(args: argparse.Namespace) -> int:
         from plaita.cli.executions import flow_worker
 
         settings, runner = flow_worker(args.flows or [], settings, keeper=args.keeper)
+        runner.handover.group = settings.consumer_group  # hand over only to workers of our group
         # Steps run as coroutines on the async pool's loop; sync steps move to threads there.
         handler: object = runner.run_async
     elif args.handler:

@@ -79,6 +79,8 @@ class Worker:
         self._pause_wanted: bool | None = None
         #: What this worker runs, published in the registry (``describe_handler``).
         self.runs = describe_handler(handler)
+        #: A fleet misconfiguration the operations side found (plaita.ops.fleetcheck), or None.
+        self.fleet_problem: str | None = None
         self._build_parts(handler)
         self._actions: dict[State, Callable[[], None]] = {
             State.INIT: self._start,
@@ -363,6 +365,8 @@ class Worker:
         age_s = self.progress_age_s()
         if age_s > self.stall_after_s:
             return False, f"stalled: no consume-loop progress for {age_s:.0f} s"
+        if self.fleet_problem:
+            return False, f"misconfigured: {self.fleet_problem}"
         return True, f"ok: {state.name}"
 
     def status(self) -> dict[str, Any]:
