@@ -44,7 +44,8 @@ def flows(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlowClien
 
 
 def dlq(client: redis.Redis) -> list[dict[str, object]]:
-    return [json.loads(f[b"payload"]) for _, f in client.xrange(f"{QUEUE}:dlq")]  # type: ignore[union-attr]
+    entries = client.xrange(f"{QUEUE}:dlq")
+    return [json.loads(f.get("payload") or f[b"payload"]) for _, f in entries]  # type: ignore[union-attr]
 
 
 def steps_log(eid: str) -> list[str]:
@@ -114,3 +115,33 @@ def test_services_with_different_flow_modules_leave_each_other_their_starts(
     assert [int(c.get(f"plaita:test:only_v1:{e}") or 0) for e in ids[:6]] == [1] * 6  # type: ignore[arg-type]
     assert [int(c.get(f"plaita:test:only_v2:{e}") or 0) for e in ids[6:]] == [1] * 6  # type: ignore[arg-type]
     assert dlq(c) == []
+
+
+def test_an_old_worker_alone_never_ends_an_upgraded_execution(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """Rolled back to v1 only: the upgraded execution's resume is left pending (then dead-lettered
+    after --max-deliveries), the execution stays suspended; with a v2 worker back, `dlq requeue`
+    finishes it."""
+    with worker_proc(redis_url, tmp_path, "v2x", *V2, "--max-deliveries", "2") as v2:
+        v2.wait_reading()
+        eid = flows.start("up")
+        wait_for(lambda: status_of(flows, eid) == "suspended", 15, "suspended on v2")
+        assert v2.terminate() == 0
+    with worker_proc(redis_url, tmp_path, "v1x", *V1, "--max-deliveries", "2") as v1:
+        v1.wait_reading()
+        flows.resume(eid, "event", "one")
+        wait_for(lambda: len(dlq(flowdefs.client())) == 1, 20, "the resume dead-lettered, not applied")
+        assert v1.terminate() == 0
+    doc = flows.get(eid)
+    assert doc is not None and doc["status"] == "suspended" and doc["step"] == "wait1" and doc["error"] is None
+    [letter] = dlq(flowdefs.client())
+    assert "this worker runs version '1'" in str(letter["reason"]) and "no live worker runs it" in str(letter["reason"])
+    assert "which is older, and no live worker runs it" in v1.stderr() and "Traceback" not in v1.stderr()
+    from tests.flows.test_cli import plaita
+
+    with worker_proc(redis_url, tmp_path, "v2y", *V2) as v2:
+        v2.wait_reading()
+        assert plaita(redis_url, "dlq", "requeue", "--all").returncode == 0
+        wait_for(lambda: (flows.get(eid) or {}).get("step") == "wait2", 20, "the requeued resume applied on v2")
+        assert v2.terminate() == 0

@@ -3,14 +3,20 @@ publishes it in the registry, and a task meant for another live worker is left f
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import redis
 
-from tests.support.lease_workers import ROOT
+from plaita.flows.client import FlowClient
+from plaita.flows.handover import HANDOVER_LIMIT
+from plaita.store.client import make_client
+from plaita.store.streams import StreamQueue
+from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_proc
 
 pytestmark = pytest.mark.redis
 
@@ -31,4 +37,37 @@ def test_worker_without_handler_or_flows_exits_2_and_consumes_nothing(redis_url:
     assert "Traceback" not in proc.stderr
     assert client.xlen("plaita:flow:queue") == 1
     assert not client.exists("plaita:flow:queue") or not client.xinfo_groups("plaita:flow:queue")
+    client.close()
+
+
+def test_hand_back_is_bounded_when_the_worker_that_can_run_it_never_reads(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only worker loading the flow is registered and live but busy for good: the other one
+    hands the start back at most HANDOVER_LIMIT times (no ping-pong forever), then leaves it
+    pending like a failed delivery, so it reaches the DLQ after --max-deliveries with the reason."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    args = ("--claim-min-idle-ms", "1000", "--reclaim-interval-s", "0.3", "--lease-ttl-s", "3",
+            "--read-block-ms", "200", "--prefetch", "0", "--max-deliveries", "3")  # fmt: skip
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    flows = FlowClient(
+        StreamQueue(client, stream=QUEUE, group="plaita-workers", consumer="p", dlq_key="", dlq_max_len=10)
+    )
+    with worker_proc(redis_url, tmp_path, "busy-v2", "--flows", "tests.flows.fleet_v2", *args) as b:
+        b.wait_reading()
+        busy = flows.start("busy", {"s": 60})
+        wait_for(lambda: client.get(f"plaita:test:busy:{busy}") is not None, 15, "the v2 worker busy for good")
+        with worker_proc(redis_url, tmp_path, "idle-v1", "--flows", "tests.flows.fleet_v1", *args) as a:
+            a.wait_reading()
+            eid = flows.start("only_v2")
+            wait_for(lambda: client.xlen(f"{QUEUE}:dlq") == 1, 40, "the start dead-lettered in the end")
+            wait_for(lambda: a.counters().get("handed_back") == HANDOVER_LIMIT, 5, "the hand-backs counted")
+            assert a.terminate() == 0
+        b.kill9()
+    [(_id, fields)] = client.xrange(f"{QUEUE}:dlq")
+    letter = json.loads(fields.get(b"payload") or fields["payload"])  # type: ignore[index, union-attr]
+    assert letter["payload"]["execution_id"] == eid and "flow 'only_v2' is not loaded here" in letter["reason"]
+    log = a.stderr()
+    assert f"handed back {HANDOVER_LIMIT} times" in log and "Traceback" not in log, log
+    assert flows.get(eid) is None  # never started by the wrong worker
     client.close()
