@@ -90,6 +90,8 @@ def test_a_queue_shared_by_handler_and_flow_workers_is_reported(redis_url: str, 
             wk = plaita(redis_url, "workers")
             assert "shared by handler workers" in wk.stderr and "flows up@1" in wk.stdout, wk.stdout + wk.stderr
             assert len(error_lines(f.stderr(), "shared by handler workers")) == 1
+            st = plaita(redis_url, "status")
+            assert "problem: queue plaita:test:queue is shared by handler workers" in st.stdout, st.stdout
             assert f.terminate() == 0
         # Alone again: the next check (every minute) clears it; `status` already sees no problem.
         st = plaita(redis_url, "status")
