@@ -1,5 +1,6 @@
 """Flows of "service v2" (tests/flows/test_upgrades.py): ``up`` v2 adds a step at the end and
-declares v1 compatible; ``busy`` as in v1; ``only_v2`` instead of ``only_v1``."""
+declares v1 compatible; ``busy`` as in v1 and ``busy_v2`` (v2 only); ``only_v2`` instead of
+``only_v1``."""
 
 from __future__ import annotations
 
@@ -39,6 +40,10 @@ def hold(ctx: Any) -> Any:
     return {"held": True}
 
 
+#: Only v2 loads it: a v1 worker that reads it hands it to v2, so it always keeps v2 busy.
+busy_v2 = Flow("busy_v2")
+busy_v2.step(name="hold")(hold)
+
 only_v2 = Flow("only_v2")
 
 
@@ -48,4 +53,4 @@ def two(ctx: Any) -> Any:
     return {"by": "v2"}
 
 
-FLOWS = [up, busy, only_v2]
+FLOWS = [up, busy, busy_v2, only_v2]

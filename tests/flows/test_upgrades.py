@@ -74,10 +74,10 @@ def test_rolling_upgrade_an_old_worker_hands_an_upgraded_execution_back(
         wait_for(lambda: (flows.get(eid) or {}).get("step") == "wait2", 15, "wait1 resumed on v2")
         doc = flows.get(eid)
         assert doc is not None and doc["version"] == "2" and doc["versions"] == ["1", "2"]
-        # Keep v2's only slot busy, so the v1 worker is the one that reads the next resume.
-        busy = flows.start("busy", {"s": 1.5})
         with worker_proc(redis_url, tmp_path, "v1b", *V1, "--max-deliveries", "3") as v1b:
             v1b.wait_reading()
+            # Keep v2's only slot busy, so the v1 worker is the one that reads the next resume.
+            busy = flows.start("busy_v2", {"s": 2.0})
             wait_for(lambda: flowdefs.client().get(f"plaita:test:busy:{busy}") is not None, 15, "v2 busy")
             flows.resume(eid, "event", "two")
             doc = flows.wait(eid, 30)
@@ -145,3 +145,21 @@ def test_an_old_worker_alone_never_ends_an_upgraded_execution(
         assert plaita(redis_url, "dlq", "requeue", "--all").returncode == 0
         wait_for(lambda: (flows.get(eid) or {}).get("step") == "wait2", 20, "the requeued resume applied on v2")
         assert v2.terminate() == 0
+
+
+def test_a_start_asking_for_a_version_this_worker_does_not_run_goes_to_one_that_does(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """`executions start --version 2` read by a v1 worker was dead-lettered ("version '2'
+    requested; loaded is '1'") although a v2 worker was live; now it is handed to that worker."""
+    with worker_proc(redis_url, tmp_path, "rv2", *V2) as v2, worker_proc(redis_url, tmp_path, "rv1", *V1) as v1:
+        v2.wait_reading()
+        v1.wait_reading()
+        busy = flows.start("busy_v2", {"s": 2.0})  # v2's only slot: v1 reads the start
+        wait_for(lambda: flowdefs.client().get(f"plaita:test:busy:{busy}") is not None, 15, "v2 busy")
+        eid = flows.start("up", version="2")
+        wait_for(lambda: status_of(flows, eid) == "suspended", 20, "started on v2")
+        assert v1.terminate() == 0 and v2.terminate() == 0
+    doc = flows.get(eid)
+    assert doc is not None and doc["version"] == "2" and dlq(flowdefs.client()) == []
+    assert "version '2' is not run here" in v1.stderr()
