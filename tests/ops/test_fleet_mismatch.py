@@ -99,3 +99,32 @@ def test_a_queue_shared_by_handler_and_flow_workers_is_reported(redis_url: str, 
         st = plaita(redis_url, "status")
         assert "problem:" not in st.stdout, st.stdout
         assert h.terminate() == 0
+
+
+def test_stray_streams_are_other_counts_partition_streams_and_the_plain_stream(redis_url: str) -> None:
+    """What the check counts as stranded: non-empty streams of this queue another --partitions uses
+    (tagged for another count, or the plain queue stream), never our own, empty ones, other types,
+    or another queue's; queue names with glob characters are matched literally."""
+    from plaita.ops.fleetcheck import problems
+    from plaita.store.keyspace import Keyspace
+    from plaita.store.stats import stray_streams
+
+    c = redis.Redis.from_url(redis_url)
+    q = "plaita:odd*[q]"
+    two, four = Keyspace(q, 2, True), Keyspace(q, 4, True)
+    for p in range(4):
+        c.xadd(four.stream(p), {"payload": "{}"})
+    c.xadd(two.stream(1), {"payload": "{}"})  # ours
+    c.xadd(q, {"payload": "{}"})  # the plain stream of a producer with one partition
+    c.set(f"{q}:{{p9}}", "not a stream")
+    c.xadd(f"{q}:{{p7}}", {"payload": "{}"})
+    c.xdel(f"{q}:{{p7}}", *[e[0] for e in c.xrange(f"{q}:{{p7}}")])  # empty: nothing waits there
+    c.xadd("plaita:oddX[q]:{p3}", {"payload": "{}"})  # another queue the glob would match unescaped
+    found, complete = stray_streams(c, two)
+    expected = {four.stream(p) for p in range(4)} - {two.stream(p) for p in range(2)} | {q}
+    assert complete and set(found) == expected and set(found.values()) == {1}
+    lines = problems([], found, queue=q, partitions=2)
+    assert len(lines) == 1 and f"{len(expected)} task(s) wait" in lines[0]
+    # A worker with one partition (the plain stream) sees every tagged stream as stranded.
+    assert set(stray_streams(c, Keyspace(q, 1, False))[0]) == {four.stream(p) for p in range(4)} | {two.stream(1)}
+    c.close()
