@@ -21,3 +21,22 @@ class BadTaskError(PlaitaError):
 
 class HandlerLoadError(ConfigError):
     """Raised when ``--handler MODULE:CALLABLE`` cannot be imported or is not callable."""
+
+
+class NotForThisWorker(PlaitaError):
+    """Raised by a handler that cannot run a task another worker can (a flow it does not load,
+    an execution checkpointed by a newer version of its flow).
+
+    ``hand_back`` True: the worker gives the task back to the group at once, without charging a
+    delivery (the original plaita's ``TaskNotForThisWorker``). False (the hand-back budget is
+    spent): it is left pending like a failed delivery, so it cannot bounce between workers
+    forever; ``reason`` is its DLQ reason should it reach ``--max-deliveries``. ``delay_s``: the
+    hand-back waits that long (the handler's slot is free meanwhile), so a task that keeps coming
+    back to this worker does not spend its budget in milliseconds.
+    """
+
+    def __init__(self, reason: str, *, hand_back: bool = True, delay_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.hand_back = hand_back
+        self.delay_s = delay_s

@@ -17,14 +17,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from plaita.cli.common import redis_failed
-from plaita.cli.options import tls_of
+from plaita.cli.options import Unset, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
+from plaita.ops import fleetcheck
 from plaita.store import fleet
-from plaita.store.client import Client, make_client
+from plaita.store.client import Client, is_cluster, make_client
 from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import list_workers, send_command
+from plaita.store.keyspace import Keyspace
 from plaita.store.partitioned import open_queue
-from plaita.store.stats import stream_stats_or_empty
+from plaita.store.stats import stray_streams, stream_stats_or_empty
 from plaita.store.streams import StreamQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
@@ -41,19 +43,31 @@ class AdminError(Exception):
     """Raised for an operator mistake (exit 1 with the message)."""
 
 
-def _queue(args: argparse.Namespace) -> StreamQueue:
+def _queue(args: argparse.Namespace, *, fleet_partitions: bool = False) -> StreamQueue:
+    """The queue the command names. ``fleet_partitions``: without --partitions (or its variable),
+    the count the queue's registered workers agree on (``args.partitions_from`` says which)."""
     url = args.redis_url or DEFAULT_REDIS_URL
+    # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
+    # as "did not answer", not as a Redis failure.
+    client = make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S, tls=tls_of(args))
+    partitions = int(getattr(args, "partitions", 1))
+    args.partitions_from = "--partitions"
+    if fleet_partitions and isinstance(getattr(args, "partitions", None), Unset):
+        counts = fleetcheck.fleet_partitions(
+            fleetcheck.same_queue(list_workers(client), args.queue_name, args.consumer_group)
+        )
+        args.partitions_from = "default (no worker registered)"
+        if counts:
+            partitions = max(counts)  # on a mismatch the problems say so; the larger count shows more
+            args.partitions_from = "the registered workers'" if len(counts) == 1 else "the largest of the workers'"
     settings = Settings(
         redis_url=url,
         queue_name=args.queue_name,
         consumer_group=args.consumer_group,
         consumer_name="plaita-admin",
         dlq_key=getattr(args, "dlq_key", "") or "",
-        partitions=int(getattr(args, "partitions", 1)),
+        partitions=partitions,
     )
-    # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
-    # as "did not answer", not as a Redis failure.
-    client = make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S, tls=tls_of(args))
     return open_queue(settings, client=client)
 
 
@@ -85,6 +99,29 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _runs(w: dict[str, Any]) -> str:
+    runs = w.get("runs")
+    if not isinstance(runs, dict):
+        return "-"
+    if "handler" in runs:
+        return str(runs["handler"])
+    flows = runs.get("flows")
+    if not isinstance(flows, list):
+        flows = []
+    return "flows " + ",".join(f"{f.get('flow_id')}@{f.get('version')}" for f in flows if isinstance(f, dict))
+
+
+def _fleet_problems(q: StreamQueue, workers: list[dict[str, Any]]) -> list[str]:
+    """The problems of every queue the registered workers consume (with the count they use)."""
+    out: list[str] = []
+    for queue, group in sorted({(str(w.get("stream")), str(w.get("group"))) for w in workers}):
+        members = fleetcheck.same_queue(workers, queue, group)
+        n = max(fleetcheck.fleet_partitions(members) or {1})
+        ks = Keyspace(queue, n, n > 1 or is_cluster(q.client))
+        out += fleetcheck.problems(members, stray_streams(q.client, ks)[0], queue=queue, partitions=n)
+    return out
+
+
 def cmd_workers(args: argparse.Namespace) -> int:
     q = _queue(args)
     now = time.time()
@@ -100,11 +137,18 @@ def cmd_workers(args: argparse.Namespace) -> int:
             "failed": w.get("failed"),
             "last_error": (w.get("last_error") or "")[:60],
             "heartbeat_age": _age(now - float(w["last_heartbeat"])) if w.get("last_heartbeat") else "-",
+            "partitions": w.get("partitions", "-"),
+            "runs": _runs(w)[:40],
         }
         for w in workers
     ]
-    columns = ["instance", "host", "state", "since", "in_flight", "processed", "failed", "last_error", "heartbeat_age"]
+    columns = [
+        "instance", "host", "state", "since", "in_flight", "processed", "failed", "last_error", "heartbeat_age",
+        "partitions", "runs",
+    ]  # fmt: skip
     _emit(args, workers, rows, columns)
+    for line in _fleet_problems(q, workers):
+        print(f"plaita workers: problem: {line}", file=sys.stderr)
     return 0
 
 
@@ -126,7 +170,7 @@ def _resolve_instance(client: Client, instance: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    q = _queue(args)
+    q = _queue(args, fleet_partitions=not args.instance)
     if args.instance:
         instance = _resolve_instance(q.client, args.instance)
         reply_to = f"{fleet.REPLY_PREFIX}{uuid.uuid4().hex}"
@@ -145,14 +189,20 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{'counters':>14}: {json.dumps(status.get('counters', {}))}")
         return 0
     stats = stream_stats_or_empty(q)
+    stats["partitions_count"] = q.keyspace.partitions
+    stats["partitions_from"] = args.partitions_from
+    stats["problems"] = fleetcheck.check(q.client, q.keyspace, args.consumer_group)
     if args.json:
         _emit(args, stats, None, [])
         return 0
     print(f"stream {stats['stream']}  group {stats['group']}")
     for key in ("length", "pending", "lag", "consumers", "oldest_pending_id", "oldest_pending_age_s", "dlq_length"):
         print(f"{key:>22}: {stats.get(key)}")
+    print(f"{'partitions':>22}: {q.keyspace.partitions} ({args.partitions_from})")
     if stats.get("note"):
         print(f"{'note':>22}: {stats['note']}")
+    for line in stats["problems"]:
+        print(f"{'problem':>22}: {line}")
     for part in stats.get("partitions", []):
         print(
             f"  {part['stream']}: length {part['length']}, pending {part['pending']}, lag {part['lag']}, "

@@ -30,10 +30,17 @@ def run_worker(args: argparse.Namespace) -> int:
         from plaita.cli.executions import flow_worker
 
         settings, runner = flow_worker(args.flows or [], settings, keeper=args.keeper)
+        runner.handover.group = settings.consumer_group  # hand over only to workers of our group
         # Steps run as coroutines on the async pool's loop; sync steps move to threads there.
         handler: object = runner.run_async
-    else:
+    elif args.handler:
         handler = load_handler(args.handler)
+    else:
+        # A default handler would silently consume (and ack) whatever the queue carries.
+        raise ConfigError(
+            "plaita worker needs --handler MODULE:CALLABLE or --flows MODULE (e.g. --handler "
+            "plaita.runtime.handlers:echo to log and ack every task)"
+        )
     worker = Worker(settings, handler)  # type: ignore[arg-type]
     ops = attach_operations(worker)  # binds --metrics-port: ConfigError (exit 2) when it cannot listen
     if runner is not None:

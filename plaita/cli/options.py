@@ -64,8 +64,9 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         None,
         str,
         ("PLAITA_HANDLER",),
-        "task handler as MODULE:CALLABLE",
-        default="plaita.runtime.handlers:echo",
+        "task handler as MODULE:CALLABLE; a worker needs this or --flows (no default: a worker must "
+        "never consume a queue's tasks with a handler nobody chose)",
+        shown="none",
     ),
     Opt("--concurrency", "concurrency", int, ("PLAITA_WORKER_CONCURRENCY",), "tasks run at once (handler threads)"),
     Opt(
@@ -251,6 +252,10 @@ def add_options(p: argparse.ArgumentParser, env: Mapping[str, str], options: Seq
         )
 
 
+class Unset(int):
+    """A default no flag or environment variable chose: ``plaita status`` then asks the fleet."""
+
+
 def add_redis_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     p.add_argument(
         "--redis-url",
@@ -265,7 +270,7 @@ def add_redis_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
     p.add_argument(
         "--partitions",
         type=_typed(int, "--partitions"),
-        default=env_first(env, "PLAITA_PARTITIONS") or _DEFAULTS["partitions"],
+        default=env_first(env, "PLAITA_PARTITIONS") or Unset(_DEFAULTS["partitions"]),
         help="streams the queue is split into, <queue>:{p<i>} each; producers, workers and admin commands "
         "must agree (env PLAITA_PARTITIONS; default 1 = the single stream <queue>)",
     )

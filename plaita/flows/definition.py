@@ -125,6 +125,16 @@ class Flow:
                 return i
         return None
 
+    def lineage(self, earlier: Iterable[Any] = ()) -> list[str]:
+        """The versions an execution checkpointed by this definition has been at, or is newer
+        than: ``earlier`` (what it had), the versions declared compatible, and this one. A worker
+        whose version is in an execution's lineage but is not its version is the older one."""
+        out: list[str] = []
+        for v in (*earlier, *self.compatible_with, self.version):
+            if isinstance(v, str) and v not in out:
+                out.append(v)
+        return out
+
     def accepts_version(self, version: str | None) -> bool:
         """True if an execution started with ``version`` may run on this definition."""
         return (

@@ -26,6 +26,7 @@ from plaita.flows import model
 from plaita.flows.checkpoint import Checkpointer, LeaseLostError, Run, call_io, encode
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
+from plaita.flows.handover import Handover, fleet_entry, upgrade
 from plaita.flows.validate import StepOutputError, require_task_json
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
@@ -69,6 +70,8 @@ class FlowRunner:
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
+        #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
+        self.handover = Handover(store.client, store.ks.queue)
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
@@ -96,6 +99,10 @@ class FlowRunner:
 
     async def run_async(self, task: Task) -> None:
         await self._handle(task, offload=True)
+
+    def fleet_entry(self) -> dict[str, Any]:
+        """What this runner runs, for the worker's registry entry."""
+        return fleet_entry(self.flows)
 
     def close(self) -> None:
         """Stop the cancel watcher and close the per-thread loops (call once no task runs)."""
@@ -129,9 +136,10 @@ class FlowRunner:
         if event is not None and self.observer is not None:
             self.observer.execution_event(run.flow.flow_id, event)
 
-    def _flow(self, flow_id: Any) -> Flow:
+    async def _flow(self, flow_id: Any, task: Task, offload: bool) -> Flow:
         flow = self.flows.get(flow_id)
         if flow is None:
+            await call_io(offload, self.handover.unknown_flow, task, flow_id)  # another worker runs it?
             raise BadTaskError(
                 f"unknown flow {flow_id!r} (loaded: {', '.join(f.flow_id for f in self.flows) or 'none'})"
             )
@@ -139,13 +147,14 @@ class FlowRunner:
 
     async def _begin_start(self, task: Task, offload: bool) -> Run | None:
         body, eid = task.body, task.execution_id
-        flow = self._flow(body.get("flow_id"))
+        flow = await self._flow(body.get("flow_id"), task, offload)
         params = body.get("params")
         params = {} if params is None else params
         if not isinstance(params, dict):
             raise BadTaskError(f"start 'params' must be a JSON object (got {type(params).__name__})")
         requested = body.get("version")
         if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
+            await call_io(offload, self.handover.requested_version, task, flow.flow_id, str(requested))
             raise BadTaskError(f"flow {flow.flow_id!r} version {requested!r} requested; loaded is {flow.version!r}")
         dedup = body.get("dedup_key")
         dedup = str(dedup) if dedup not in (None, "") else None
@@ -190,7 +199,7 @@ class FlowRunner:
             raise BadTaskError(
                 f"resume for flow {flow_id!r} of execution {eid!r}, which runs flow {doc.get('flow_id')!r}"
             )
-        flow = self._flow(doc.get("flow_id"))
+        flow = await self._flow(doc.get("flow_id"), task, offload)
         rtype = body.get("resume_type", "continue")
         if rtype not in model.RESUME_TYPES:
             raise BadTaskError(
@@ -220,14 +229,17 @@ class FlowRunner:
         return run
 
     async def _compatible(self, run: Run) -> bool:
-        """True if ``run``'s flow definition can continue it; else it ends in ``error``."""
+        """True if ``run``'s flow definition can continue it. Else the task goes to a worker that
+        can (``NotForThisWorker``, see plaita.flows.handover); only when none can and this
+        worker is not the older one does the execution end in ``error``."""
         doc, flow = run.doc, run.flow
         if doc.get("fingerprint") == flow.fingerprint:
             return True
         index = flow.index_of(str(doc.get("step")))
         if index is not None and flow.accepts_version(doc.get("version")):
-            doc.update(step_index=index, fingerprint=flow.fingerprint, version=flow.version)
+            upgrade(doc, flow, index)
             return True
+        await call_io(run.offload, self.handover.cannot_continue, run.task, flow, doc)
         message = (
             f"flow {flow.flow_id!r} changed since this execution started (steps renamed, added or reordered; "
             f"version {doc.get('version')!r} -> {flow.version!r}): refused. Declare a compatible version to allow it"

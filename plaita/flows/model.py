@@ -33,6 +33,8 @@ def new_execution(
         "flow_id": flow.flow_id,
         "fingerprint": flow.fingerprint,
         "version": flow.version,
+        # The versions this execution is at or newer than (older workers hand it back).
+        "versions": flow.lineage(),
         "status": "running",
         "step_index": 0,
         "step": flow.steps[0].name,

@@ -17,6 +17,7 @@ from typing import Any
 from plaita.fsm import ErrorKind, State
 from plaita.ops import sdnotify
 from plaita.ops.control import ControlListener
+from plaita.ops.fleetcheck import FleetCheck
 from plaita.ops.metrics import HealthServer, Metrics
 from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
@@ -63,6 +64,13 @@ class Operations:
         if settings.metrics_port is not None:
             self.http = HealthServer(settings.metrics_host, settings.metrics_port, self.metrics, worker.readiness)
         self.status_file = StatusFile(settings.status_file, worker.status)
+        self.fleet_check = FleetCheck(
+            worker.queue.client,
+            worker.queue.keyspace,
+            settings.consumer_group,
+            me=self._registry_entry,
+            on_change=self._fleet_problem,
+        )
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="plaita-monitor", daemon=True)
         self._ready_sent = False
@@ -82,6 +90,13 @@ class Operations:
             entry["metrics_host"] = self.worker.settings.metrics_host
             entry["metrics_port"] = self.http.port
         return entry
+
+    def _fleet_problem(self, problem: str | None) -> None:
+        if problem != self.worker.fleet_problem:
+            self.worker.fleet_problem = problem
+            self.status_file.write(force=True)
+            if self.registry is not None:
+                self.registry.beat_soon()
 
     # -- WorkerObserver ------------------------------------------------------------------
     def worker_started(self) -> None:
@@ -157,6 +172,8 @@ class Operations:
             # BACKOFF), not to process liveness: a wedged loop gets restarted, an outage does not.
             if watchdog_s and self.worker.loop_age_s() < self.worker.stall_after_s:
                 sdnotify.notify("WATCHDOG=1")
+            if not self.worker.outage.active and self.fleet_check.due():
+                self.fleet_check.run()
             now = time.monotonic()
             if self.http is not None and now >= next_sample:
                 next_sample = now + QUEUE_SAMPLE_EVERY_S

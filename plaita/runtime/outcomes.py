@@ -10,7 +10,7 @@ from plaita.runtime.counters import CounterBook
 from plaita.runtime.observer import Observers
 from plaita.runtime.pool import Done
 from plaita.runtime.renewer import InFlightTable
-from plaita.runtime.settler import ACK, DEAD, Outcome, Settler
+from plaita.runtime.settler import ACK, DEAD, HANDBACK, RETRY, Outcome, Settler
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class OutcomeRouter:
         # Marked settling before the settler can release their leases (see LeaseRenewer).
         items = self.inflight.begin_settling(task.message_id for task, _, _ in done)
         outcomes: list[Outcome] = []
-        counts = {"completed": 0, "failed": 0, "dead_lettered": 0}
+        counts = {"completed": 0, "failed": 0, "dead_lettered": 0, "handed_back": 0}
         for (task, outcome, _), item in zip(done, items, strict=True):
             if item is not None and item.lost:
                 # A successor may own this entry now: acking or releasing would touch its delivery.
@@ -47,7 +47,12 @@ class OutcomeRouter:
                     task.message_id,
                 )
                 continue
-            if outcome.kind == ACK:
+            if outcome.kind == HANDBACK:
+                # The entry's own fields go back on the stream (the re-add fallback needs them).
+                fields = item.fields if item is not None else None
+                outcome = replace(outcome, kind=HANDBACK if fields is not None else RETRY, fields=fields)
+                counts["handed_back"] += 1
+            elif outcome.kind == ACK:
                 counts["completed"] += 1
             else:
                 counts["failed"] += 1
@@ -57,7 +62,7 @@ class OutcomeRouter:
                 outcome = Outcome(outcome.message_id, outcome.kind, replace(outcome.dead, fields=item.fields))
             lease = item.lease if item is not None else None
             if lease is not None:
-                outcome = Outcome(outcome.message_id, outcome.kind, outcome.dead, (lease.key, lease.value))
+                outcome = replace(outcome, release=(lease.key, lease.value))
             outcomes.append(outcome)
         for name, n in counts.items():
             self.counters.add(name, n)

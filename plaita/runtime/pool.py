@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from plaita.errors import BadTaskError
+from plaita.errors import BadTaskError, NotForThisWorker
+from plaita.runtime.handover import not_for_this_worker
 from plaita.runtime.settler import RETRY, Outcome
 from plaita.store.errors import is_redis_failure
 from plaita.tasks import Task
@@ -169,6 +170,8 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
     shrink). It is a failed delivery like any other, so a task that does it every time reaches
     the DLQ; ``BadTaskError`` goes there at once.
     """
+    if isinstance(exc, NotForThisWorker):
+        return not_for_this_worker(task, exc, max_deliveries)
     if isinstance(exc, BadTaskError):
         logger.warning("task %s rejected by its handler (%s): moved to the DLQ", task.message_id, exc)
         return Outcome.to_dlq(task.message_id, exc.reason, task.delivery_count, task.body)

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plaita.store.entries import DeadLetter
 from plaita.store.streams import StreamQueue
@@ -25,7 +25,7 @@ MAX_UNSETTLED = 50_000
 #: Most outcomes settled in one MULTI/EXEC.
 SETTLE_BATCH = 500
 #: Outcome kinds.
-ACK, DEAD, RETRY = "ack", "dead", "retry"
+ACK, DEAD, RETRY, HANDBACK = "ack", "dead", "retry", "handback"
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,8 @@ class Outcome:
     """What to do with a message once its handler returned.
 
     ``ack``: done, XACK + XDEL. ``dead``: move to the DLQ. ``retry``: the handler failed; leave
-    it pending for redelivery. ``release``
+    it pending for redelivery. ``handback``: not for this worker; give it back to the group
+    without charging a delivery (``fields`` are the entry's, for the re-add). ``release``
     is a lease (key, value) to release in the same transaction as the ack.
     """
 
@@ -41,6 +42,9 @@ class Outcome:
     kind: str = ACK
     dead: DeadLetter | None = None
     release: tuple[str, str] | None = None
+    fields: dict[str, bytes] | None = None
+    #: A hand-back waits until this ``time.monotonic()`` (its slot is free meanwhile).
+    not_before_s: float = 0.0
 
     @classmethod
     def to_dlq(
@@ -53,11 +57,17 @@ class Outcome:
 class Settler:
     """The thread that acks and dead-letters finished tasks in batches."""
 
-    def __init__(self, stream_queue: StreamQueue, *, on_failure: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self, stream_queue: StreamQueue, *, on_failure: Callable[[BaseException], None], max_defer_s: float = 1.0
+    ) -> None:
         self._queue = stream_queue
+        #: Longest wait of a deferred hand-back: well within the lease it holds meanwhile.
+        self.max_defer_s = max_defer_s
         self._on_failure = on_failure
         self._cond = threading.Condition()
         self._pending: collections.deque[Outcome] = collections.deque()
+        #: Outcomes waiting for their ``not_before_s`` (a few hand-backs at most).
+        self._deferred: list[Outcome] = []
         self._healthy = True
         self._closed = False
         self._dropped = 0
@@ -92,19 +102,23 @@ class Settler:
                     logger.warning(
                         "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
                     )
-            self._pending.extend(wanted)
+            now = time.monotonic()
+            latest_s = now + self.max_defer_s
+            wanted = [o if o.not_before_s <= latest_s else replace(o, not_before_s=latest_s) for o in wanted]
+            self._deferred += [o for o in wanted if o.not_before_s > now]
+            self._pending.extend(o for o in wanted if o.not_before_s <= now)
             if self._idle_waiting:  # wake the settler only when it sleeps: a notify per task is costly
                 self._cond.notify_all()
 
     def unsettled_ids(self) -> set[str]:
         """Ids whose outcome is queued or being sent right now."""
         with self._cond:
-            return {o.message_id for o in self._pending} | {o.message_id for o in self._batch}
+            return {o.message_id for o in (*self._pending, *self._batch, *self._deferred)}
 
     @property
     def backlog(self) -> int:
         with self._cond:
-            return len(self._pending)
+            return len(self._pending) + len(self._deferred)
 
     def redis_ok(self) -> None:
         """The owner saw Redis answer again: retry kept outcomes now."""
@@ -124,20 +138,35 @@ class Settler:
             return True
 
     def close(self) -> None:
-        """Refuse further outcomes and let the thread end once idle."""
+        """Refuse further outcomes and let the thread end once idle (deferred ones go now)."""
         with self._cond:
             self._closed = True
+            self._pending.extend(self._deferred)
+            self._deferred.clear()
             self._cond.notify_all()
 
     _busy = False
 
+    def _promote_due(self) -> float:
+        """Move deferred outcomes whose time has come to the queue (lock held); how long to
+        wait for the next one at most."""
+        if not self._deferred:
+            return 0.5
+        now = time.monotonic()
+        self._pending.extend(o for o in self._deferred if o.not_before_s <= now)
+        self._deferred = [o for o in self._deferred if o.not_before_s > now]
+        return min([0.5, *(o.not_before_s - now for o in self._deferred)])
+
     def _take_batch(self) -> list[Outcome] | None:
         with self._cond:
-            while not self._pending or not self._healthy:
+            while True:
+                wait_s = self._promote_due()
+                if self._pending and self._healthy:
+                    break
                 if self._closed:
                     return None
                 self._idle_waiting = True
-                self._cond.wait(0.5)
+                self._cond.wait(wait_s)
                 self._idle_waiting = False
             batch = [self._pending.popleft() for _ in range(min(SETTLE_BATCH, len(self._pending)))]
             self._busy = True
@@ -149,10 +178,11 @@ class Settler:
             batch = self._take_batch()
             if batch is None:
                 return
-            acks = [o.message_id for o in batch if o.kind == ACK]
-            dead = [o.dead for o in batch if o.kind == DEAD and o.dead is not None]
-            releases = [o.release for o in batch if o.release is not None]
             try:
+                batch = self._hand_back(batch)
+                acks = [o.message_id for o in batch if o.kind == ACK]
+                dead = [o.dead for o in batch if o.kind == DEAD and o.dead is not None]
+                releases = [o.release for o in batch if o.release is not None]
                 refused = self._queue.settle(acks, dead, releases)
             except Exception as exc:
                 with self._cond:
@@ -172,6 +202,21 @@ class Settler:
                 self.dead_lettered += len(dead) - len(refused)
                 self.dlq_refused += len(refused)
                 self._cond.notify_all()
+
+    def _hand_back(self, batch: list[Outcome]) -> list[Outcome]:
+        """Hand back the batch's ``handback`` outcomes (one transaction with their lease
+        releases); the rest of the batch. Raises with nothing handed back: the batch is kept."""
+        back = [o for o in batch if o.kind == HANDBACK and o.fields is not None]
+        if not back:
+            return batch
+        self._queue.hand_back(
+            [(o.message_id, o.fields) for o in back if o.fields is not None],
+            [o.release for o in back if o.release is not None],
+            timeout_s=None,
+        )
+        with self._cond:
+            self._batch = [o for o in self._batch if o.kind != HANDBACK]
+        return [o for o in batch if o.kind != HANDBACK]
 
     @staticmethod
     def _report_refused(refused: list[tuple[DeadLetter, str]]) -> None:

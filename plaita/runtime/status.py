@@ -43,6 +43,10 @@ def worker_status(worker: Worker) -> dict[str, Any]:
         "consumer": worker.settings.consumer_name,
         "stream": worker.settings.queue_name,
         "group": worker.settings.consumer_group,
+        # The fleet checks compare these across workers (plaita.ops.fleetcheck).
+        "partitions": worker.settings.partitions,
+        "partitions_assigned": list(worker.settings.partitions_assigned or ()) or None,
+        "runs": worker.runs,
         "status": REGISTRY_STATUS[state],
         "state": state.name,
         "state_since": round(time.time() - in_state_s, 3),

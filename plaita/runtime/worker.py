@@ -40,6 +40,19 @@ logger = logging.getLogger(__name__)
 PAUSED_POLL_S = 0.5
 
 
+def describe_handler(handler: object) -> dict[str, Any]:
+    """What ``handler`` runs, for the registry: ``{"flows": [...]}`` for a flow runner (or its
+    bound ``run_async``: anything with ``fleet_entry()``), else ``{"handler": "module:name"}``."""
+    owner = getattr(handler, "__self__", handler)
+    entry = getattr(owner, "fleet_entry", None)
+    if callable(entry):
+        described = entry()
+        if isinstance(described, dict):
+            return described
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    return {"handler": f"{getattr(handler, '__module__', None) or type(handler).__module__}:{name}"}
+
+
 class Worker:
     """Consumes one stream until stopped; never exits because of Redis."""
 
@@ -65,6 +78,10 @@ class Worker:
         self._requests_lock = threading.Lock()
         self._posted_failure: BaseException | None = None
         self._pause_wanted: bool | None = None
+        #: What this worker runs, published in the registry (``describe_handler``).
+        self.runs = describe_handler(handler)
+        #: A fleet misconfiguration the operations side found (plaita.ops.fleetcheck), or None.
+        self.fleet_problem: str | None = None
         self._build_parts(handler)
         self._actions: dict[State, Callable[[], None]] = {
             State.INIT: self._start,
@@ -85,7 +102,9 @@ class Worker:
     def _build_parts(self, handler: Handler) -> None:
         settings = self.settings
         self.inflight = InFlightTable()
-        self.settler = Settler(self.queue, on_failure=self._post_failure)
+        # A deferred hand-back holds its lease unrenewed and its entry idle: well below both limits.
+        max_defer_s = min(2.0, settings.lease_ttl_s / 3, settings.claim_min_idle_ms / 3000)
+        self.settler = Settler(self.queue, on_failure=self._post_failure, max_defer_s=max_defer_s)
         self.leases = LeaseManager(
             self.queue.client,
             consumer=settings.consumer_name,
@@ -347,6 +366,8 @@ class Worker:
         age_s = self.progress_age_s()
         if age_s > self.stall_after_s:
             return False, f"stalled: no consume-loop progress for {age_s:.0f} s"
+        if self.fleet_problem:
+            return False, f"misconfigured: {self.fleet_problem}"
         return True, f"ok: {state.name}"
 
     def status(self) -> dict[str, Any]:

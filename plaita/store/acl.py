@@ -18,7 +18,7 @@ WORKER_ACL_RULES = (
     "+xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xtrim +xclaim "
     "+xpending +xinfo|groups +xinfo|consumers +xrange +xlen "
     "+evalsha +script|load +script|exists "
-    "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl "
+    "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl +scan +mget "
     "+multi +exec +subscribe +client|setname +info"
 )
 

@@ -26,6 +26,8 @@ CONTROL_ALL = "plaita:control:all"
 REPLY_PREFIX = "plaita:control:reply:"
 #: Reply lists expire after this many seconds if nobody reads them.
 REPLY_TTL_S = 60
+#: Prefix of the per-task hand-over counters (the original's anti ping-pong marker).
+HANDOVER_PREFIX = "plaita:handover:"
 
 
 def registry_key(instance_id: str) -> str:
@@ -67,6 +69,16 @@ def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
             entry.setdefault("instance_id", name[len(REGISTRY_PREFIX) :])
             entries.append(entry)
     return entries
+
+
+def count_handover(client: redis.Redis, name: str, window_s: float) -> int:
+    """Count one hand-over of task ``name``; how many there were in its ``window_s`` window
+    (the window starts at the first one; the counter then expires)."""
+    key = f"{HANDOVER_PREFIX}{name}"
+    pipe = client.pipeline(transaction=False)  # one key: in order on one connection, any server
+    pipe.set(key, 0, px=max(1, int(window_s * 1000)), nx=True)
+    pipe.incr(key)
+    return int(pipe.execute()[1])
 
 
 def listeners(client: redis.Redis, instance_id: str) -> int:

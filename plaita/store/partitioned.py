@@ -310,7 +310,7 @@ class PartitionedQueue(StreamQueue):
         entries: list[tuple[str, dict[str, bytes]]],
         releases: list[tuple[str, str]],
         *,
-        timeout_s: float = 0.3,
+        timeout_s: float | None = 0.3,
     ) -> None:
         by_entry: dict[int, list[tuple[str, dict[str, bytes]]]] = {}
         for qualified, fields in entries:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import redis
 
+from plaita.store.client import is_cluster
 from plaita.store.entries import as_text
+from plaita.store.keyspace import Keyspace
 from plaita.store.streams import StreamQueue
 
 #: Counters summed over partitions.
@@ -105,3 +108,48 @@ def _one_or_empty(q: StreamQueue) -> dict[str, Any]:
         "oldest_pending_age_s": 0.0,
         "note": "stream does not exist yet" if not exists else f"group {q.group!r} does not exist yet",
     }
+
+
+#: SCAN calls one stray-stream search makes at most (COUNT 1000 each): bounded on a huge keyspace.
+STRAY_SCAN_CALLS = 200
+_PARTITION_STREAM = re.compile(r"\{p\d+(\.\d+)?\}")
+
+
+def stray_streams(client: redis.Redis, ks: Keyspace) -> tuple[dict[str, int], bool]:
+    """Non-empty streams of queue ``ks.queue`` that a worker with ``ks.partitions`` partitions
+    never reads (a producer or worker with another ``--partitions``): {stream: length}, and
+    whether the whole keyspace was searched (False: the SCAN budget ran out first)."""
+    ours = {ks.stream(p) for p in range(ks.partitions)}
+    candidates: set[str] = set() if ks.queue in ours else {ks.queue}
+    prefix = f"{ks.queue}:"
+    pattern = _glob_escape(prefix) + "{p*"
+    keys: list[Any] = []
+    complete = False
+    if is_cluster(client):  # every master's keys (its own SCAN per node)
+        keys, complete = list(client.scan_iter(match=pattern, count=1000, _type="stream")), True
+    else:
+        cursor: Any = 0
+        for _ in range(STRAY_SCAN_CALLS):
+            cursor, page = client.scan(cursor=cursor, match=pattern, count=1000, _type="stream")
+            keys += page
+            if not int(cursor):
+                complete = True
+                break
+    for key in keys:
+        name = as_text(key)
+        if _PARTITION_STREAM.fullmatch(name[len(prefix) :]):
+            candidates.add(name)
+    found: dict[str, int] = {}
+    for name in sorted(candidates - ours):
+        try:
+            length = int(client.xlen(name))
+        except redis.ResponseError:  # another type under that name: not a stream of ours
+            continue
+        if length:
+            found[name] = length
+    return found, complete
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a SCAN MATCH pattern."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)

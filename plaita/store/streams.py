@@ -317,16 +317,20 @@ class StreamQueue:
         entries: list[tuple[str, dict[str, bytes]]],
         releases: list[tuple[str, str]],
         *,
-        timeout_s: float = HAND_BACK_TIMEOUT_S,
+        timeout_s: float | None = HAND_BACK_TIMEOUT_S,
     ) -> None:
         """Give entries back to the group at once without charging a delivery.
 
         Uses ``XNACK … SILENT`` where the server has it; otherwise re-adds each entry (same
         fields) and acks + deletes the original, atomically. ``releases`` are (lease key,
         value) pairs released in the same transaction. Runs while stopping, so every round
-        trip is bounded by ``timeout_s`` (a frozen Redis must not stretch the exit).
+        trip is bounded by ``timeout_s`` (a frozen Redis must not stretch the exit); None = the
+        worker's own client and timeouts (a hand-back while running, by the settler).
         """
         if not entries and not releases:
+            return
+        if timeout_s is None:
+            self._hand_back(self.client, entries, releases)
             return
         client = bounded_clone(self.client, timeout_s)
         try:

@@ -27,6 +27,8 @@ def run_worker(redis_url: str, *args: str, pythonpath: str = "") -> tuple[int | 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLAITA_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), pythonpath) if p)
     argv = [sys.executable, "-m", "plaita", "worker", "--redis-url", redis_url, "--no-registry", *args]
+    if "--handler" not in args and "--flows" not in args:  # the flag under test must be what fails
+        argv += ["--handler", "plaita.runtime.handlers:echo"]
     proc = subprocess.Popen(argv, cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _out, err = proc.communicate(timeout=START_S)

@@ -434,6 +434,8 @@ def worker_process(url: str, tmp_path: Path, *args: str, name: str = "w") -> Ite
         f"{name}-host:0",
         "--status-file",
         str(status_file),
+        # A worker must name what it runs; these tests use the logging one unless they choose.
+        *(() if "--handler" in args or "--flows" in args else ("--handler", "plaita.runtime.handlers:echo")),
         *args,
     ]
     with open(stderr_file, "wb") as err:
