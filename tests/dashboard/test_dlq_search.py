@@ -145,3 +145,32 @@ def test_every_envelope_shape_renders(make_dashboard: MakeDashboard, rclient: re
     r = dash.post("/dlq/requeue", data={"all_matching": "1", "q": "", "csrf": csrf}, headers=SAME_ORIGIN)
     assert r.status_code == 200 and f"requeued {len(ids)} dead letter(s)" in r.text
     assert rclient.xlen(DLQ) == 0 and rclient.xlen(QUEUE) == len(ids)
+
+
+def test_a_partitioned_scan_resumes_across_partitions_without_gaps_or_repeats(redis_url: str) -> None:
+    """Three DLQ partitions holding the same ids (5-0 in each): a scan of 7 at a time, continued
+    from its own last id, visits every entry once, ordered by (id, partition)."""
+    from plaita.config import Settings
+    from plaita.store.dlq import DeadLetterQueue
+    from plaita.store.partitioned import open_queue
+
+    q = open_queue(Settings(redis_url=redis_url, queue_name=QUEUE, consumer_name="c", partitions=3))
+    dlq = DeadLetterQueue(q)
+    expected: list[tuple[int, int, int]] = []
+    for p, part in enumerate(dlq.parts):
+        for ms in (*range(1, 9), 5 + p * 3):
+            if (ms, 0, p) in expected:
+                continue
+            q.client.xadd(part.dlq_key, {"payload": json.dumps({"reason": f"r{p}-{ms}"})}, id=f"{ms}-0")
+            expected.append((ms, 0, p))
+    seen: list[str] = []
+    after: str | None = None
+    for _ in range(50):  # bounded: 27 entries, 7 per call
+        scan = dlq.scan(after=after, max_rows=100, max_scan=7)
+        seen += [r["dlq_id"] for r in scan.rows]
+        assert scan.scanned == len(scan.rows) <= 7
+        if not scan.more:
+            break
+        after = scan.last_id
+    assert seen == [f"{p}/{ms}-{seq}" for ms, seq, p in sorted(expected)]
+    q.close()
