@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,7 +38,7 @@ from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.streams import StreamQueue
 from plaita.tasks import Task
-from tests.support.lease_workers import GROUP, QUEUE, inproc_worker, settings, wait_for
+from tests.support.lease_workers import GROUP, QUEUE, inproc_worker, settings, wait_for, worker_proc
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -324,3 +326,34 @@ def test_an_exception_whose_str_raises_is_judged_all_the_same(delivery: int) -> 
     else:
         assert outcome.kind == DEAD and outcome.dead is not None
         assert outcome.dead.reason == "processing_failed:_Unprintable:<_Unprintable whose str() raised>"
+
+
+def test_reproduction_4_a_generator_exit_step_on_a_real_worker(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's reproduction as a process: ``plaita worker --flows M --concurrency 1``, a sync
+    step raising GeneratorExit, then an ordinary execution. Before the fix the first was never
+    settled (its lease renewed for ever), the second never ran, and SIGTERM waited out the drain."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    store = ExecutionStore(client)
+    queue = StreamQueue(client, stream=QUEUE, group=GROUP, consumer="p", dlq_key=f"{QUEUE}:dlq", dlq_max_len=10)
+    flows = FlowClient(queue, store)
+    args = ("--flows", __name__, "--concurrency", "1", "--max-deliveries", "3", "--drain-timeout-s", "30",
+            "--claim-min-idle-ms", "2000", "--reclaim-interval-s", "1", "--lease-ttl-seconds", "5")  # fmt: skip
+    try:
+        with worker_proc(redis_url, tmp_path, "gx", *args) as w:
+            w.wait_reading()
+            bad = flows.start("raise_sync", {"raise": "GeneratorExit"})
+            good = flows.start("raise_sync", {})
+            assert flows.wait(good, 15)["status"] == "completed"
+            doc = flows.wait(bad, 5)
+            assert doc["status"] == "error" and doc["error"]["type"] == "GeneratorExit" and doc["attempt"] == 2
+            wait_for(lambda: _pending(client) == 0, 5, "nothing pending")
+            started = time.monotonic()
+            assert w.terminate(timeout_s=10) == 0
+            assert time.monotonic() - started < 5, "SIGTERM waited for a slot that never came back"
+            assert "never retrieved" not in w.stderr()
+        assert client.xlen(f"{QUEUE}:dlq") == 0
+    finally:
+        client.close()
