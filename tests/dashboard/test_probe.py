@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from plaita.dashboard import probe as probe_module
 from plaita.dashboard.probe import MAX_ANSWER_BYTES, PROBE_TIMEOUT_S, UNPARSEABLE, parse_metrics, parse_readiness, probe
 from tests.dashboard.conftest import MakeDashboard, register, sample
+from tests.support.ops import ops_worker, wait_until
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -236,3 +238,16 @@ def test_the_registry_decides_nothing_but_a_literal_address() -> None:
     assert probe_module.probe_address({"metrics_port": 9100, "metrics_host": "internal.example"}) is None
     assert probe_module.probe_address({"metrics_port": 9100, "metrics_host": "::1"}) == ("::1", 9100)
     assert probe_module.probe_address({"metrics_port": True, "metrics_host": "127.0.0.1"}) is None
+
+
+def test_a_real_worker_is_understood(redis_url: str, tmp_path: Path) -> None:
+    """The parser against a real worker's /metrics and /readyz, not only hand-written answers."""
+    expected = {"state": "READING", "in_flight": 0, "ready": True, "ready_reason": "ok"}
+    seen: list[object] = []
+
+    def understood() -> bool:  # READING and RECLAIMING alternate: wait for the one expected
+        seen.append(probe("127.0.0.1", w.metrics_port))
+        return seen[-1] == expected
+
+    with ops_worker(redis_url, tmp_path) as w:
+        wait_until(understood, 10, "READING and ready from the worker's endpoint")
