@@ -52,16 +52,23 @@ def cursor(text: str) -> str | None:
     return text
 
 
+def _scan(dlq: DeadLetterQueue, needle: str, after: str, until: str = "") -> DlqScan:
+    try:
+        return dlq.scan(
+            matcher(needle), after=cursor(after), until=cursor(until), max_rows=PAGE_ROWS, max_scan=SCAN_ENTRIES
+        )
+    except ValueError as exc:  # a well-formed id of another partition count, say
+        raise ActionError(f"{exc} (for this queue's DLQ)") from None
+
+
 def page(dlq: DeadLetterQueue, needle: str, after: str) -> DlqPage:
-    scan = dlq.scan(matcher(needle), after=cursor(after), max_rows=PAGE_ROWS, max_scan=SCAN_ENTRIES)
+    scan = _scan(dlq, needle, after)
     return DlqPage([display(r) for r in scan.rows], scan, after)
 
 
 def requeue_matching(dlq: DeadLetterQueue, needle: str, after: str, until: str) -> Outcome:
     """Requeue what the page showed as matching: the same search over the same range."""
-    scan = dlq.scan(
-        matcher(needle), after=cursor(after), until=cursor(until), max_rows=PAGE_ROWS, max_scan=SCAN_ENTRIES
-    )
+    scan = _scan(dlq, needle, after, until)
     what = f"matching {needle!r}" if needle else "listed"
     if not scan.rows:
         raise ActionError(f"no dead letter {what} between {after or 'the oldest'} and {until or 'the newest'}")

@@ -42,9 +42,12 @@ class DlqScan:
 
 
 def _position(part_and_id: tuple[int, str]) -> tuple[int, int, int]:
+    """(ms, seq, partition) of an unqualified dlq id; ValueError when it is no stream id."""
     p, mid = part_and_id
-    ms, seq = _id_pair(mid)
-    return ms, seq, p
+    ms, sep, seq = mid.partition("-")
+    if not (ms.isdigit() and sep and seq.isdigit()):
+        raise ValueError(f"not a dead letter id: {mid!r}")
+    return int(ms), int(seq), p
 
 
 def _low(p: int, start: tuple[int, int, int] | None) -> str:
@@ -115,7 +118,8 @@ class DeadLetterQueue:
         """Dead letters after ``after`` (a dlq id; None: from the oldest) up to ``until``
         (inclusive; None: the newest), oldest first across partitions, looking at no more than
         ``max_scan`` of them and stopping at ``max_rows`` matches. Reads in chunks: a request
-        costs about ``max_scan / SCAN_CHUNK`` XRANGE calls per partition, whatever the DLQ holds."""
+        costs about ``max_scan / SCAN_CHUNK`` XRANGE calls per partition, whatever the DLQ holds.
+        ValueError when ``after`` or ``until`` is not a dlq id of this queue."""
         start = _position(self.ks.unqualify(after)) if after else None
         stop = _position(self.ks.unqualify(until)) if until else None
         bufs: dict[int, collections.deque[tuple[Any, Any]]] = {}

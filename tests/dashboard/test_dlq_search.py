@@ -174,3 +174,15 @@ def test_a_partitioned_scan_resumes_across_partitions_without_gaps_or_repeats(re
         after = scan.last_id
     assert seen == [f"{p}/{ms}-{seq}" for ms, seq, p in sorted(expected)]
     q.close()
+
+
+def test_a_cursor_of_another_shape_is_a_message(make_dashboard: MakeDashboard, rclient: redis.Redis) -> None:
+    """Well-formed ids that are not ids of this queue's DLQ (a partition it does not have, a
+    partition on a queue without partitions) answer a message, never a 500 or a silent restart."""
+    dead_letter(rclient, reason="r", payload={"n": 1})
+    flat = make_dashboard(allow_actions=False)
+    split = make_dashboard(allow_actions=False, partitions=3)
+    for dash, after in ((split, "7/1-0"), (split, "1-0"), (flat, "2/1-0")):
+        r = dash.get("/dlq", params={"after": after})
+        assert r.status_code == 200 and 'id="page-error"' in r.text, (after, r.text[-300:])
+        assert _listed(r.text) == []
