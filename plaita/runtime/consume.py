@@ -12,7 +12,7 @@ import time
 
 from plaita.config import Settings
 from plaita.fsm import Lifecycle
-from plaita.runtime.counters import CounterBook
+from plaita.runtime.counters import Counters
 from plaita.runtime.intake import Intake
 from plaita.runtime.outage import Outage
 from plaita.runtime.renewer import LeaseRenewer
@@ -40,7 +40,7 @@ class ConsumePhases:
         renewer: LeaseRenewer,
         settler: Settler,
         outage: Outage,
-        counters: CounterBook,
+        counters: Counters,
         slot_freed: threading.Event,
     ) -> None:
         self.settings = settings
