@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: Entries claimed per RECLAIMING pass at most, so a huge pending list never starves reading.
 RECLAIM_BATCH = 100
-#: Entries examined per residue sweep (original #43: 256 per pass).
+#: Entries examined per residue sweep: one bounded XRANGE + XPENDING between two reads, so the
+#: sweep of acked-but-undeleted entries never holds up consuming.
 RESIDUE_SWEEP_BATCH = 256
 
 

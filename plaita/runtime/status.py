@@ -14,7 +14,8 @@ from plaita.runtime.observer import Observers
 from plaita.runtime.outage import Outage
 from plaita.runtime.settler import Settler
 
-#: Registry ``status`` for each lifecycle state (the original's vocabulary).
+#: Registry ``status`` for each lifecycle state: the five words fleet tools read in registry
+#: entries (a promise: they do not change with the states).
 REGISTRY_STATUS = {
     State.INIT: "starting",
     State.ENSURE_GROUP: "running",
