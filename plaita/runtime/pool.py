@@ -213,6 +213,12 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
             reason,
         )
         return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
+    _log_failed_delivery(task, exc, max_deliveries)
+    return Outcome(task.message_id, RETRY)
+
+
+def _log_failed_delivery(task: Task, exc: BaseException, max_deliveries: int) -> None:
+    """A delivery failed and the task stays pending: one line for an outage, a traceback for a bug."""
     if _is_redis_failure(exc):  # an outage, not a bug in the handler: one line, no traceback
         logger.warning(
             "task %s failed on delivery %d of %d: Redis failed (%s: %s); left pending for redelivery",
@@ -222,7 +228,7 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
             type(exc).__name__,
             exception_text(exc),
         )
-        return Outcome(task.message_id, RETRY)
+        return
     logger.error(
         "task %s failed on delivery %d of %d (%s); left pending for redelivery",
         task.message_id,
@@ -231,4 +237,3 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
         type(exc).__name__,
         exc_info=exc,
     )
-    return Outcome(task.message_id, RETRY)

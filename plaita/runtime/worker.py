@@ -86,16 +86,7 @@ class Worker:
         #: A fleet misconfiguration the operations side found (plaita.ops.fleetcheck), or None.
         self.fleet_problem: str | None = None
         self._build_parts(handler)
-        self._actions: dict[State, Callable[[], None]] = {
-            State.INIT: self._start,
-            State.ENSURE_GROUP: self.phases.ensure_group,
-            State.RESUMING_OWN: self.phases.resume_own,
-            State.RECLAIMING: self.phases.reclaim,
-            State.READING: self.phases.read,
-            State.BACKOFF: self._wait_backoff,
-            State.PAUSED: self._wait_paused,
-            State.STOPPING: self._drain,
-        }
+        self._actions = self._action_table()
         self._last_progress_s = time.monotonic()
         self._last_step_s = self._last_progress_s
         #: No consume-loop progress for this long = stalled (not ready, no watchdog ping).
@@ -126,6 +117,19 @@ class Worker:
             on_lost=lambda _item: self.counters.add("leases_lost", 1),
         )
         self._build_phases(handler, owner_leases)
+
+    def _action_table(self) -> dict[State, Callable[[], None]]:
+        """What the owner does in each state (STOPPED ends ``run``)."""
+        return {
+            State.INIT: self._start,
+            State.ENSURE_GROUP: self.phases.ensure_group,
+            State.RESUMING_OWN: self.phases.resume_own,
+            State.RECLAIMING: self.phases.reclaim,
+            State.READING: self.phases.read,
+            State.BACKOFF: self._wait_backoff,
+            State.PAUSED: self._wait_paused,
+            State.STOPPING: self._drain,
+        }
 
     def _make_pool(self, handler: Handler) -> Pool:
         router = OutcomeRouter(
