@@ -71,24 +71,6 @@ HOLD_KEEPER_LEASE = scripts.script("hold_keeper_lease")
 RELEASE_KEEPER_LEASE = scripts.script("release_keeper_lease")
 
 
-# The keys of an unpartitioned queue (``DEFAULT``: one untagged partition, the layout existing
-# deployments have); a partitioned queue's are its ``keyspace``'s.
-def execution_key(execution_id: str) -> str:
-    return DEFAULT.execution_key(execution_id)
-
-
-def cancel_key(execution_id: str) -> str:
-    return DEFAULT.cancel_key(execution_id)
-
-
-def dedup_key(key: str) -> str:
-    return DEFAULT.dedup_key(0, key)
-
-
-def status_key(status: str) -> str:
-    return DEFAULT.status_key(0, status)
-
-
 def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
     """CHECKPOINT's reply as (written, cancel requested), or the refusal it names."""
     code = int(reply[0])
