@@ -1,4 +1,5 @@
-"""Settings: every knob of the worker, with the original plaita's names and defaults.
+"""Settings: every knob of the worker, under the names and defaults deployments already set
+(a promise: they do not change).
 
 Environment variables are read here and in ``cli.py`` only, never at import time.
 """
@@ -168,7 +169,8 @@ def default_consumer_name(slot: int = 0) -> str:
 
 
 def new_instance_id() -> str:
-    """``{hostname}-{uuid8}``: the registry/control identity, unique per process, as the original."""
+    """``{hostname}-{uuid8}``: the registry/control identity, unique per process, and still telling
+    an operator which host it runs on."""
     return f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
 
 

@@ -1,7 +1,7 @@
 """The DLQ envelope: what a dead letter keeps of its source entry. Pure: no Redis.
 
-The envelope is one JSON object (the DLQ entry's ``payload`` field), compatible with the
-original worker's readers (``reason``, ``source_stream``, ``source_id``, ``delivery_count``,
+The envelope is one JSON object (the DLQ entry's ``payload`` field), readable by
+existing DLQ readers (``reason``, ``source_stream``, ``source_id``, ``delivery_count``,
 ``dead_lettered_at``, ``payload``) plus ``fields``: the source entry exactly, every field in
 order, duplicates included, as ``[name, value]`` pairs. An operator must be able to see and
 replay what was sent, so nothing is decoded lossily:

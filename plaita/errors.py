@@ -28,7 +28,7 @@ class NotForThisWorker(PlaitaError):
     an execution checkpointed by a newer version of its flow).
 
     ``hand_back`` True: the worker gives the task back to the group at once, without charging a
-    delivery (the original plaita's ``TaskNotForThisWorker``). False (the hand-back budget is
+    delivery (the ``TaskNotForThisWorker`` of older plaita handlers). False (the hand-back budget is
     spent): it is left pending like a failed delivery, so it cannot bounce between workers
     forever; ``reason`` is its DLQ reason should it reach ``--max-deliveries``. ``delay_s``: the
     hand-back waits that long (the handler's slot is free meanwhile), so a task that keeps coming

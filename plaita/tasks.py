@@ -81,7 +81,8 @@ class Task:
     #: Fencing generation of the execution lease; writers refuse older generations.
     fencing_token: int = 0
     #: Where this task's execution keys live (a ``plaita.store.keyspace.Keyspace``, set by the
-    #: worker): pass it to ``fenced_set(..., keyspace=task.keyspace)``; None = the original keys.
+    #: worker): pass it to ``fenced_set(..., keyspace=task.keyspace)``; None = the untagged keys
+    #: of an unpartitioned queue.
     keyspace: Any = field(default=None, repr=False)
 
     @property
@@ -130,7 +131,8 @@ def _schema_version(fields: Mapping[str, bytes | str], message_id: str) -> int:
     try:
         return int(_text(raw))
     except (ValueError, UnicodeDecodeError):
-        # Compatible with the original worker: a garbled version is read as v1, with a warning.
+        # A garbled version is read as v1, with a warning: entries written before versions existed
+        # must keep running, and v1 is what they are.
         logger.warning("task %s has an unreadable schema_version %r; reading it as v1", message_id, raw)
         return 1
 

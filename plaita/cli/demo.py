@@ -53,7 +53,7 @@ from plaita.config import redact_url, validate_redis_url
 from plaita.store.client import Client, make_client
 from plaita.store.errors import is_redis_failure
 from plaita.store.fleet import registry_key
-from plaita.store.leases import fence_key, lease_key
+from plaita.store.keyspace import DEFAULT
 from plaita.store.server import PrivateRedis, RedisServerError
 from plaita.store.stats import is_settled
 from plaita.store.streams import StreamQueue
@@ -356,7 +356,7 @@ class Demo:
         self.worker_status()
         keys = [self.stream, f"{self.stream}:dlq", *(registry_key(i) for i in self.instance_ids)]
         for i in range(self.tasks):
-            keys += [lease_key(self.execution_id(i)), fence_key(self.execution_id(i))]
+            keys += [DEFAULT.lease_key(self.execution_id(i)), DEFAULT.fence_key(self.execution_id(i))]
         delete_or_say(self.client, keys, self.say)
 
 

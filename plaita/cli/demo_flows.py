@@ -289,19 +289,24 @@ class FlowDemo:
         self.client = None
 
     def _delete_keys(self) -> None:
-        from plaita.store.executions import DEADLINES_KEY, STATUSES, cancel_key, execution_key, status_key
+        from plaita.store.executions import DEADLINES_KEY, STATUSES
         from plaita.store.fleet import registry_key
-        from plaita.store.leases import fence_key, lease_key
+        from plaita.store.keyspace import DEFAULT
 
         assert self.client is not None
         keys = [self.stream, f"{self.stream}:dlq", *(registry_key(i) for i in self.instance_ids)]
         for eid in self.ids:
-            keys += [execution_key(eid), cancel_key(eid), lease_key(eid), fence_key(eid)]
+            keys += [
+                DEFAULT.execution_key(eid),
+                DEFAULT.cancel_key(eid),
+                DEFAULT.lease_key(eid),
+                DEFAULT.fence_key(eid),
+            ]
         if not delete_or_say(self.client, keys, self.say):
             return
         try:  # the status indexes are shared with every other flow: remove only this run's ids
             pipe = self.client.pipeline(transaction=False)
-            for key in [*(status_key(s) for s in STATUSES), DEADLINES_KEY]:
+            for key in [*(DEFAULT.status_key(0, s) for s in STATUSES), DEADLINES_KEY]:
                 pipe.zrem(key, *self.ids)
             pipe.execute()
         except Exception as exc:

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from plaita.dashboard import actions, dlq_view, executions
 from plaita.dashboard.actions import ActionError, Outcome
-from plaita.dashboard.app import Dashboard
+from plaita.dashboard.core import Dashboard
 from plaita.dashboard.security import SESSION_COOKIE, Forbidden
 from plaita.store.errors import is_redis_failure
 

@@ -3,7 +3,7 @@
 Commands are JSON ``{"command": "stop"|"pause"|"resume"|"status", "now": bool,
 "reply_to": key, "request_id": str}``. The listener only posts requests to the worker (the
 owner thread turns them into FSM events). It reconnects forever with backoff and never dies:
-the original's listener ended for good on its first Redis error.
+a listener that ended on a Redis error would leave the worker deaf to stop and pause.
 """
 
 from __future__ import annotations

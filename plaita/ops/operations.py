@@ -42,24 +42,7 @@ class Operations:
         self.registry: Registry | None = None
         self.control: ControlListener | None = None
         if settings.registry_enabled:
-            self.registry = Registry(
-                worker.queue.client,
-                instance_id=worker.instance_id,
-                snapshot=self._registry_entry,
-                ttl_s=settings.registry_ttl_s,
-                interval_s=settings.heartbeat_interval_s,
-            )
-            # The listener gets a client (so a pool) of its own: closing or resetting the worker's
-            # pool must never tear its pub/sub connection down under it.
-            control_client = make_client(
-                settings.redis_url,
-                socket_timeout_s=settings.socket_timeout_s,
-                client_name=f"plaita-control:{settings.consumer_name}".replace(" ", "_"),
-                tls=settings.tls,
-            )
-            self.control = ControlListener(
-                control_client, instance_id=worker.instance_id, on_command=worker.on_command, close_client=True
-            )
+            self.registry, self.control = self._registry(), self._control()
         self.http: HealthServer | None = None
         if settings.metrics_port is not None:
             self.http = HealthServer(settings.metrics_host, settings.metrics_port, self.metrics, worker.readiness)
@@ -77,6 +60,30 @@ class Operations:
         self._task_counters: dict[str, Any] = {}
         #: Set for a flow worker: the suspended-executions gauge is sampled with the queue's.
         self.executions: ExecutionStore | None = None
+
+    def _registry(self) -> Registry:
+        settings = self.worker.settings
+        return Registry(
+            self.worker.queue.client,
+            instance_id=self.worker.instance_id,
+            snapshot=self._registry_entry,
+            ttl_s=settings.registry_ttl_s,
+            interval_s=settings.heartbeat_interval_s,
+        )
+
+    def _control(self) -> ControlListener:
+        settings = self.worker.settings
+        # The listener gets a client (so a pool) of its own: closing or resetting the worker's
+        # pool must never tear its pub/sub connection down under it.
+        control_client = make_client(
+            settings.redis_url,
+            socket_timeout_s=settings.socket_timeout_s,
+            client_name=f"plaita-control:{settings.consumer_name}".replace(" ", "_"),
+            tls=settings.tls,
+        )
+        return ControlListener(
+            control_client, instance_id=self.worker.instance_id, on_command=self.worker.on_command, close_client=True
+        )
 
     def track_executions(self) -> None:
         """This worker runs flows: sample the suspended gauge (one ZCARD per status, pipelined)."""

@@ -1,8 +1,9 @@
 """Worker registry: a TTL'd JSON key per worker, refreshed by a heartbeat thread.
 
-``plaita:registry:flow_worker:{instance}`` (TTL 30 s, heartbeat 10 s, as the original). The
-heartbeat survives outages: a failed beat is logged once and retried; the next successful
-one re-creates the key. On stop the entry is deleted.
+``plaita:registry:flow_worker:{instance}`` (TTL 30 s, heartbeat 10 s: an entry outlives two
+missed beats, and a dead worker's is gone within 30 s). The heartbeat survives outages: a failed
+beat is logged once and retried; the next successful one re-creates the key. On stop the entry
+is deleted.
 """
 
 from __future__ import annotations

@@ -17,14 +17,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from plaita.runtime.pool import Done, Handler, judge, stream_order
-from plaita.runtime.settler import Outcome
+from plaita.runtime.outcomes import Done, Outcome
+from plaita.runtime.pool import Handler, PoolBase, judge, stream_order
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
 
-#: Exponential moving average weight for handler duration (as the thread pool).
-_EWMA_ALPHA = 0.2
 #: Longest wait for the loop thread to exit after ``stop`` (it only has to leave run_forever).
 _STOP_JOIN_S = 1.0
 
@@ -37,7 +35,7 @@ def is_async_handler(handler: object) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-class AsyncHandlerPool:
+class AsyncHandlerPool(PoolBase):
     """Runs tasks as coroutines on one event loop thread; reports finished tasks via ``on_done``.
 
     Tasks finishing in the same loop iteration are reported as one chunk (one settler hand-off
@@ -68,7 +66,6 @@ class AsyncHandlerPool:
         self._thread = threading.Thread(target=self._serve, name="plaita-async-handlers", daemon=True)
         # Strong references: the loop keeps only weak ones, and a collected task just vanishes.
         self._tasks: set[asyncio.Task[None]] = set()
-        self.mean_duration_s: float | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -92,15 +89,6 @@ class AsyncHandlerPool:
             taken = list(self._waiting)
             self._waiting.clear()
         return sorted(taken, key=lambda t: stream_order(t.message_id))
-
-    def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
-        """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
-        while True:
-            if self.busy <= 0:
-                return True
-            if deadline_s - time.monotonic() <= 0 or abort.is_set():
-                return False
-            abort.wait(0.02)
 
     def stop(self) -> None:
         """Stop the loop; running coroutines are abandoned, not cancelled (the thread pool does
@@ -157,8 +145,7 @@ class AsyncHandlerPool:
             duration_s = time.monotonic() - started
             with self._lock:  # the slot comes back whatever happened above
                 self._running -= 1
-                m = self.mean_duration_s
-                self.mean_duration_s = duration_s if m is None else m + _EWMA_ALPHA * (duration_s - m)
+                self._note_duration(duration_s)
         if not self._finished:
             self._loop.call_soon(self._report)
         self._finished.append((task, outcome, duration_s))

@@ -12,7 +12,7 @@ import time
 
 from plaita.config import Settings
 from plaita.fsm import Lifecycle
-from plaita.runtime.counters import CounterBook
+from plaita.runtime.counters import Counters
 from plaita.runtime.intake import Intake
 from plaita.runtime.outage import Outage
 from plaita.runtime.renewer import LeaseRenewer
@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: Entries claimed per RECLAIMING pass at most, so a huge pending list never starves reading.
 RECLAIM_BATCH = 100
-#: Entries examined per residue sweep (original #43: 256 per pass).
+#: Entries examined per residue sweep: one bounded XRANGE + XPENDING between two reads, so the
+#: sweep of acked-but-undeleted entries never holds up consuming.
 RESIDUE_SWEEP_BATCH = 256
 
 
@@ -40,7 +41,7 @@ class ConsumePhases:
         renewer: LeaseRenewer,
         settler: Settler,
         outage: Outage,
-        counters: CounterBook,
+        counters: Counters,
         slot_freed: threading.Event,
     ) -> None:
         self.settings = settings

@@ -12,7 +12,7 @@ import logging
 import time
 
 from plaita.errors import NotForThisWorker
-from plaita.runtime.settler import HANDBACK, RETRY, Outcome
+from plaita.runtime.outcomes import HANDBACK, RETRY, Outcome
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

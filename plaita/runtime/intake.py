@@ -12,10 +12,11 @@ from typing import Any
 
 from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
 from plaita.errors import BadTaskError
-from plaita.runtime.counters import CounterBook
+from plaita.runtime.counters import Counters
+from plaita.runtime.inflight import InFlight, InFlightTable
+from plaita.runtime.outcomes import Outcome
 from plaita.runtime.pool import Pool
-from plaita.runtime.renewer import InFlight, InFlightTable
-from plaita.runtime.settler import Outcome, Settler
+from plaita.runtime.settler import Settler
 from plaita.store.entries import Entry
 from plaita.store.leases import LeaseManager
 from plaita.tasks import Task, parse_entry
@@ -39,7 +40,7 @@ class Intake:
         pool: Pool,
         settler: Settler,
         leases: LeaseManager,
-        counters: CounterBook,
+        counters: Counters,
     ) -> None:
         self.settings = settings
         self.inflight = inflight

@@ -1,18 +1,63 @@
-"""From finished handlers to the settler: count, attach lease releases, drop what was lost."""
+"""What becomes of a finished task's message, and the router taking it from handler to settler.
+
+An ``Outcome`` is the pools' verdict (``judge``), the intake's (a malformed entry) or the
+hand-over's; the ``OutcomeRouter`` counts it, attaches the lease to release and drops what was
+lost, then hands the outcomes to whatever settles them (the settler thread).
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Protocol
 
-from plaita.runtime.counters import CounterBook
+from plaita.runtime.counters import Counters
+from plaita.runtime.inflight import InFlight, InFlightTable
 from plaita.runtime.observer import Observers
-from plaita.runtime.pool import Done
-from plaita.runtime.renewer import InFlightTable
-from plaita.runtime.settler import ACK, DEAD, HANDBACK, RETRY, Outcome, Settler
+from plaita.store.entries import DeadLetter
+from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
+
+#: Outcome kinds.
+ACK, DEAD, RETRY, HANDBACK = "ack", "dead", "retry", "handback"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to do with a message once its handler returned.
+
+    ``ack``: done, XACK + XDEL. ``dead``: move to the DLQ. ``retry``: the handler failed; leave
+    it pending for redelivery. ``handback``: not for this worker; give it back to the group
+    without charging a delivery (``fields`` are the entry's, for the re-add). ``release``
+    is a lease (key, value) to release in the same transaction as the ack.
+    """
+
+    message_id: str
+    kind: str = ACK
+    dead: DeadLetter | None = None
+    release: tuple[str, str] | None = None
+    fields: dict[str, bytes] | None = None
+    #: A hand-back waits until this ``time.monotonic()`` (its slot is free meanwhile).
+    not_before_s: float = 0.0
+
+    @classmethod
+    def to_dlq(
+        cls, message_id: str, reason: str, delivery_count: int, body: object, fields: dict[str, bytes] | None = None
+    ) -> Outcome:
+        """Move ``message_id`` to the DLQ with ``reason``, keeping its body and fields."""
+        return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, body, fields))
+
+
+#: A task a pool finished: the task, its outcome, how long its handler ran (seconds).
+Done = tuple[Task, Outcome, float]
+
+
+class OutcomeSink(Protocol):
+    """Where routed outcomes go (the settler)."""
+
+    def put_many(self, outcomes: list[Outcome]) -> None: ...
 
 
 class OutcomeRouter:
@@ -22,8 +67,8 @@ class OutcomeRouter:
         self,
         *,
         inflight: InFlightTable,
-        settler: Settler,
-        counters: CounterBook,
+        settler: OutcomeSink,
+        counters: Counters,
         observers: Observers,
         slot_freed: threading.Event,
     ) -> None:
@@ -47,23 +92,7 @@ class OutcomeRouter:
                     task.message_id,
                 )
                 continue
-            if outcome.kind == HANDBACK:
-                # The entry's own fields go back on the stream (the re-add fallback needs them).
-                fields = item.fields if item is not None else None
-                outcome = replace(outcome, kind=HANDBACK if fields is not None else RETRY, fields=fields)
-                counts["handed_back"] += 1
-            elif outcome.kind == ACK:
-                counts["completed"] += 1
-            else:
-                counts["failed"] += 1
-                counts["dead_lettered"] += outcome.kind == DEAD
-            if item is not None and outcome.dead is not None and outcome.dead.fields is None:
-                # A handler's dead letter keeps the whole original entry too.
-                outcome = Outcome(outcome.message_id, outcome.kind, replace(outcome.dead, fields=item.fields))
-            lease = item.lease if item is not None else None
-            if lease is not None:
-                outcome = replace(outcome, release=(lease.key, lease.value))
-            outcomes.append(outcome)
+            outcomes.append(_routed(outcome, item, counts))
         for name, n in counts.items():
             self.counters.add(name, n)
         # Settler first, then out of the in-flight map: at every instant the id is in one of the
@@ -71,3 +100,24 @@ class OutcomeRouter:
         self.settler.put_many(outcomes)
         self.inflight.pop(task.message_id for task, _, _ in done)
         self.slot_freed.set()
+
+
+def _routed(outcome: Outcome, item: InFlight | None, counts: dict[str, int]) -> Outcome:
+    """``outcome`` counted in ``counts`` and completed from its in-flight ``item``."""
+    if outcome.kind == HANDBACK:
+        # The entry's own fields go back on the stream (the re-add fallback needs them).
+        fields = item.fields if item is not None else None
+        outcome = replace(outcome, kind=HANDBACK if fields is not None else RETRY, fields=fields)
+        counts["handed_back"] += 1
+    elif outcome.kind == ACK:
+        counts["completed"] += 1
+    else:
+        counts["failed"] += 1
+        counts["dead_lettered"] += outcome.kind == DEAD
+    if item is not None and outcome.dead is not None and outcome.dead.fields is None:
+        # A handler's dead letter keeps the entry's every field too (a replay re-adds them).
+        outcome = Outcome(outcome.message_id, outcome.kind, replace(outcome.dead, fields=item.fields))
+    lease = item.lease if item is not None else None
+    if lease is not None:
+        outcome = replace(outcome, release=(lease.key, lease.value))
+    return outcome

@@ -12,14 +12,13 @@ from typing import Protocol
 
 from plaita.errors import BadTaskError, NotForThisWorker
 from plaita.runtime.handover import not_for_this_worker
-from plaita.runtime.settler import RETRY, Outcome
+from plaita.runtime.outcomes import RETRY, Done, Outcome
 from plaita.store.errors import is_redis_failure
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Task], object]
-Done = tuple[Task, Outcome, float]
 
 #: A task slower than this reports its outcome at once instead of with its chunk.
 _REPORT_EVERY_S = 0.05
@@ -41,12 +40,37 @@ class Pool(Protocol):
     def stop(self) -> None: ...
 
 
+class PoolBase:
+    """What both pools share: the drain's wait and the handlers' mean duration."""
+
+    #: Exponential moving average of handler durations (the intake's prefetch reads it).
+    mean_duration_s: float | None = None
+
+    @property
+    def busy(self) -> int:
+        raise NotImplementedError
+
+    def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
+        """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
+        while True:
+            if self.busy <= 0:
+                return True
+            if deadline_s - time.monotonic() <= 0 or abort.is_set():
+                return False
+            abort.wait(0.02)
+
+    def _note_duration(self, duration_s: float) -> None:
+        """Fold one handler's duration into the mean (call it under the pool's lock)."""
+        m = self.mean_duration_s
+        self.mean_duration_s = duration_s if m is None else m + _EWMA_ALPHA * (duration_s - m)
+
+
 def stream_order(message_id: str) -> tuple[int, int]:
     ms, _, seq = message_id.rpartition("/")[2].partition("-")  # a partitioned id is <p>/<ms>-<seq>
     return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
 
 
-class HandlerPool:
+class HandlerPool(PoolBase):
     """Runs tasks on daemon threads; reports finished tasks through ``on_done`` in chunks.
 
     A read batch is handed over in chunks (one per thread at most), not task by task: with
@@ -75,7 +99,6 @@ class HandlerPool:
         self._queued = 0
         self._running: set[str] = set()
         self._chunks: list[collections.deque[Task]] = []  # every chunk not yet worked through
-        self.mean_duration_s: float | None = None
 
     def start(self) -> None:
         for t in self._threads:
@@ -109,15 +132,6 @@ class HandlerPool:
             self._queued -= len(taken)
         return sorted(taken, key=lambda t: stream_order(t.message_id))
 
-    def wait_idle(self, deadline_s: float, abort: threading.Event) -> bool:
-        """Wait until nothing is queued or running, the monotonic deadline, or ``abort``."""
-        while True:
-            if self.busy <= 0:
-                return True
-            if deadline_s - time.monotonic() <= 0 or abort.is_set():
-                return False
-            abort.wait(0.02)
-
     def stop(self) -> None:
         """Ask idle threads to exit; running handlers are not interrupted (threads are daemons)."""
         for _ in self._threads:
@@ -143,8 +157,7 @@ class HandlerPool:
                 duration = time.monotonic() - started
                 with self._lock:
                     self._running.discard(task.message_id)
-                    m = self.mean_duration_s
-                    self.mean_duration_s = duration if m is None else m + _EWMA_ALPHA * (duration - m)
+                    self._note_duration(duration)
                 done.append((task, outcome, duration))
                 if duration > _REPORT_EVERY_S:
                     # A slow task reports at once: its ack must not wait for the rest of the chunk.
@@ -200,6 +213,12 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
             reason,
         )
         return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
+    _log_failed_delivery(task, exc, max_deliveries)
+    return Outcome(task.message_id, RETRY)
+
+
+def _log_failed_delivery(task: Task, exc: BaseException, max_deliveries: int) -> None:
+    """A delivery failed and the task stays pending: one line for an outage, a traceback for a bug."""
     if _is_redis_failure(exc):  # an outage, not a bug in the handler: one line, no traceback
         logger.warning(
             "task %s failed on delivery %d of %d: Redis failed (%s: %s); left pending for redelivery",
@@ -209,7 +228,7 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
             type(exc).__name__,
             exception_text(exc),
         )
-        return Outcome(task.message_id, RETRY)
+        return
     logger.error(
         "task %s failed on delivery %d of %d (%s); left pending for redelivery",
         task.message_id,
@@ -218,4 +237,3 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
         type(exc).__name__,
         exc_info=exc,
     )
-    return Outcome(task.message_id, RETRY)

@@ -1,12 +1,11 @@
 """Keeping this worker's tasks visibly alive, so no other worker reclaims live work.
 
-``InFlightTable`` is every task read and not yet settled. ``LeaseRenewer`` is the renewer
-thread: every interval it extends the leases of those tasks (compare-and-extend), resets
-their entries' idle time (XCLAIM JUSTID to ourselves), takes the lazy lease of a long task
-keyed by its message id, and declares a lease lost when Redis says another holder has it or
-when it could not be renewed for a whole TTL. A lost task's handler is cancelled and its
-outcome is never acked. It also releases orphan leases: ones a lost acquire reply may have
-set after an outage.
+``LeaseRenewer`` is the renewer thread: every interval it extends the leases of the tasks in
+flight (``plaita.runtime.inflight``; compare-and-extend), resets their entries' idle time
+(XCLAIM JUSTID to ourselves), takes the lazy lease of a long task keyed by its message id, and
+declares a lease lost when Redis says another holder has it or when it could not be renewed for
+a whole TTL. A lost task's handler is cancelled and its outcome is never acked. It also releases
+orphan leases: ones a lost acquire reply may have set after an outage.
 """
 
 from __future__ import annotations
@@ -14,99 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from plaita.store.leases import Lease, LeaseManager
+from plaita.runtime.inflight import InFlight, InFlightTable
+from plaita.store.leases import LeaseManager
 from plaita.store.streams import StreamQueue
-from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class InFlight:
-    """A task read by this worker and not yet settled."""
-
-    task: Task
-    fields: dict[str, bytes]
-    lease: Lease | None = None
-    renewed_at_s: float = 0.0
-    lost: bool = False
-    #: When it was read (monotonic); a task without execution_id gets its lease lazily.
-    read_at_s: float = 0.0
-    #: Its outcome went to the settler, which may release the lease any moment now.
-    settling: bool = False
-
-
-class InFlightTable:
-    """Thread-safe map of message id -> InFlight."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: dict[str, InFlight] = {}
-        #: Executions whose lease acquire failed without an answer: Redis may hold an orphan lease.
-        self._orphan_suspects: set[str] = set()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
-
-    def __contains__(self, message_id: object) -> bool:
-        with self._lock:
-            return message_id in self._items
-
-    def add(self, item: InFlight) -> None:
-        with self._lock:
-            self._items[item.task.message_id] = item
-
-    def ids(self) -> set[str]:
-        with self._lock:
-            return set(self._items)
-
-    def live(self) -> list[InFlight]:
-        """Items whose lease is not lost."""
-        with self._lock:
-            return [i for i in self._items.values() if not i.lost]
-
-    def begin_settling(self, message_ids: Iterable[str]) -> list[InFlight | None]:
-        """Look items up and mark them settling (before their outcome reaches the settler)."""
-        with self._lock:
-            items = [self._items.get(mid) for mid in message_ids]
-            for item in items:
-                if item is not None:
-                    item.settling = True
-            return items
-
-    def pop(self, message_ids: Iterable[str]) -> list[InFlight]:
-        with self._lock:
-            return [item for mid in message_ids if (item := self._items.pop(mid, None)) is not None]
-
-    def abandon_all(self) -> list[InFlight]:
-        """Mark every live item lost (its late finish must not ack) and cancel it; returns them."""
-        with self._lock:
-            left = [i for i in self._items.values() if not i.lost]
-            for item in left:
-                item.lost = True
-                item.task.cancelled.set()
-            return left
-
-    def runs_execution(self, execution_id: str) -> bool:
-        """True while a task of ``execution_id`` is in flight here."""
-        with self._lock:
-            return any(i.task.execution_id == execution_id for i in self._items.values())
-
-    def suspect_orphans(self, execution_ids: Iterable[str]) -> None:
-        with self._lock:
-            self._orphan_suspects.update(execution_ids)
-
-    def take_orphan_suspects(self) -> set[str]:
-        """Suspects with no task of theirs in flight here (only those are safe to release)."""
-        with self._lock:
-            busy = {i.task.execution_id for i in self._items.values()}
-            ready = self._orphan_suspects - busy
-            self._orphan_suspects -= ready
-            return ready
 
 
 class LeaseRenewer:

@@ -8,12 +8,14 @@ failed batch is kept (bounded) and retried after the owner has seen Redis come b
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from plaita.runtime.outcomes import ACK, DEAD, HANDBACK, RETRY, Outcome
 from plaita.store.entries import DeadLetter
 from plaita.store.streams import StreamQueue
 
@@ -24,34 +26,18 @@ logger = logging.getLogger(__name__)
 MAX_UNSETTLED = 50_000
 #: Most outcomes settled in one MULTI/EXEC.
 SETTLE_BATCH = 500
-#: Outcome kinds.
-ACK, DEAD, RETRY, HANDBACK = "ack", "dead", "retry", "handback"
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What to do with a message once its handler returned.
+class Phase(enum.Enum):
+    """What the settler thread is doing (changed under the condition: by the thread, and out of
+    HELD by the owner's ``redis_ok``)."""
 
-    ``ack``: done, XACK + XDEL. ``dead``: move to the DLQ. ``retry``: the handler failed; leave
-    it pending for redelivery. ``handback``: not for this worker; give it back to the group
-    without charging a delivery (``fields`` are the entry's, for the re-add). ``release``
-    is a lease (key, value) to release in the same transaction as the ack.
-    """
-
-    message_id: str
-    kind: str = ACK
-    dead: DeadLetter | None = None
-    release: tuple[str, str] | None = None
-    fields: dict[str, bytes] | None = None
-    #: A hand-back waits until this ``time.monotonic()`` (its slot is free meanwhile).
-    not_before_s: float = 0.0
-
-    @classmethod
-    def to_dlq(
-        cls, message_id: str, reason: str, delivery_count: int, body: object, fields: dict[str, bytes] | None = None
-    ) -> Outcome:
-        """Move ``message_id`` to the DLQ with ``reason``, keeping its body and fields."""
-        return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, body, fields))
+    #: Nothing to send: asleep on the condition until an outcome arrives (``put_many`` wakes it).
+    IDLE = "idle"
+    #: A batch is on its way to Redis (``flush`` waits for it).
+    SENDING = "sending"
+    #: The last batch failed: its outcomes are kept, and nothing is sent until ``redis_ok``.
+    HELD = "held"
 
 
 class Settler:
@@ -68,19 +54,22 @@ class Settler:
         self._pending: collections.deque[Outcome] = collections.deque()
         #: Outcomes waiting for their ``not_before_s`` (a few hand-backs at most).
         self._deferred: list[Outcome] = []
-        self._healthy = True
+        self._phase = Phase.IDLE
+        #: The owner's one-way decision to refuse new outcomes (``close``); it is no phase of
+        #: the thread's, which may still be sending or held when the owner closes.
         self._closed = False
         self._dropped = 0
+        #: The batch being sent (SENDING), for ``unsettled_ids``.
         self._batch: list[Outcome] = []
-        self._idle_waiting = False
         self._thread = threading.Thread(target=self._run, name="plaita-settler", daemon=True)
-        self.settled = 0
-        self.dead_lettered = 0
-        #: Dead letters the DLQ key refused (another type): left pending, not retried here.
-        self.dlq_refused = 0
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def phase(self) -> Phase:
+        with self._cond:
+            return self._phase
 
     def put(self, outcome: Outcome) -> None:
         self.put_many([outcome])
@@ -107,7 +96,7 @@ class Settler:
             wanted = [o if o.not_before_s <= latest_s else replace(o, not_before_s=latest_s) for o in wanted]
             self._deferred += [o for o in wanted if o.not_before_s > now]
             self._pending.extend(o for o in wanted if o.not_before_s <= now)
-            if self._idle_waiting:  # wake the settler only when it sleeps: a notify per task is costly
+            if self._phase is not Phase.SENDING:  # wake it only when it may sleep: a notify per task is costly
                 self._cond.notify_all()
 
     def unsettled_ids(self) -> set[str]:
@@ -123,17 +112,18 @@ class Settler:
     def redis_ok(self) -> None:
         """The owner saw Redis answer again: retry kept outcomes now."""
         with self._cond:
-            self._healthy = True
+            if self._phase is Phase.HELD:
+                self._phase = Phase.IDLE
             self._cond.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until everything put so far is settled, at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._pending or self._busy:
+            while self._pending or self._phase is Phase.SENDING:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._healthy:
-                    return not self._pending and not self._busy
+                if remaining <= 0 or self._phase is Phase.HELD:
+                    return False
                 self._cond.wait(min(remaining, 0.05))
             return True
 
@@ -144,8 +134,6 @@ class Settler:
             self._pending.extend(self._deferred)
             self._deferred.clear()
             self._cond.notify_all()
-
-    _busy = False
 
     def _promote_due(self) -> float:
         """Move deferred outcomes whose time has come to the queue (lock held); how long to
@@ -161,15 +149,13 @@ class Settler:
         with self._cond:
             while True:
                 wait_s = self._promote_due()
-                if self._pending and self._healthy:
+                if self._pending and self._phase is not Phase.HELD:
                     break
                 if self._closed:
                     return None
-                self._idle_waiting = True
                 self._cond.wait(wait_s)
-                self._idle_waiting = False
             batch = [self._pending.popleft() for _ in range(min(SETTLE_BATCH, len(self._pending)))]
-            self._busy = True
+            self._phase = Phase.SENDING
             self._batch = batch
             return batch
 
@@ -188,19 +174,15 @@ class Settler:
                 with self._cond:
                     # Keep them, oldest first, for a retry once the owner sees Redis again.
                     self._pending.extendleft(reversed(batch))
-                    self._healthy = False
-                    self._busy = False
+                    self._phase = Phase.HELD
                     self._batch = []
                     self._cond.notify_all()
                 self._on_failure(exc)
                 continue
             self._report_refused(refused)
             with self._cond:
-                self._busy = False
+                self._phase = Phase.IDLE
                 self._batch = []
-                self.settled += len(acks)
-                self.dead_lettered += len(dead) - len(refused)
-                self.dlq_refused += len(refused)
                 self._cond.notify_all()
 
     def _hand_back(self, batch: list[Outcome]) -> list[Outcome]:

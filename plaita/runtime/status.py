@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from plaita import __version__
-from plaita.config import host_label
-from plaita.fsm import State
+from plaita.config import Settings, host_label
+from plaita.fsm import Lifecycle, State
+from plaita.runtime.counters import Counters
+from plaita.runtime.observer import Observers
+from plaita.runtime.outage import Outage
+from plaita.runtime.settler import Settler
 
-if TYPE_CHECKING:
-    from plaita.runtime.worker import Worker
-
-#: Registry ``status`` for each lifecycle state (the original's vocabulary).
+#: Registry ``status`` for each lifecycle state: the five words fleet tools read in registry
+#: entries (a promise: they do not change with the states).
 REGISTRY_STATUS = {
     State.INIT: "starting",
     State.ENSURE_GROUP: "running",
@@ -27,10 +29,28 @@ REGISTRY_STATUS = {
 }
 
 
-def worker_status(worker: Worker) -> dict[str, Any]:
+class Describable(Protocol):
+    """What the status reads of a worker (the ``Worker``; a protocol so this module need not
+    import the worker that calls it)."""
+
+    instance_id: str
+    settings: Settings
+    lifecycle: Lifecycle
+    counters: Counters
+    outage: Outage
+    observers: Observers
+    settler: Settler
+    runs: dict[str, Any]
+
+    @property
+    def in_flight(self) -> int: ...
+    def readiness(self) -> tuple[bool, str]: ...
+
+
+def worker_status(worker: Describable) -> dict[str, Any]:
     """What the worker is doing now, as one JSON-ready dict."""
     state = worker.lifecycle.state
-    counters = worker.tally.snapshot()
+    counters = worker.counters.snapshot()
     ready, reason = worker.readiness()
     in_state_s = worker.lifecycle.seconds_in_state()
     last = worker.outage.last

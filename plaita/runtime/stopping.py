@@ -7,9 +7,9 @@ import threading
 import time
 
 from plaita.config import Settings
-from plaita.runtime.counters import CounterBook
+from plaita.runtime.counters import Counters
+from plaita.runtime.inflight import InFlight, InFlightTable
 from plaita.runtime.pool import Pool
-from plaita.runtime.renewer import InFlight, InFlightTable
 from plaita.runtime.settler import Settler
 from plaita.store.streams import StreamQueue
 
@@ -32,7 +32,7 @@ class Drainer:
         pool: Pool,
         inflight: InFlightTable,
         settler: Settler,
-        counters: CounterBook,
+        counters: Counters,
         stop_now: threading.Event,
     ) -> None:
         self.settings = settings

@@ -19,13 +19,14 @@ from plaita.config import Settings, new_instance_id
 from plaita.fsm import ACTIVE_STATES, BackoffPolicy, ErrorKind, Lifecycle, State
 from plaita.runtime.aio_pool import AsyncHandlerPool, is_async_handler
 from plaita.runtime.consume import ConsumePhases
-from plaita.runtime.counters import CounterBook
+from plaita.runtime.counters import Counters
+from plaita.runtime.inflight import InFlightTable
 from plaita.runtime.intake import Intake
 from plaita.runtime.observer import Observers, WorkerObserver
 from plaita.runtime.outage import Outage
 from plaita.runtime.outcomes import OutcomeRouter
 from plaita.runtime.pool import Handler, HandlerPool, Pool
-from plaita.runtime.renewer import InFlightTable, LeaseRenewer
+from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.status import worker_status
 from plaita.runtime.stopping import Drainer
@@ -61,9 +62,7 @@ class Worker:
         self.instance_id = settings.instance_id or new_instance_id()
         self.queue = stream_queue if stream_queue is not None else open_queue(settings)
         self.observers = Observers()
-        self.tally = CounterBook(self.observers)
-        #: The live counters (read them freely; ``tally`` writes them under its lock).
-        self.counters = self.tally.counters
+        self.counters = Counters(self.observers)
         self.outage = Outage()
         self.lifecycle = Lifecycle(
             backoff=BackoffPolicy(
@@ -71,6 +70,10 @@ class Worker:
             ),
             listener=self._on_transition,
         )
+        # Requests from other threads, which never fire triggers (one writer for the machine).
+        # ``_stop`` becomes stop_requested at the owner's next step. ``_stop_now`` is no state:
+        # it changes how STOPPING drains and must cut the drain's wait while the owner is
+        # inside it, where no trigger could reach it.
         self._stop = threading.Event()
         self._stop_now = threading.Event()
         self._wake = threading.Event()
@@ -83,16 +86,7 @@ class Worker:
         #: A fleet misconfiguration the operations side found (plaita.ops.fleetcheck), or None.
         self.fleet_problem: str | None = None
         self._build_parts(handler)
-        self._actions: dict[State, Callable[[], None]] = {
-            State.INIT: self._start,
-            State.ENSURE_GROUP: self.phases.ensure_group,
-            State.RESUMING_OWN: self.phases.resume_own,
-            State.RECLAIMING: self.phases.reclaim,
-            State.READING: self.phases.read,
-            State.BACKOFF: self._wait_backoff,
-            State.PAUSED: self._wait_paused,
-            State.STOPPING: self._drain,
-        }
+        self._actions = self._action_table()
         self._last_progress_s = time.monotonic()
         self._last_step_s = self._last_progress_s
         #: No consume-loop progress for this long = stalled (not ready, no watchdog ping).
@@ -120,15 +114,28 @@ class Worker:
             owner_leases=owner_leases,
             ttl_s=settings.lease_ttl_s,
             claim_min_idle_ms=settings.claim_min_idle_ms,
-            on_lost=lambda _item: self.tally.add("leases_lost", 1),
+            on_lost=lambda _item: self.counters.add("leases_lost", 1),
         )
         self._build_phases(handler, owner_leases)
+
+    def _action_table(self) -> dict[State, Callable[[], None]]:
+        """What the owner does in each state (STOPPED ends ``run``)."""
+        return {
+            State.INIT: self._start,
+            State.ENSURE_GROUP: self.phases.ensure_group,
+            State.RESUMING_OWN: self.phases.resume_own,
+            State.RECLAIMING: self.phases.reclaim,
+            State.READING: self.phases.read,
+            State.BACKOFF: self._wait_backoff,
+            State.PAUSED: self._wait_paused,
+            State.STOPPING: self._drain,
+        }
 
     def _make_pool(self, handler: Handler) -> Pool:
         router = OutcomeRouter(
             inflight=self.inflight,
             settler=self.settler,
-            counters=self.tally,
+            counters=self.counters,
             observers=self.observers,
             slot_freed=self._slot_freed,
         )
@@ -147,7 +154,7 @@ class Worker:
             pool=self.pool,
             settler=self.settler,
             leases=owner_leases,
-            counters=self.tally,
+            counters=self.counters,
         )
         self.phases = ConsumePhases(
             settings,
@@ -157,7 +164,7 @@ class Worker:
             renewer=self.renewer,
             settler=self.settler,
             outage=self.outage,
-            counters=self.tally,
+            counters=self.counters,
             slot_freed=self._slot_freed,
         )
         self.drainer = Drainer(
@@ -166,7 +173,7 @@ class Worker:
             pool=self.pool,
             inflight=self.inflight,
             settler=self.settler,
-            counters=self.tally,
+            counters=self.counters,
             stop_now=self._stop_now,
         )
 
@@ -183,10 +190,6 @@ class Worker:
         self._wake.set()
         self._slot_freed.set()
         self.queue.interrupt_read()
-
-    @property
-    def stop_requested(self) -> bool:
-        return self._stop.is_set()
 
     def request_pause(self) -> None:
         with self._requests_lock:
@@ -326,7 +329,7 @@ class Worker:
         self.observers.state_changed(source, dest, self.lifecycle.previous_state_duration_s)
 
     def _log_summary(self) -> None:
-        c = self.tally.snapshot()
+        c = self.counters.snapshot()
         logger.info(
             "plaita worker stopped: %d completed, %d failed, %d dead-lettered (%d malformed), %d reclaimed, "
             "%d handed back, %d leases lost",
@@ -361,6 +364,8 @@ class Worker:
             return False, "paused by remote command"
         if self.outage.active or state is State.BACKOFF:
             return False, self.outage.reason()
+        # Whether the worker ever got past ENSURE_GROUP is history, not a state: the machine
+        # records the states it entered, so no flag beside it can disagree.
         if State.RESUMING_OWN not in self.lifecycle.visited:
             return False, "starting: consumer group not confirmed yet"
         age_s = self.progress_age_s()

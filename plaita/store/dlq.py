@@ -16,7 +16,7 @@ from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 def _replay_fields(row: dict[str, Any]) -> dict[Any, Any]:
     """The fields to put back on the stream: the original entry's exact bytes when the envelope
-    kept them (and nothing was truncated), else the body as the anchor's envelopes stored it."""
+    kept them (and nothing was truncated), else the body, as an envelope without ``fields`` stored it."""
     try:
         return dict(original_fields(row))
     except ValueError:

@@ -1,7 +1,7 @@
 """Every Redis access of flow executions: state, fenced checkpoints, the status index, cancel
 flags, start dedup, suspension deadlines, and what the keeper reads.
 
-Keys (compatible with the original plaita):
+Keys (the names existing deployments and tools read; they do not change):
 
 - ``plaita:execution:{id}``: the execution's state, one JSON string.
 - ``plaita:execution:cancel:{id}``: cancel intent (any value), 7 days.
@@ -69,23 +69,6 @@ CREATE = scripts.script("create_execution")
 CLAIM_DEADLINES = scripts.script("claim_deadlines")
 HOLD_KEEPER_LEASE = scripts.script("hold_keeper_lease")
 RELEASE_KEEPER_LEASE = scripts.script("release_keeper_lease")
-
-
-# The original plaita's keys (one untagged partition); a partitioned queue's are its ``keyspace``'s.
-def execution_key(execution_id: str) -> str:
-    return DEFAULT.execution_key(execution_id)
-
-
-def cancel_key(execution_id: str) -> str:
-    return DEFAULT.cancel_key(execution_id)
-
-
-def dedup_key(key: str) -> str:
-    return DEFAULT.dedup_key(0, key)
-
-
-def status_key(status: str) -> str:
-    return DEFAULT.status_key(0, status)
 
 
 def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:

@@ -1,9 +1,9 @@
 """The fleet's Redis keys: registry entries, the control channels and their reply lists.
 
-``plaita:registry:flow_worker:{instance}`` is a TTL'd JSON string per worker (the original's
-key); ``plaita:control:{instance}`` and ``plaita:control:all`` are pub/sub channels carrying JSON
-commands; a command may name a reply list that the worker pushes its answer to.
-Every function lets redis-py exceptions through: the caller decides what a failure means.
+``plaita:registry:flow_worker:{instance}`` is a TTL'd JSON string per worker (fleet tools
+read it: its name does not change); ``plaita:control:{instance}`` and ``plaita:control:all`` are
+pub/sub channels carrying JSON commands; a command may name a reply list that the worker pushes
+its answer to. Every function lets redis-py exceptions through: the caller decides what a failure means.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import redis
 
 from plaita.store.client import get_many, is_cluster
 
-#: Key prefix of registry entries (compatible with the original plaita).
+#: Key prefix of registry entries (fleet tools read it: it does not change).
 REGISTRY_PREFIX = "plaita:registry:flow_worker:"
 #: Channel prefix; the per-instance channel is this plus the instance id.
 CONTROL_PREFIX = "plaita:control:"
@@ -26,7 +26,7 @@ CONTROL_ALL = "plaita:control:all"
 REPLY_PREFIX = "plaita:control:reply:"
 #: Reply lists expire after this many seconds if nobody reads them.
 REPLY_TTL_S = 60
-#: Prefix of the per-task hand-over counters (the original's anti ping-pong marker).
+#: Prefix of the per-task hand-over counters: they bound how often a task bounces between workers.
 HANDOVER_PREFIX = "plaita:handover:"
 
 

@@ -1,6 +1,6 @@
 """Where every key of a queue lives: one partition is today's keys; more (or a cluster) are hash-tagged.
 
-With one partition on one Redis every key is the original plaita's (``<queue>``,
+With one partition on one Redis every key keeps the untagged name existing deployments use (``<queue>``,
 ``plaita:execution:lease:<id>``, …). With ``partitions > 1`` or on Redis Cluster, partition ``i``
 has a hash tag ``T = {p<i>}`` (``{p<i>.<k>}`` where that spreads better, see ``partition_tag``)
 and every key that one atomic script touches carries it, so each script stays in one slot:
@@ -151,5 +151,5 @@ class Keyspace:
         return self.tags[self.partition_of(execution_id)] if self.tagged else ""
 
 
-#: The original plaita's keys: one stream, nothing tagged.
+#: The untagged keys existing deployments use: one stream, nothing tagged.
 DEFAULT = Keyspace("plaita:flow:queue")

@@ -25,8 +25,9 @@ from plaita.store.keyspace import DEFAULT, FENCE_PREFIX, LEASE_PREFIX, Keyspace
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FENCE_PREFIX", "LEASE_PREFIX", "Lease", "LeaseManager", "fence_key", "fenced_set", "lease_key"]
-#: Fencing counters outlive any lease: 7 days, as the original.
+__all__ = ["FENCE_PREFIX", "LEASE_PREFIX", "Lease", "LeaseManager", "fenced_set"]
+#: Fencing counters outlive any lease: 7 days. An expired counter restarts at 1, so a holder frozen
+#: longer than this could pass the fence check again; no pause is that long.
 FENCE_TTL_S = 7 * 24 * 3600
 
 ACQUIRE_MANY = scripts.script("acquire_leases")
@@ -34,15 +35,6 @@ RELEASE_MANY = scripts.script("release_leases")
 _RENEW = scripts.script("renew_lease")
 _RELEASE_ORPHAN = scripts.script("release_orphan")
 _FENCED_SET = scripts.script("fenced_set")
-
-
-# The original plaita's keys (one untagged partition); a partitioned queue's are its ``keyspace``'s.
-def lease_key(execution_id: str) -> str:
-    return DEFAULT.lease_key(execution_id)
-
-
-def fence_key(execution_id: str) -> str:
-    return DEFAULT.fence_key(execution_id)
 
 
 @dataclass(frozen=True)

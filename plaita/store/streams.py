@@ -243,8 +243,9 @@ class StreamQueue:
         return _refused_dead_letters(results, dead)
 
     def _envelope(self, d: DeadLetter, now: float) -> str:
-        """The DLQ entry's ``payload`` field: the anchor's envelope keys, plus every original
-        field exactly (base64 where not UTF-8, large values truncated with their size and hash)."""
+        """The DLQ entry's ``payload`` field: the envelope keys DLQ readers expect (see
+        ``plaita.envelope``), plus every field of the source entry exactly (base64 where not UTF-8,
+        large values truncated with their size and hash)."""
         return build_envelope(
             reason=d.reason,
             source_stream=self.stream,
@@ -366,7 +367,8 @@ class StreamQueue:
         return [as_text(x) for x in removed]
 
     def sweep_residue(self, batch: int) -> int:
-        """Delete up to ``batch`` entries already acked but not deleted (original #43).
+        """Delete up to ``batch`` entries already acked but not deleted (a client dying between its
+        XACK and XDEL leaves them, and the stream would grow without bound).
 
         Only entries at or below the group's last-delivered id and absent from the pending
         list are touched; the backlog and pending entries never are.

@@ -47,6 +47,7 @@ def test_admin_commands_and_remote_control_on_a_cluster(clean_cluster: ClusterSe
         assert listed.returncode == 0, listed.stderr
         [row] = json.loads(listed.stdout)
         assert row["dlq_id"].startswith("4/") and "JSON" in row["reason"], row
+
         def own_answer_reading() -> bool:
             one = plaita(clean_cluster, "status", str(entry["instance_id"]), "--json")
             assert one.returncode == 0, one.stderr

@@ -13,7 +13,7 @@ import redis
 from starlette.testclient import TestClient
 
 from plaita.dashboard.app import DashboardConfig, create_app
-from plaita.store.executions import execution_key, status_key
+from plaita.store.keyspace import DEFAULT
 from tests.support.ops import DLQ, QUEUE, REGISTRY_PREFIX
 
 #: The action token every test dashboard is started with.
@@ -110,5 +110,5 @@ def plant(client: redis.Redis, eid: str, status: str, updated_at: float, **field
     doc = {"execution_id": eid, "flow_id": "f1", "status": status, "step": "s", "attempt": 0, "history": [],
            "steps_run": 0, "params": {}, "state": {}, "results": {}, "error": None, "created_at": updated_at - 5,
            "updated_at": updated_at, "ended_at": None, **fields}  # fmt: skip
-    client.set(execution_key(eid), json.dumps(doc))
-    client.zadd(status_key(status), {eid: updated_at})
+    client.set(DEFAULT.execution_key(eid), json.dumps(doc))
+    client.zadd(DEFAULT.status_key(0, status), {eid: updated_at})

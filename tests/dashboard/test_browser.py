@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.store.executions import cancel_key
+from plaita.store.keyspace import DEFAULT
 from tests.dashboard.conftest import TOKEN, dead_letter, plant
 from tests.support.ops import QUEUE, clean_env, enqueue, ops_worker, task, wait_until
 from tests.support.redis_server import RedisServer
@@ -165,7 +165,7 @@ def test_overview_outage_recovery_requeue_and_escaping_in_a_real_browser(
         expect(page.locator("#execution-status")).to_have_text("suspended")
         page.click("#cancel")
         expect(page.locator("#notice")).to_contain_text("cancel requested for execution 'ex-b1'")
-        assert client.exists(cancel_key("ex-b1")) == 1
+        assert client.exists(DEFAULT.cancel_key("ex-b1")) == 1
 
         assert dialogs == [], "no script from Redis data ran"
         assert page.evaluate("window.__pwned === undefined")

@@ -13,7 +13,7 @@ import redis
 
 from plaita.dashboard.executions import LIST_ROWS, SCAN_PAGE
 from plaita.store.acl import ADMIN_ACL_RULES, DASHBOARD_READ_ACL_RULES, setuser_command
-from plaita.store.executions import cancel_key, status_key
+from plaita.store.keyspace import DEFAULT
 from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, csrf_of, login, plant, sample
 from tests.flows.support import Harness, harness, start
 from tests.support.ops import QUEUE
@@ -126,9 +126,9 @@ class TestReadPages:
         dash = make_dashboard()
         missing = dash.get("/executions/nope")
         assert missing.status_code == 404 and "No such execution" in missing.text
-        rclient.zadd(status_key("completed"), {"expired": time.time()})
+        rclient.zadd(DEFAULT.status_key(0, "completed"), {"expired": time.time()})
         assert _ids(dash.get("/executions").text) == []
-        assert rclient.zscore(status_key("completed"), "expired") is not None, "reads never prune the index"
+        assert rclient.zscore(DEFAULT.status_key(0, "completed"), "expired") is not None, "reads never prune the index"
 
 
 class TestActions:
@@ -178,7 +178,7 @@ class TestActions:
         csrf = login(dash)
         page = dash.post("/executions/cancel", data={"csrf": csrf, "execution_id": "c1"}, headers=SAME_ORIGIN)
         assert "cancel requested for execution &#39;c1&#39;: it stops at once" in _notice(page.text)
-        assert rclient.exists(cancel_key("c1")) == 1
+        assert rclient.exists(DEFAULT.cancel_key("c1")) == 1
         (body,) = _stream_bodies(rclient)
         assert body["resume_type"] == "cancel"
         doc = h.run(body)
@@ -204,7 +204,7 @@ class TestActions:
         forged = {**form, "csrf": csrf}
         cross = dash.post("/executions/cancel", data=forged, headers={"Origin": "http://evil.example"})
         assert cross.status_code == 403 and "cross-site" in cross.text
-        assert rclient.xlen(QUEUE) == 0 and rclient.exists(cancel_key("g1")) == 0
+        assert rclient.xlen(QUEUE) == 0 and rclient.exists(DEFAULT.cancel_key("g1")) == 0
         bearer = make_dashboard().post("/executions/resume", data=form, headers={"Authorization": f"Bearer {TOKEN}"})
         assert bearer.status_code == 200 and rclient.xlen(QUEUE) == 1
 

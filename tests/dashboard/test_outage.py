@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from plaita.dashboard.app import DashboardConfig, create_app
 from plaita.store.acl import ADMIN_ACL_RULES, DASHBOARD_READ_ACL_RULES, setuser_command
-from plaita.store.executions import status_key
+from plaita.store.keyspace import DEFAULT
 from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, plant, register, sample
 from tests.support.ops import QUEUE, enqueue, ops_worker, task, wait_until
 from tests.support.redis_server import RedisServer, free_port
@@ -155,7 +155,8 @@ class TestReadOnlyAcl:
         enqueue(rclient, task(1))
         dlq_id = dead_letter(rclient, reason="boom", payload={"n": 1})
         plant(rclient, "ex1", "suspended", time.time())
-        rclient.zadd(status_key("completed"), {"expired-state": time.time()})  # a read must not try to prune it
+        # A read must not try to prune it.
+        rclient.zadd(DEFAULT.status_key(0, "completed"), {"expired-state": time.time()})
         dash = make_dashboard(url=read_only_user, allow_actions=False)
         snap = sample(dash)
         assert snap["redis"]["ok"] is True and snap["stats"]["length"] == 1 and snap["stats"]["dlq_length"] == 1

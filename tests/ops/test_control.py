@@ -89,6 +89,7 @@ class TestReadCommands:
     def test_status_of_one_instance_is_its_own_answer(self, redis_url: str, tmp_path: Path) -> None:
         """`plaita status INSTANCE` returns the worker's live status over the reply key (by id or consumer)."""
         with ops_worker(redis_url, tmp_path) as w:
+
             def reading_answer() -> dict[str, Any] | None:
                 answer: dict[str, Any] = plaita_json(redis_url, "status", w.instance_id)
                 return answer if answer["state"] == "READING" else None  # not a passing RECLAIMING

@@ -13,6 +13,18 @@ from tests.support.ops import DLQ, QUEUE, enqueue, ops_worker, plaita, plaita_js
 pytestmark = pytest.mark.redis
 
 
+def _listed(redis_url: str, failing_id: str, malformed_id: str) -> str:
+    """``dlq list`` (JSON and table) shows both dead letters with their reasons; the failing one's DLQ id."""
+    rows = {r["source_id"]: r for r in plaita_json(redis_url, "dlq", "list")}
+    assert set(rows) == {failing_id, malformed_id}
+    assert rows[failing_id]["delivery_count"] == 2 and "boom 42" in rows[failing_id]["reason"]
+    assert "JSON" in rows[malformed_id]["reason"] and rows[malformed_id]["payload"] == "{not json"
+    table = plaita(redis_url, "dlq", "list")
+    assert table.returncode == 0 and table.stdout.split()[:2] == ["DLQ_ID", "SOURCE_ID"]
+    assert failing_id in table.stdout and malformed_id in table.stdout
+    return str(rows[failing_id]["dlq_id"])
+
+
 class TestDeadLetterRoundTrip:
     def test_list_show_requeue_and_the_requeued_task_runs_fresh(
         self, rclient: redis.Redis, redis_url: str, tmp_path: Path
@@ -28,15 +40,7 @@ class TestDeadLetterRoundTrip:
             runs = [(mid, d) for event, mid, _n, d in w.executions() if event == "start"]
             assert runs == [(failing_id, 1), (failing_id, 2)], "dead-lettered after --max-deliveries runs"
 
-            rows = {r["source_id"]: r for r in plaita_json(redis_url, "dlq", "list")}
-            assert set(rows) == {failing_id, malformed_id}
-            assert rows[failing_id]["delivery_count"] == 2 and "boom 42" in rows[failing_id]["reason"]
-            assert "JSON" in rows[malformed_id]["reason"] and rows[malformed_id]["payload"] == "{not json"
-            table = plaita(redis_url, "dlq", "list")
-            assert table.returncode == 0 and table.stdout.split()[:2] == ["DLQ_ID", "SOURCE_ID"]
-            assert failing_id in table.stdout and malformed_id in table.stdout
-
-            dlq_id = rows[failing_id]["dlq_id"]
+            dlq_id = _listed(redis_url, failing_id, malformed_id)
             shown = plaita(redis_url, "dlq", "show", dlq_id)
             assert shown.returncode == 0, shown.stderr
             envelope = json.loads(shown.stdout)

@@ -20,6 +20,20 @@ pytestmark = pytest.mark.redis
 FREEZE_S = 3.0
 
 
+def _assert_names_the_process(entry: dict[str, Any], w: Any) -> None:
+    """A fresh READING entry: who and where the worker is, nothing counted, no error."""
+    assert entry["instance_id"] == w.instance_id
+    assert entry["host"].startswith(socket.gethostname())
+    assert entry["pid"] == w.proc.pid
+    assert entry["version"] == __version__
+    assert entry["consumer"] == w.consumer
+    assert entry["state"] == "READING" and entry["status"] == "running"
+    assert time.time() - 30 < entry["state_since"] <= time.time()
+    assert entry["in_flight"] == 0
+    assert (entry["processed"], entry["failed"], entry["dead_lettered"]) == (0, 0, 0)
+    assert "last_error" in entry and entry["last_error"] is None
+
+
 class TestRegistryEntry:
     def test_entry_fields_ttl_counters_and_removal(self, redis_url: str, rclient: redis.Redis, tmp_path: Path) -> None:
         """The entry names the process, follows counters and state changes, lives ≤ TTL, and is deleted on stop."""
@@ -30,17 +44,7 @@ class TestRegistryEntry:
                 e = w.registry_entry(rclient)
                 return e if e is not None and e["state"] == "READING" else None
 
-            entry = wait_until(reading, 5, "a READING registry entry")
-            assert entry["instance_id"] == w.instance_id
-            assert entry["host"].startswith(socket.gethostname())
-            assert entry["pid"] == w.proc.pid
-            assert entry["version"] == __version__
-            assert entry["consumer"] == w.consumer
-            assert entry["state"] == "READING" and entry["status"] == "running"
-            assert time.time() - 30 < entry["state_since"] <= time.time()
-            assert entry["in_flight"] == 0
-            assert (entry["processed"], entry["failed"], entry["dead_lettered"]) == (0, 0, 0)
-            assert "last_error" in entry and entry["last_error"] is None
+            _assert_names_the_process(wait_until(reading, 5, "a READING registry entry"), w)
             assert 0 < rclient.pttl(key) <= 2000, "the entry must expire within --registry-ttl without heartbeats"
 
             for n in range(3):

@@ -144,6 +144,38 @@ class TestWrongCredentials:
         assert password not in log
 
 
+def _cli_outputs(admin_url: str, admin_pw: str, instance_id: str, dlq_id: str) -> list[str]:
+    """Every read-only CLI command, pause/resume and a wrong password: their stdout and stderr."""
+    outputs: list[str] = []
+    commands: list[tuple[str, ...]] = [
+        ("workers",), ("workers", "--json"), ("status",), ("status", "--json"),
+        ("status", instance_id), ("status", instance_id, "--json"),
+        ("dlq", "list"), ("dlq", "list", "--json"), ("dlq", "show", dlq_id), ("dlq", "show", "1-1"),
+        ("dlq", "purge"), ("enqueue", json.dumps(task(2))), ("stop", "no-such-worker"),
+    ]  # fmt: skip
+    for code, out, err in plaita_many(admin_url, commands):
+        assert code in (0, 1), (code, err)
+        outputs += [out, err]
+    for verb in ("pause", "resume"):
+        done = plaita(admin_url, verb, instance_id)
+        assert done.returncode == 0, done.stderr
+        outputs += [done.stdout, done.stderr]
+    wrong = plaita(admin_url.replace(admin_pw, admin_pw + "x"), "workers")
+    assert wrong.returncode == 1 and "plaita-admin:***@" in wrong.stderr, wrong.stderr
+    return [*outputs, wrong.stdout, wrong.stderr]
+
+
+def _bad_port_outputs(worker_pw: str) -> list[str]:
+    """A worker started with a bad URL quoting the password: its usage error's output."""
+    bad_port = subprocess.run(
+        [sys.executable, "-m", "plaita", "worker", "--redis-url", f"redis://u:{worker_pw}@127.0.0.1:notaport/0"],
+        cwd=str(ROOT), env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20,
+        check=False,
+    )  # fmt: skip
+    assert bad_port.returncode == 2
+    return [bad_port.stdout, bad_port.stderr]
+
+
 class TestSecrets:
     def test_passwords_never_appear_in_any_output(
         self, acl_user: MakeUser, rclient: redis.Redis, tmp_path: Path
@@ -157,22 +189,7 @@ class TestSecrets:
             enqueue(rclient, task(1, fail=True))
             wait_until(lambda: rclient.xlen(DLQ) == 1, 5, "a dead letter")
             dlq_id = plaita_json(admin_url, "dlq", "list")[0]["dlq_id"]
-            commands: list[tuple[str, ...]] = [
-                ("workers",), ("workers", "--json"), ("status",), ("status", "--json"),
-                ("status", w.instance_id), ("status", w.instance_id, "--json"),
-                ("dlq", "list"), ("dlq", "list", "--json"), ("dlq", "show", dlq_id), ("dlq", "show", "1-1"),
-                ("dlq", "purge"), ("enqueue", json.dumps(task(2))), ("stop", "no-such-worker"),
-            ]  # fmt: skip
-            for code, out, err in plaita_many(admin_url, commands):
-                assert code in (0, 1), (code, err)
-                outputs += [out, err]
-            for verb in ("pause", "resume"):
-                done = plaita(admin_url, verb, w.instance_id)
-                assert done.returncode == 0, done.stderr
-                outputs += [done.stdout, done.stderr]
-            wrong = plaita(admin_url.replace(admin_pw, admin_pw + "x"), "workers")
-            assert wrong.returncode == 1 and "plaita-admin:***@" in wrong.stderr, wrong.stderr
-            outputs += [wrong.stdout, wrong.stderr]
+            outputs += _cli_outputs(admin_url, admin_pw, w.instance_id, dlq_id)
             outputs.append(w.http("/metrics")[1])
             outputs.append(w.http("/readyz")[1])
             outputs.append(w.status_file.read_text(encoding="utf-8"))
@@ -185,13 +202,7 @@ class TestSecrets:
             assert w.wait_exit(5) == 0
             outputs.append(w.stderr())
             outputs.append(w.status_file.read_text(encoding="utf-8"))
-        bad_port = subprocess.run(
-            [sys.executable, "-m", "plaita", "worker", "--redis-url", f"redis://u:{worker_pw}@127.0.0.1:notaport/0"],
-            cwd=str(ROOT), env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20,
-            check=False,
-        )  # fmt: skip
-        assert bad_port.returncode == 2
-        outputs += [bad_port.stdout, bad_port.stderr]
+        outputs += _bad_port_outputs(worker_pw)
         joined = "\n".join(outputs)
         assert "worker_url" not in joined and len(joined) > 2000, "the outputs were really collected"
         assert worker_pw not in joined and admin_pw not in joined

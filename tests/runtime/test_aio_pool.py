@@ -21,7 +21,7 @@ import redis
 from plaita.errors import BadTaskError
 from plaita.runtime.aio_pool import AsyncHandlerPool, is_async_handler
 from plaita.runtime.pool import HandlerPool
-from plaita.store.leases import lease_key
+from plaita.store.keyspace import DEFAULT
 from plaita.tasks import Task
 from tests.support.async_handlers import wait_cancelled
 from tests.support.handlers import read_log
@@ -165,8 +165,10 @@ def test_lease_loss_reaches_the_coroutine(redis_url: str, bclient: redis.Redis) 
     s = settings(redis_url, "aio-lease", lease_ttl_s=1.5, claim_min_idle_ms=5000)
     with inproc_worker(s, probe) as w:
         enqueue(bclient, {**body(1, until_cancelled=True), "execution_id": "aio-e1"})
-        wait_for(lambda: bclient.get(lease_key("aio-e1")) is not None and probe.spans, 5.0, "lease taken, running")
-        bclient.set(lease_key("aio-e1"), "someone-else:9")  # a successor owns it now
+        wait_for(
+            lambda: bclient.get(DEFAULT.lease_key("aio-e1")) is not None and probe.spans, 5.0, "lease taken, running"
+        )
+        bclient.set(DEFAULT.lease_key("aio-e1"), "someone-else:9")  # a successor owns it now
         wait_for(lambda: bool(probe.finished()), 5.0, "the coroutine ended")
         assert probe.finished()[0].cancelled
         wait_for(lambda: w.worker.counters.leases_lost == 1, 5.0, "the lease counted lost")

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from plaita.store.leases import LeaseManager, lease_key
+from plaita.store.keyspace import DEFAULT
+from plaita.store.leases import LeaseManager
 from plaita.store.streams import StreamQueue
 from tests.support.lease_workers import (
     GROUP,
@@ -82,7 +83,7 @@ class TestClaimUnleased:
         for i, mid in enumerate(ids):
             if mid in leased:
                 eid = f"exec-{i}" if i % 2 else mid
-                bclient.set(lease_key(eid), "worker:dead@x:1", px=30_000)
+                bclient.set(DEFAULT.lease_key(eid), "worker:dead@x:1", px=30_000)
         wait_idle(bclient, ids, 100)
 
         cursor, calls, claimed, skipped_total = "0-0", 0, [], 0
@@ -220,7 +221,7 @@ class TestFencing:
         assert not isinstance(restarted, str) and restarted.generation == 2
         assert first.renew_many([lease]) == [False]
         assert first.release(lease) == 0
-        assert bclient.get(lease_key("e1")) == restarted.value.encode()
+        assert bclient.get(DEFAULT.lease_key("e1")) == restarted.value.encode()
 
 
 # -- worker-level ----------------------------------------------------------------------------
@@ -254,7 +255,7 @@ class TestPoison:
         assert env["payload"] == b
         assert isinstance(env["dead_lettered_at"], float) and abs(env["dead_lettered_at"] - time.time()) < 60
         assert counters.dead_lettered == 1 and counters.failed == 3 and counters.completed == 0
-        assert bclient.get(lease_key("poison-1")) is None  # released with each failure
+        assert bclient.get(DEFAULT.lease_key("poison-1")) is None  # released with each failure
 
     def test_claimed_entry_past_the_limit_is_dead_lettered_without_running(
         self, redis_url: str, bclient: redis.Redis
@@ -297,7 +298,7 @@ class TestAckRetry:
             assert w.worker.counters.completed == 1
             assert w.worker.counters.reclaimed == 0
             # Nothing comes back: no second delivery within a further reclaim pass.
-            assert bclient.get(lease_key("ack-1")) is None
+            assert bclient.get(DEFAULT.lease_key("ack-1")) is None
         assert [(r.message_id, r.delivery_count) for r in probe.snapshot()] == [(mid, 1)]
 
 
@@ -343,7 +344,7 @@ class TestHandBack:
         with inproc_worker(s, probe) as w:
             mid = enqueue(bclient, body(1, execution_id="drain-1", first_sleep_s=20))
             probe.wait(lambda runs: len(runs) == 1, 5.0, "the task running")
-            wait_for(lambda: bclient.exists(lease_key("drain-1")) == 1, 5.0, "its lease")
+            wait_for(lambda: bclient.exists(DEFAULT.lease_key("drain-1")) == 1, 5.0, "its lease")
             took_s = w.stop()
             assert took_s < 3.0
             assert w.worker.counters.handed_back == 1
@@ -351,7 +352,7 @@ class TestHandBack:
         probe.wait(lambda runs: runs[0].ended_at_s is not None, 5.0, "the old handler to return")
         (old,) = probe.snapshot()
         assert old.cancelled
-        assert bclient.get(lease_key("drain-1")) is None  # released in the hand-back transaction
+        assert bclient.get(DEFAULT.lease_key("drain-1")) is None  # released in the hand-back transaction
         assert pending_count(bclient) == 0
         (entry,) = bclient.xrange(QUEUE)
         assert entry[0].decode() != mid

@@ -20,7 +20,8 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from plaita.runtime.worker import Worker
-from plaita.store.leases import LeaseManager, lease_key
+from plaita.store.keyspace import DEFAULT
+from plaita.store.leases import LeaseManager
 from tests.support.handlers import read_log
 from tests.support.redis_server import RedisServer
 from tests.support.workers import running_worker, wait_for, worker_process
@@ -102,7 +103,7 @@ def test_lease_keeps_a_positive_ttl_through_a_task_three_times_longer(
     The lease PTTL stays positive the whole time and another consumer cannot acquire it.
     """
     execution_id = f"long-{uuid.uuid4().hex[:6]}"
-    key = lease_key(execution_id)
+    key = DEFAULT.lease_key(execution_id)
     raw = redis.Redis.from_url(redis_url, socket_timeout=5)
     rival = LeaseManager(raw, consumer="rival-host:0", ttl_s=5.0)
     log = tmp_path / "w.log"

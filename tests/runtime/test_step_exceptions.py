@@ -32,8 +32,8 @@ import redis
 from plaita.flows import Flow, FlowRunner, RetryPolicy, StepContext
 from plaita.flows.client import FlowClient
 from plaita.runtime.aio_pool import AsyncHandlerPool
+from plaita.runtime.outcomes import DEAD, RETRY, Outcome
 from plaita.runtime.pool import HandlerPool, judge
-from plaita.runtime.settler import DEAD, RETRY, Outcome
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.streams import StreamQueue

@@ -6,11 +6,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from plaita.store.leases import LeaseManager, fence_key, fenced_set, lease_key
+from plaita.store.keyspace import DEFAULT
+from plaita.store.leases import LeaseManager, fenced_set
 from plaita.tasks import Task
 from tests.support.lease_workers import (
     QUEUE,
@@ -105,7 +107,7 @@ class TestCrashRecovery:
         with worker_proc(redis_url, tmp_path, "crash-a", *args) as a:
             a.wait_reading()
             enqueue(bclient, task_body("crash-1", first_sleep_s=30))
-            wait_for(lambda: bclient.exists(lease_key("crash-1")) == 1, 10.0, "A holding the lease")
+            wait_for(lambda: bclient.exists(DEFAULT.lease_key("crash-1")) == 1, 10.0, "A holding the lease")
             with worker_proc(redis_url, tmp_path, "crash-b", *args) as b:
                 b.wait_reading()
                 killed_at = a.kill9()
@@ -118,7 +120,7 @@ class TestCrashRecovery:
         assert counter(bclient, "executions", "crash-1") == 2
         assert deliveries(bclient, "crash-1") == [1, 2]
         assert b.counters()["reclaimed"] == 1
-        assert int(bclient.get(fence_key("crash-1")) or 0) == 2
+        assert int(bclient.get(DEFAULT.fence_key("crash-1")) or 0) == 2
 
 
 class TestNoRestartStorm:
@@ -140,7 +142,7 @@ class TestNoRestartStorm:
                 wait_for(lambda: b.stderr().count("-> RECLAIMING") >= passes_before + 3, 10.0, "3 reclaim passes by B")
                 assert b.counters().get("reclaimed", 0) == 0
                 assert [counter(bclient, "executions", e) for e in ids] == [1, 1, 1]
-                old_leases = [bclient.get(lease_key(e)) for e in ids]
+                old_leases = [bclient.get(DEFAULT.lease_key(e)) for e in ids]
                 assert all(v is not None and v.startswith(b"worker:storm-a@") for v in old_leases)
 
                 killed_at = a.kill9()
@@ -159,11 +161,16 @@ class TestNoRestartStorm:
         assert since_kill_s < ttl_s / 2, f"A' resumed {since_kill_s:.2f} s after the kill: that is lease expiry"
         assert resumed_s < 4.0
         assert "resuming 3 of this consumer's own pending tasks" in a2.stderr()
-        assert all(deliveries(bclient, e) == [1, 2] for e in ids)
-        assert b.counters()["reclaimed"] == 0 and b.counters()["completed"] == 0
-        assert "reclaimed task" not in b.stderr()
-        assert a2.counters()["reclaimed"] == 0 and a2.counters()["completed"] == 3
-        assert all(int(bclient.get(fence_key(e)) or 0) == 2 for e in ids)
+        _assert_only_the_owner_ran_them(bclient, ids, owner=a2, other=b)
+
+
+def _assert_only_the_owner_ran_them(bclient: redis.Redis, ids: list[str], *, owner: Any, other: Any) -> None:
+    """Each task ran twice (A, then A'), both by its owner: the other worker reclaimed and ran none."""
+    assert all(deliveries(bclient, e) == [1, 2] for e in ids)
+    assert other.counters()["reclaimed"] == 0 and other.counters()["completed"] == 0
+    assert "reclaimed task" not in other.stderr()
+    assert owner.counters()["reclaimed"] == 0 and owner.counters()["completed"] == 3
+    assert all(int(bclient.get(DEFAULT.fence_key(e)) or 0) == 2 for e in ids)
 
 
 @pytest.mark.chaos
@@ -176,22 +183,22 @@ class TestRedisFreeze:
         with inproc_worker(s, probe) as w:
             enqueue(client, task_body("fz-1", sleep_s=3.5))
             probe.wait(lambda runs: len(runs) == 1, 5.0, "the task running")
-            wait_for(lambda: client.exists(lease_key("fz-1")) == 1, 5.0, "its lease")
-            before = client.get(lease_key("fz-1"))
+            wait_for(lambda: client.exists(DEFAULT.lease_key("fz-1")) == 1, 5.0, "its lease")
+            before = client.get(DEFAULT.lease_key("fz-1"))
             private_redis.freeze()
             try:
                 time.sleep(1.5)  # the fault itself: Redis answers nothing for 1.5 s
             finally:
                 private_redis.thaw()
             assert probe.snapshot()[0].ended_at_s is None  # still running after the freeze
-            assert client.get(lease_key("fz-1")) == before
+            assert client.get(DEFAULT.lease_key("fz-1")) == before
             probe.wait(lambda runs: runs[0].ended_at_s is not None, 5.0, "the task finishing")
             wait_for(lambda: client.xlen(QUEUE) == 0 and pending_count(client) == 0, 5.0, "acked")
             assert w.worker.counters.leases_lost == 0 and w.worker.counters.completed == 1
         (run,) = probe.snapshot()
         assert not run.cancelled and run.fencing_token == 1
-        assert int(client.get(fence_key("fz-1")) or 0) == 1  # never re-acquired
-        assert client.get(lease_key("fz-1")) is None  # released with the ack
+        assert int(client.get(DEFAULT.fence_key("fz-1")) or 0) == 1  # never re-acquired
+        assert client.get(DEFAULT.lease_key("fz-1")) is None  # released with the ack
         client.close()
 
     def test_freeze_longer_than_the_ttl_cancels_and_fences_the_old_holder(self, private_redis: RedisServer) -> None:
@@ -209,7 +216,7 @@ class TestRedisFreeze:
         with inproc_worker(s, probe) as w:
             mid = enqueue(client, task_body("fz-2", sleep_s=30))
             probe.wait(lambda runs: len(runs) == 1, 5.0, "the task running")
-            wait_for(lambda: client.exists(lease_key("fz-2")) == 1, 5.0, "its lease")
+            wait_for(lambda: client.exists(DEFAULT.lease_key("fz-2")) == 1, 5.0, "its lease")
             frozen_at = time.monotonic()
             private_redis.freeze()
             try:
@@ -218,7 +225,7 @@ class TestRedisFreeze:
                 time.sleep(max(0.0, 4.0 - cancelled_after_s))  # the fault itself: 4 s without Redis
             finally:
                 private_redis.thaw()
-            assert client.get(lease_key("fz-2")) is None  # expired in Redis during the freeze
+            assert client.get(DEFAULT.lease_key("fz-2")) is None  # expired in Redis during the freeze
             successor = LeaseManager(client, consumer="successor", ttl_s=30).acquire("fz-2")
             assert not isinstance(successor, str) and successor.generation == 2
             successor_ready.set()
@@ -230,11 +237,16 @@ class TestRedisFreeze:
         (run,) = probe.snapshot()
         assert run.fencing_token == 1 and run.cancelled
         assert cancelled_after_s < 2.0 + 2.5, f"cancel flag set {cancelled_after_s:.2f} s into the freeze"
-        assert run.extra["fenced_write"] is False
-        assert client.get(state_key) is None
-        assert fenced_set(client, "fz-2", successor.generation, state_key, "fresh")
-        assert client.get(state_key) == b"fresh"
-        assert [m.decode() for m, _f in client.xrange(QUEUE)] == [mid]
-        assert pending_count(client) == 1
-        assert client.get(lease_key("fz-2")) == successor.value.encode()
+        _assert_only_the_successor_writes(client, run, successor, state_key, mid)
         client.close()
+
+
+def _assert_only_the_successor_writes(client: redis.Redis, run: Run, successor: Any, state_key: str, mid: str) -> None:
+    """The frozen holder's write was refused, the successor's goes through, the entry stays pending."""
+    assert run.extra["fenced_write"] is False
+    assert client.get(state_key) is None
+    assert fenced_set(client, "fz-2", successor.generation, state_key, "fresh")
+    assert client.get(state_key) == b"fresh"
+    assert [m.decode() for m, _f in client.xrange(QUEUE)] == [mid]
+    assert pending_count(client) == 1
+    assert client.get(DEFAULT.lease_key("fz-2")) == successor.value.encode()

@@ -1,0 +1,173 @@
+"""The settler on its own: batching, holding a failed batch, closing, deferring, overflow.
+
+The queue is a recorder of what the settler asks of it (which calls, in which order, with
+what): which outcomes Redis then settles, and how, is the store's business and tested there.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from plaita.runtime import settler as settler_module
+from plaita.runtime.outcomes import HANDBACK, RETRY, Outcome
+from plaita.runtime.settler import Phase, Settler
+from plaita.store.entries import DeadLetter
+from tests.support.ops import holds_for, wait_until
+
+
+class RecordingQueue:
+    """Stands in for ``StreamQueue.settle``/``hand_back``; fails while ``failing`` is set."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.settled: list[tuple[list[str], list[DeadLetter], list[tuple[str, str]]]] = []
+        self.handed_back: list[list[str]] = []
+        self.failing = False
+        self.refuse: set[str] = set()
+
+    def settle(
+        self, acks: list[str], dead: list[DeadLetter], releases: list[tuple[str, str]]
+    ) -> list[tuple[DeadLetter, str]]:
+        with self.lock:
+            if self.failing:
+                raise ConnectionError("redis down")
+            self.settled.append((list(acks), list(dead), list(releases)))
+            return [(d, "WRONGTYPE") for d in dead if d.message_id in self.refuse]
+
+    def hand_back(self, entries: list[tuple[str, Any]], releases: list[tuple[str, str]], *, timeout_s: Any) -> None:
+        with self.lock:
+            if self.failing:
+                raise ConnectionError("redis down")
+            self.handed_back.append([mid for mid, _ in entries])
+
+    def acked(self) -> list[str]:
+        with self.lock:
+            return [mid for acks, _, _ in self.settled for mid in acks]
+
+
+@pytest.fixture
+def queue() -> RecordingQueue:
+    return RecordingQueue()
+
+
+@pytest.fixture
+def failures() -> list[BaseException]:
+    return []
+
+
+@pytest.fixture
+def settler(queue: RecordingQueue, failures: list[BaseException]) -> Iterator[Settler]:
+    s = Settler(queue, on_failure=failures.append, max_defer_s=0.5)  # type: ignore[arg-type]
+    s.start()
+    yield s
+    s.close()
+
+
+def test_outcomes_are_acked_in_order_and_flush_waits_for_them(settler: Settler, queue: RecordingQueue) -> None:
+    settler.put_many([Outcome(f"1-{i}") for i in range(5)])
+    assert settler.flush(5.0)
+    assert queue.acked() == [f"1-{i}" for i in range(5)]
+    assert settler.backlog == 0 and settler.unsettled_ids() == set()
+
+
+def test_a_batch_holds_at_most_settle_batch_outcomes(
+    settler: Settler, queue: RecordingQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settler_module, "SETTLE_BATCH", 3)
+    queue.failing = True  # nothing leaves until all 7 are queued
+    settler.put(Outcome("0-0"))
+    wait_until(lambda: settler.phase is Phase.HELD, 5.0, "the first batch to fail")
+    settler.put_many([Outcome(f"1-{i}") for i in range(6)])
+    queue.failing = False
+    settler.redis_ok()
+    assert settler.flush(5.0)
+    assert [len(acks) for acks, _, _ in queue.settled] == [3, 3, 1]
+    assert queue.acked() == ["0-0", *(f"1-{i}" for i in range(6))]
+
+
+def test_a_failed_batch_is_held_until_redis_ok_then_sent_again_oldest_first(
+    settler: Settler, queue: RecordingQueue, failures: list[BaseException]
+) -> None:
+    queue.failing = True
+    settler.put_many([Outcome("1-0"), Outcome("1-1")])
+    wait_until(lambda: settler.phase is Phase.HELD, 5.0, "the batch to fail")
+    assert len(failures) == 1 and isinstance(failures[0], ConnectionError)
+    # Held: still ours (a reclaim must not take them), and flush gives up at once.
+    assert settler.unsettled_ids() == {"1-0", "1-1"}
+    started = time.monotonic()
+    assert settler.flush(5.0) is False
+    assert time.monotonic() - started < 1.0
+    queue.failing = False
+    settler.put(Outcome("1-2"))
+    holds_for(lambda: queue.acked() == [], 0.3, "nothing sent before redis_ok")
+    settler.redis_ok()
+    assert settler.flush(5.0)
+    assert queue.acked() == ["1-0", "1-1", "1-2"]
+    assert len(failures) == 1
+
+
+def test_a_retry_without_a_lease_is_never_sent_one_with_a_lease_releases_it(
+    settler: Settler, queue: RecordingQueue
+) -> None:
+    settler.put_many([Outcome("1-0", RETRY), Outcome("1-1", RETRY, release=("lease:e1", "me"))])
+    assert settler.flush(5.0)
+    assert queue.settled == [([], [], [("lease:e1", "me")])]
+
+
+def test_dead_letters_go_in_the_batch_and_refused_ones_are_not_retried(settler: Settler, queue: RecordingQueue) -> None:
+    queue.refuse = {"1-1"}
+    settler.put_many([Outcome.to_dlq("1-0", "bad", 1, {}), Outcome.to_dlq("1-1", "bad", 1, {})])
+    assert settler.flush(5.0)
+    assert [[d.message_id for d in dead] for _, dead, _ in queue.settled] == [["1-0", "1-1"]]
+    holds_for(lambda: len(queue.settled) == 1, 0.2, "a refused dead letter is not sent again")
+
+
+def test_after_close_nothing_more_is_taken(settler: Settler, queue: RecordingQueue) -> None:
+    settler.put(Outcome("1-0"))
+    settler.close()
+    settler.put(Outcome("1-1"))
+    assert settler.flush(5.0)
+    assert queue.acked() == ["1-0"]
+    assert settler.unsettled_ids() == set()
+
+
+def test_a_hand_back_waits_for_its_time_capped_by_max_defer(settler: Settler, queue: RecordingQueue) -> None:
+    fields = {"body": b"{}"}
+    put_at = time.monotonic()
+    settler.put(Outcome("1-0", HANDBACK, fields=fields, not_before_s=put_at + 3600))
+    assert settler.unsettled_ids() == {"1-0"} and settler.backlog == 1
+    wait_until(lambda: queue.handed_back, 5.0, "the deferred hand-back")
+    waited_s = time.monotonic() - put_at
+    assert queue.handed_back == [["1-0"]]
+    assert 0.4 <= waited_s < 3.0, waited_s  # max_defer_s is 0.5, not the hour asked for
+    assert settler.flush(5.0) and queue.acked() == []
+
+
+def test_close_sends_deferred_hand_backs_at_once(queue: RecordingQueue) -> None:
+    patient = Settler(queue, on_failure=lambda _exc: None, max_defer_s=600.0)  # type: ignore[arg-type]
+    patient.start()
+    patient.put(Outcome("1-0", HANDBACK, fields={"body": b"{}"}, not_before_s=time.monotonic() + 600))
+    holds_for(lambda: not queue.handed_back, 0.2, "the hand-back waits while open")
+    patient.close()
+    assert patient.flush(5.0)
+    assert queue.handed_back == [["1-0"]]
+
+
+def test_an_outage_past_max_unsettled_drops_the_oldest(
+    settler: Settler, queue: RecordingQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settler_module, "MAX_UNSETTLED", 3)
+    queue.failing = True
+    settler.put(Outcome("1-0"))
+    wait_until(lambda: settler.phase is Phase.HELD, 5.0, "the batch to fail")
+    settler.put_many([Outcome("1-1"), Outcome("1-2"), Outcome("1-3")])
+    assert settler.backlog == 3
+    queue.failing = False
+    settler.redis_ok()
+    assert settler.flush(5.0)
+    assert queue.acked() == ["1-1", "1-2", "1-3"]  # the oldest stays pending in Redis: redelivered
