@@ -31,7 +31,8 @@ from plaita.flows import model
 from plaita.flows.execution import error_doc
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
-from plaita.store.executions import KEEPER_LEASE_KEY, ExecutionStore, UnreadableExecution, stream_execution_ids
+from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids
+from plaita.store.keeper_store import KEEPER_LEASE_KEY
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)

@@ -18,12 +18,8 @@ from plaita.store.executions import (
     ExecutionStore,
     Staged,
     StagedWriteRefused,
-    cancel_key,
-    dedup_key,
-    execution_key,
-    status_key,
 )
-from plaita.store.keyspace import DEADLINES_KEY
+from plaita.store.keyspace import DEADLINES_KEY, DEFAULT
 from plaita.store.leases import Lease, LeaseManager, fence_key, lease_key
 
 pytestmark = pytest.mark.redis
@@ -49,10 +45,10 @@ def read_key(client: redis.Redis, key: str) -> tuple[Any, ...]:
 
 def watched(eid: str, extra: list[str]) -> list[str]:
     return [
-        execution_key(eid),
-        cancel_key(eid),
+        DEFAULT.execution_key(eid),
+        DEFAULT.cancel_key(eid),
         DEADLINES_KEY,
-        *(status_key(s) for s in STATUSES),
+        *(DEFAULT.status_key(0, s) for s in STATUSES),
         *(s.key for s in GOOD),
         *extra,
     ]
@@ -100,11 +96,11 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 def test_control_the_same_checkpoint_without_its_bad_write_lands_whole(client: redis.Redis) -> None:
     s = Setup(client, "ok1")
     assert s.checkpoint(GOOD)
-    assert json.loads(client.get(execution_key("ok1"))) == {"n": 1}  # type: ignore[arg-type]
+    assert json.loads(client.get(DEFAULT.execution_key("ok1"))) == {"n": 1}  # type: ignore[arg-type]
     assert client.get("app:good1") == b"1" and client.get("app:good2") == b"v"
     assert 0 < int(client.ttl("app:good2")) <= 60  # type: ignore[arg-type]
     assert client.lrange("app:good3", 0, -1) == [b"x"]
-    assert client.zscore(status_key("completed"), "ok1") is not None
+    assert client.zscore(DEFAULT.status_key(0, "completed"), "ok1") is not None
 
 
 # (setup of the bad key in Redis, the bad staged write, what the refusal must name)
@@ -196,7 +192,7 @@ def test_an_incrby_chain_within_range_of_the_current_value_lands(client: redis.R
 
 
 @pytest.mark.parametrize("status", STATUSES)
-@pytest.mark.parametrize("index", [DEADLINES_KEY, *(status_key(s) for s in STATUSES)])
+@pytest.mark.parametrize("index", [DEADLINES_KEY, *(DEFAULT.status_key(0, s) for s in STATUSES)])
 def test_a_wrong_typed_index_key_refuses_the_checkpoint_that_adds_to_it(
     client: redis.Redis, index: str, status: str
 ) -> None:
@@ -207,10 +203,10 @@ def test_a_wrong_typed_index_key_refuses_the_checkpoint_that_adds_to_it(
     client.set(index, "not a sorted set")
     keys = watched("i1", [])
     before = snapshot(client, keys)
-    adds = index == status_key(status) or (index == DEADLINES_KEY and status == "suspended")
+    adds = index == DEFAULT.status_key(0, status) or (index == DEADLINES_KEY and status == "suspended")
     if not adds:
         assert s.checkpoint(GOOD, status=status)
-        assert json.loads(client.get(execution_key("i1"))) == {"n": 1}  # type: ignore[arg-type]
+        assert json.loads(client.get(DEFAULT.execution_key("i1"))) == {"n": 1}  # type: ignore[arg-type]
         assert client.get("app:good1") == b"1" and client.get(index) == b"not a sorted set"
         return
     with pytest.raises(ExecutionKeyError, match="not a sorted set") as caught:
@@ -242,13 +238,13 @@ def test_a_fenced_out_checkpoint_writes_neither_state_nor_staged_keys(
     client: redis.Redis, case: str, with_staged: bool
 ) -> None:
     s = Setup(client, "f1")
-    client.set(cancel_key("f1"), "1")  # a terminal checkpoint would delete it
+    client.set(DEFAULT.cancel_key("f1"), "1")  # a terminal checkpoint would delete it
     FENCED_OUT[case](s)
     keys = watched("f1", [])
     before = snapshot(client, keys)
     assert s.checkpoint(GOOD if with_staged else [], status="completed") is False
     assert snapshot(client, keys) == before
-    assert json.loads(client.get(execution_key("f1"))) == {"n": 0}  # type: ignore[arg-type]
+    assert json.loads(client.get(DEFAULT.execution_key("f1"))) == {"n": 0}  # type: ignore[arg-type]
 
 
 # -- the create script ---------------------------------------------------------------------
@@ -261,16 +257,20 @@ def _create(client: redis.Redis, eid: str, dedup: str | None) -> int:
 
 def test_create_records_the_dedup_key_with_its_ttl(client: redis.Redis) -> None:
     assert _create(client, "d1", "order-1") == 1
-    assert client.get(dedup_key("order-1")) == b"d1"
-    ttl_s = int(client.ttl(dedup_key("order-1")))  # type: ignore[arg-type]
+    assert client.get(DEFAULT.dedup_key(0, "order-1")) == b"d1"
+    ttl_s = int(client.ttl(DEFAULT.dedup_key(0, "order-1")))  # type: ignore[arg-type]
     assert FLAG_TTL_S - 60 < ttl_s <= FLAG_TTL_S
 
 
 @pytest.mark.parametrize("target", ["state", "running-index", "dedup"])
 def test_create_with_a_wrong_typed_key_writes_nothing(client: redis.Redis, target: str) -> None:
-    key = {"state": execution_key("k1"), "running-index": status_key("running"), "dedup": dedup_key("order-2")}[target]
+    key = {
+        "state": DEFAULT.execution_key("k1"),
+        "running-index": DEFAULT.status_key(0, "running"),
+        "dedup": DEFAULT.dedup_key(0, "order-2"),
+    }[target]
     client.hset(key, "f", "v")
-    keys = [execution_key("k1"), status_key("running"), dedup_key("order-2")]
+    keys = [DEFAULT.execution_key("k1"), DEFAULT.status_key(0, "running"), DEFAULT.dedup_key(0, "order-2")]
     before = snapshot(client, keys)
     with pytest.raises(ExecutionKeyError, match="wrong type") as caught:
         _create(client, "k1", "order-2")
@@ -283,7 +283,7 @@ def test_a_fenced_out_create_writes_nothing(client: redis.Redis) -> None:
     lease = leases.acquire("k2")
     assert isinstance(lease, Lease)
     client.incr(fence_key("k2"))
-    keys = [execution_key("k2"), status_key("running"), dedup_key("order-3")]
+    keys = [DEFAULT.execution_key("k2"), DEFAULT.status_key(0, "running"), DEFAULT.dedup_key(0, "order-3")]
     before = snapshot(client, keys)
     assert store.create("k2", lease.generation, "{}", time.time(), "order-3")[0] == 0
     assert snapshot(client, keys) == before

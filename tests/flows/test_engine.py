@@ -13,7 +13,7 @@ import pytest
 from plaita.errors import BadTaskError, ConfigError
 from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows
 from plaita.flows.execution import Execution
-from plaita.store.executions import status_key
+from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import Lease
 from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, ledgers, resume, start
@@ -37,8 +37,8 @@ def test_three_steps_complete_with_state_history_and_index(h: Harness) -> None:
     assert [e["step"] for e in doc["history"]] == STEPS
     assert all(e["outcome"] == "ok" and e["ended_at"] >= e["started_at"] for e in doc["history"])
     assert ledgers("e1", STEPS) == [1, 1, 1] and ledgers("e1", STEPS, "staged") == [1, 1, 1]
-    assert h.client.zscore(status_key("completed"), "e1") is not None
-    assert h.client.zscore(status_key("running"), "e1") is None
+    assert h.client.zscore(DEFAULT.status_key(0, "completed"), "e1") is not None
+    assert h.client.zscore(DEFAULT.status_key(0, "running"), "e1") is None
     ttl = h.client.ttl("plaita:execution:e1")
     assert 6 * 24 * 3600 < int(ttl) <= 7 * 24 * 3600  # type: ignore[arg-type]
 
@@ -61,7 +61,7 @@ def test_dedup_key_starts_one_execution(h: Harness) -> None:
 def test_suspend_then_resume_with_data(h: Harness) -> None:
     doc = h.run(start("s1", "signup", name="bo"))
     assert doc is not None and doc["status"] == "suspended" and doc["step"] == "wait_email"
-    assert h.client.zscore(status_key("suspended"), "s1") is not None
+    assert h.client.zscore(DEFAULT.status_key(0, "suspended"), "s1") is not None
     doc = h.run(resume("s1", "event", {"addr": "bo@x"}), message_id="900-1")
     assert doc is not None and doc["status"] == "completed", doc
     assert doc["state"]["resumed_by"] == "event" and doc["state"]["email"] == {"addr": "bo@x"}
@@ -140,7 +140,7 @@ def test_retries_then_success_and_budget_then_error(h: Harness) -> None:
     assert doc["error"]["type"] == "RuntimeError" and doc["error"]["attempts"] == 3
     assert "flaky failure 3" in doc["error"]["traceback"]
     assert ledgers("f2", ["wobble"]) == [3]
-    assert h.client.zscore(status_key("error"), "f2") is not None
+    assert h.client.zscore(DEFAULT.status_key(0, "error"), "f2") is not None
 
 
 def test_non_retryable_error_ends_at_once(h: Harness) -> None:

@@ -26,7 +26,8 @@ from plaita.flows import Flow, FlowRunner, StepContext
 from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
-from plaita.store.executions import KEEPER_LEASE_KEY, ExecutionStore
+from plaita.store.executions import ExecutionStore
+from plaita.store.keeper_store import KEEPER_LEASE_KEY
 from plaita.store.leases import Lease, LeaseManager
 from plaita.store.partitioned import keyspace_of, open_queue
 from plaita.store.streams import StreamQueue

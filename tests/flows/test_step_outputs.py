@@ -18,8 +18,7 @@ import pytest
 
 from plaita.errors import BadTaskError, ConfigError
 from plaita.flows import Flow, FlowRunner, LeaseLostError, StepContext
-from plaita.store.executions import execution_key, status_key
-from plaita.store.keyspace import DEADLINES_KEY
+from plaita.store.keyspace import DEADLINES_KEY, DEFAULT
 from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, ledgers, resume, start
 
@@ -95,7 +94,7 @@ def strict(raw: Any) -> dict[str, Any]:
 
 
 def stored(h: Harness, eid: str) -> dict[str, Any]:
-    return strict(h.client.get(execution_key(eid)))
+    return strict(h.client.get(DEFAULT.execution_key(eid)))
 
 
 def runs(h: Harness, eid: str) -> int:
@@ -122,8 +121,8 @@ def test_a_refused_staged_write_fails_the_step_and_writes_nothing(h: Harness, ba
     for key in ("app:good1", "app:good2", "app:ttl", "app:big", "app:t", "app:after"):
         assert h.client.exists(key) == 0, key
     assert h.client.lrange("app:list", 0, -1) == [b"x"]
-    assert h.client.zscore(status_key("error"), "h1") is not None
-    assert h.client.zscore(status_key("running"), "h1") is None
+    assert h.client.zscore(DEFAULT.status_key(0, "error"), "h1") is not None
+    assert h.client.zscore(DEFAULT.status_key(0, "running"), "h1") is None
 
 
 def test_a_staged_write_refused_once_lands_exactly_once_on_the_retry(h: Harness) -> None:
@@ -148,7 +147,7 @@ def test_in_place_state_that_is_not_json_ends_in_error_after_the_retries(h: Harn
     assert doc is not None and doc["status"] == "error", doc
     assert doc["error"]["type"] == "NotSerializable" and "ctx.state['when']" in doc["error"]["message"]
     assert runs(h, "w1") == 2 and doc["state"] == {}
-    assert h.client.zscore(status_key("running"), "w1") is None
+    assert h.client.zscore(DEFAULT.status_key(0, "running"), "w1") is None
     assert h.client.exists("app:produced") == 0
 
 
@@ -185,16 +184,16 @@ def test_params_and_resume_data_that_are_not_strict_json_are_refused(h: Harness)
     h.run(start("j2", "signup"))
     with pytest.raises(ValueError, match="strict JSON"):
         h.flows.resume("j2", "event", {"email": math.nan})
-    before = h.client.get(execution_key("j2"))
+    before = h.client.get(DEFAULT.execution_key("j2"))
     with pytest.raises(BadTaskError, match="strict JSON"):
         h.run(resume("j2", "event", {"email": math.nan}))
-    assert h.client.get(execution_key("j2")) == before
+    assert h.client.get(DEFAULT.execution_key("j2")) == before
     assert h.client.xlen(h.queue.stream) == 0
 
 
 def test_a_redelivered_start_of_a_suspended_execution_changes_nothing(h: Harness, redis_url: str) -> None:
     h.run(start("r1", "signup"))
-    before = h.client.get(execution_key("r1"))
+    before = h.client.get(DEFAULT.execution_key("r1"))
     assert strict(before)["status"] == "suspended"
     h.run(start("r1", "signup"))
     changed = Flow("signup")  # a worker whose signup flow differs: the duplicate is still a no-op
@@ -204,7 +203,7 @@ def test_a_redelivered_start_of_a_suspended_execution_changes_nothing(h: Harness
         other.runner.close()
         other.runner = FlowRunner([changed], other.store)
         other.run(start("r1", "signup"))
-    assert h.client.get(execution_key("r1")) == before
+    assert h.client.get(DEFAULT.execution_key("r1")) == before
     assert ledgers("r1", ["create", "wait_email"]) == [1, 1]
     doc = h.run(resume("r1", "event", "a@b.c"))
     assert doc is not None and doc["status"] == "completed" and doc["state"]["email"] == "a@b.c"
@@ -236,7 +235,7 @@ def test_a_state_stored_with_nan_before_json_was_strict_ends_in_error_not_a_loop
     h.run(start("g1", "signup"))
     legacy = stored(h, "g1")
     legacy["state"]["score"] = math.nan
-    h.client.set(execution_key("g1"), json.dumps(legacy))  # what an older plaita wrote
+    h.client.set(DEFAULT.execution_key("g1"), json.dumps(legacy))  # what an older plaita wrote
     doc = h.run(resume("g1", "event", "a@b.c"))  # returns: the error is written, no redelivery
     assert doc is not None and doc["status"] == "error" and doc["error"]["type"] == "NotSerializable"
     assert "ctx.state['score']" in doc["error"]["message"]
@@ -250,8 +249,8 @@ def test_a_retention_redis_cannot_expire_is_refused_at_start_up(h: Harness) -> N
 
 def test_an_orphan_stored_with_nan_is_marked_in_strict_json(h: Harness) -> None:
     doc = {"execution_id": "o1", "status": "running", "state": {"score": math.nan}, "params": {}}
-    h.client.set(execution_key("o1"), json.dumps(doc))
-    h.client.zadd(status_key("running"), {"o1": 100.0})
+    h.client.set(DEFAULT.execution_key("o1"), json.dumps(doc))
+    h.client.zadd(DEFAULT.status_key(0, "running"), {"o1": 100.0})
     assert h.store.mark_orphaned("o1", 100.0, {"type": "Orphaned"}, time.time(), 3600)
     marked = stored(h, "o1")
     assert marked["status"] == "error" and marked["error"] == {"type": "Orphaned"}
