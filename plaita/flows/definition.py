@@ -114,9 +114,7 @@ class Flow:
         return fn
 
     def hooks_for(self, status: str) -> list[Hook]:
-        """The hooks to call after a checkpoint left an execution ``status``."""
-        if status not in HOOK_KINDS or status == "end":
-            return []
+        """The hooks to call after a checkpoint ended an execution in ``status`` (a terminal one)."""
         return [*self.hooks.get(status, ()), *self.hooks.get("end", ())]
 
     @overload
