@@ -4,9 +4,14 @@ The worker gives every task the execution's lease (generation ``task.fencing_tok
 the handler runs, so one execution never advances on two workers at once. After each step
 the runner writes one fenced checkpoint (state, step index, status index, staged writes);
 a worker killed during step k leaves the checkpoint of step k-1, and whoever runs the
-execution next starts at step k. Every task is safe to deliver twice: a start of an existing
-execution only continues it if it is still running, a resume already applied (or of a
-terminal execution) is a no-op.
+execution next starts at step k.
+
+One task, in this file's order: ``plaita.flows.admit`` turns it into a ``Run`` (or a no-op:
+every task is safe to deliver twice); ``_advance`` runs steps while the execution is running.
+One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
+its outcome means (``_succeeded``, ``_suspended``, ``_failed``), and ``_commit`` it: seal it
+(the ``error`` execution replaces one that cannot be written), write it (``checkpoint``), make
+it the run's, then tell the observers and, when it ended the execution, the flow's hooks.
 """
 
 from __future__ import annotations
