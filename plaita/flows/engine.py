@@ -83,7 +83,7 @@ class FlowRunner:
     # -- entry points --------------------------------------------------------------------
     def __call__(self, task: Task) -> None:
         # In thread mode nothing in the runner suspends (Redis calls block, async steps run to
-        # completion on this thread's loop in _invoke), so the coroutine is driven by hand: no
+        # completion on this thread's loop in _call), so the coroutine is driven by hand: no
         # event loop is running while a sync step runs, and it may call asyncio.run itself.
         coro = self._handle(task, offload=False)
         try:
