@@ -45,11 +45,12 @@ class Run:
     created: bool = False
 
 
-def _decoded(execution_id: str, doc: dict[str, Any]) -> Execution:
+def _decoded(store: ExecutionStore, execution_id: str, doc: dict[str, Any]) -> Execution:
     try:
         return Execution.decode(doc)
-    except BadExecution as exc:
-        raise BadTaskError(f"execution {execution_id!r} is unreadable ({exc})") from None
+    except BadExecution as exc:  # data, as UnreadableExecution: the key is left for an operator
+        key = store.ks.execution_key(execution_id)
+        raise BadTaskError(f"execution {execution_id!r} is unreadable ({key}: {exc})") from None
 
 
 class Admission:
@@ -74,7 +75,7 @@ class Admission:
         doc, cancel = await call_io(offload, self.store.load, task.execution_id)
         if doc is None:
             raise BadTaskError(f"resume of unknown execution {task.execution_id!r}")
-        return await self._resume(task, _decoded(task.execution_id, doc), cancel, offload)
+        return await self._resume(task, _decoded(self.store, task.execution_id, doc), cancel, offload)
 
     async def _flow(self, flow_id: Any, task: Task, offload: bool) -> Flow:
         flow = self.flows.get(flow_id)
@@ -117,7 +118,7 @@ class Admission:
         if code == 3:  # it exists: continue it if its worker died mid-run
             existing = self.store.parse(eid, other)
             assert existing is not None  # the script returns code 3 only with a state
-            return await self._restart(Run(task, flow, _decoded(eid, existing), cancel, offload))
+            return await self._restart(Run(task, flow, _decoded(self.store, eid, existing), cancel, offload))
         return Run(task, flow, execution, cancel, offload, created=True)
 
     async def _restart(self, run: Run) -> Run | None:

@@ -181,7 +181,7 @@ def test_bad_input_raises_bad_task_error(h: Harness, body: dict[str, object], re
         h.run(body)
 
 
-@pytest.mark.parametrize("raw", ["garbage{", "[1, 2]", "\xff\xfe"])
+@pytest.mark.parametrize("raw", ["garbage{", "[1, 2]", "\xff\xfe", '{"flow_id": "ledger3", "status": "paused"}'])
 @pytest.mark.parametrize("kind", ["start", "resume"])
 def test_a_task_of_an_unreadable_execution_is_a_bad_task_naming_the_key(h: Harness, raw: str, kind: str) -> None:
     """A corrupt execution key dead-letters the task with the key in the reason (one delivery), is
