@@ -44,7 +44,7 @@ def run_worker(args: argparse.Namespace) -> int:
     worker = Worker(settings, handler)  # type: ignore[arg-type]
     ops = attach_operations(worker)  # binds --metrics-port: ConfigError (exit 2) when it cannot listen
     if runner is not None:
-        runner.observer = worker.observers  # execution metrics and the in-flight count
+        runner.add_observer(worker.observers)  # execution metrics and the in-flight count
         ops.track_executions()
     signals_seen = 0
 

@@ -8,8 +8,10 @@ from plaita.flows.checkpoint import LeaseLostError
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.engine import FlowRunner
+from plaita.flows.execution import Execution
 
 __all__ = [
+    "Execution",
     "Flow",
     "FlowRegistry",
     "FlowRunner",

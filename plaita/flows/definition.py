@@ -26,6 +26,10 @@ from typing import Any, overload
 from plaita.errors import ConfigError, PlaitaError
 
 StepFn = Callable[[Any], Any]
+#: A hook: called with the ``Execution`` (plaita.flows.execution) a terminal checkpoint wrote.
+Hook = Callable[[Any], Any]
+#: Hook kinds: the terminal status they follow, or ``end`` for any of them.
+HOOK_KINDS = ("completed", "error", "cancelled", "end")
 
 #: Attempts of a step before the execution ends in ``error`` (the first run counts).
 DEFAULT_MAX_ATTEMPTS = 3
@@ -82,10 +86,36 @@ class Flow:
     compatible_with: Sequence[str] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     steps: list[Step] = field(default_factory=list)
+    #: Hooks by kind (``HOOK_KINDS``): register them with ``on_complete``, ``on_error``, ``on_end``.
+    hooks: dict[str, list[Hook]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.flow_id:
             raise ConfigError("a flow needs a non-empty flow_id")
+
+    # Hooks run in the worker that wrote the terminal checkpoint, right after it, at most once
+    # per execution (docs/flows.md, "Hooks"); they are not part of the fingerprint.
+    def on_complete(self, fn: Hook) -> Hook:
+        """Register ``fn(execution)`` for executions of this flow that completed (decorator)."""
+        return self.add_hook("completed", fn)
+
+    def on_error(self, fn: Hook) -> Hook:
+        """Register ``fn(execution)`` for executions of this flow that ended in ``error``."""
+        return self.add_hook("error", fn)
+
+    def on_end(self, fn: Hook) -> Hook:
+        """Register ``fn(execution)`` for every end: completed, error or cancelled."""
+        return self.add_hook("end", fn)
+
+    def add_hook(self, kind: str, fn: Hook) -> Hook:
+        if kind not in HOOK_KINDS or not callable(fn):
+            raise ConfigError(f"flow {self.flow_id!r}: a hook is a callable for one of {', '.join(HOOK_KINDS)}")
+        self.hooks.setdefault(kind, []).append(fn)
+        return fn
+
+    def hooks_for(self, status: str) -> list[Hook]:
+        """The hooks to call after a checkpoint ended an execution in ``status`` (a terminal one)."""
+        return [*self.hooks.get(status, ()), *self.hooks.get("end", ())]
 
     @overload
     def step(self, fn: StepFn, /) -> StepFn: ...

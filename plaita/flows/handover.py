@@ -68,15 +68,6 @@ def fleet_entry(flows: Iterable[Flow]) -> dict[str, Any]:
     return {"flows": [flow_entry(f) for f in flows]}
 
 
-def upgrade(doc: dict[str, Any], flow: Flow, step_index: int) -> None:
-    """Move ``doc`` to ``flow``'s definition (a compatible version), keeping its lineage."""
-    versions = doc.get("versions")
-    earlier = versions if isinstance(versions, list) else [doc.get("version")]
-    doc.update(
-        step_index=step_index, fingerprint=flow.fingerprint, version=flow.version, versions=flow.lineage(earlier)
-    )
-
-
 def superseded(flow: Flow, doc: dict[str, Any]) -> bool:
     """True when ``doc`` was last checkpointed by a newer definition than ``flow`` (this worker
     is the old one of a rolling upgrade): ``flow``'s version is in the execution's lineage."""

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 
 from plaita.errors import ConfigError
 from plaita.flows import model
+from plaita.flows.execution import error_doc
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
-from plaita.store.executions import KEEPER_LEASE_KEY, ExecutionStore, UnreadableExecution, stream_execution_ids
+from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids
+from plaita.store.keeper_store import KEEPER_LEASE_KEY
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -44,9 +46,11 @@ MAX_REMEMBERED_BAD = 10_000
 @dataclass(frozen=True)
 class KeeperSettings:
     interval_s: float = 5.0
-    #: Running and unleased this long without an update = orphaned for good (the original ~2 h).
+    #: Running and unleased this long without an update = orphaned for good (2 h: far longer than
+    #: any step should run, so only a lost execution waits that long).
     zombie_after_s: float = 7200.0
-    #: At most one recovery retry per execution per cooldown (the original ~15 min).
+    #: At most one recovery retry per execution per cooldown (15 min: a retry needs time to be
+    #: read and run before the next one is worth sending).
     retry_cooldown_s: float = 900.0
     #: A timeout task not acted on is sent again after this.
     timeout_cooldown_s: float = 60.0
@@ -297,6 +301,6 @@ class Keeper:
         s = self.settings
         message = f"orphaned: running with no worker and no task for {now_s - updated_at_s:.0f} s"
         if s.dry_run or self.store.mark_orphaned(
-            eid, updated_at_s, model.error_doc(None, "Orphaned", message), now_s, s.retention_s
+            eid, updated_at_s, error_doc(None, "Orphaned", message), now_s, s.retention_s
         ):
             report.orphaned.append(eid)

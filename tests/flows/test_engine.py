@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from plaita.errors import BadTaskError, ConfigError
-from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows, model
+from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows
+from plaita.flows.execution import Execution
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import Lease
 from tests.flows import flowdefs
@@ -180,7 +181,7 @@ def test_bad_input_raises_bad_task_error(h: Harness, body: dict[str, object], re
         h.run(body)
 
 
-@pytest.mark.parametrize("raw", ["garbage{", "[1, 2]", "\xff\xfe"])
+@pytest.mark.parametrize("raw", ["garbage{", "[1, 2]", "\xff\xfe", '{"flow_id": "ledger3", "status": "paused"}'])
 @pytest.mark.parametrize("kind", ["start", "resume"])
 def test_a_task_of_an_unreadable_execution_is_a_bad_task_naming_the_key(h: Harness, raw: str, kind: str) -> None:
     """A corrupt execution key dead-letters the task with the key in the reason (one delivery), is
@@ -266,7 +267,7 @@ def test_redelivered_start_of_a_running_execution_continues_at_its_step(h: Harne
     """A worker died after step one's checkpoint: the start's redelivery runs two and three only."""
     flow = h.runner.flows.get("ledger3")
     assert flow is not None
-    doc = model.new_execution("re1", flow, {}, dedup_key=None, now_s=time.time())
+    doc = Execution.start("re1", flow, {}, dedup_key=None, now_s=time.time()).to_doc()
     doc.update(step_index=1, step="two", state={"one": 1})
     task, lease = h.task(start("re1"))
     code, _, _ = h.store.create("re1", lease.generation, json.dumps(doc), doc["created_at"], None)
@@ -298,7 +299,7 @@ def test_resume_of_a_still_running_execution_is_applied_at_its_suspension(h: Har
     """The worker died inside wait_email before it suspended; the event arrives first."""
     flow = h.runner.flows.get("signup")
     assert flow is not None
-    doc = model.new_execution("pr1", flow, {}, dedup_key=None, now_s=time.time())
+    doc = Execution.start("pr1", flow, {}, dedup_key=None, now_s=time.time()).to_doc()
     doc.update(step_index=1, step="wait_email", state={"user": "ann"})
     task, lease = h.task(start("pr1", "signup"))
     assert h.store.create("pr1", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
@@ -316,7 +317,7 @@ def test_redelivered_resume_whose_worker_died_in_a_later_step_continues(h: Harne
     redelivered resume task must carry the execution on, not ack it as a duplicate."""
     flow = h.runner.flows.get("signup")
     assert flow is not None
-    doc = model.new_execution("pr2", flow, {}, dedup_key=None, now_s=time.time())
+    doc = Execution.start("pr2", flow, {}, dedup_key=None, now_s=time.time()).to_doc()
     doc.update(step_index=2, step="finish", state={"user": "ann", "email": "a@x"}, applied_resumes=["ev-2"])
     task, lease = h.task(start("pr2", "signup"))
     assert h.store.create("pr2", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1

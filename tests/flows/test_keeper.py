@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from plaita.flows import model
+from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
@@ -41,7 +42,7 @@ def make_orphan(h: Harness, eid: str, flow: str = "ledger3", *, keep_lease: bool
     lease = h.leases.acquire(eid)
     assert isinstance(lease, Lease)
     now_s = time.time() - age_s
-    doc = model.new_execution(eid, h.runner.flows.get(flow), {}, dedup_key=None, now_s=now_s)  # type: ignore[arg-type]
+    doc = Execution.start(eid, h.runner.flows.get(flow), {}, dedup_key=None, now_s=now_s).to_doc()  # type: ignore[arg-type]
     code, _, _ = h.store.create(eid, lease.generation, json.dumps(doc), doc["created_at"], None)
     assert code == 1
     if not keep_lease:

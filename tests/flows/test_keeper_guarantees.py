@@ -22,10 +22,12 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.flows import Flow, FlowRunner, StepContext, model
+from plaita.flows import Flow, FlowRunner, StepContext
+from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
-from plaita.store.executions import KEEPER_LEASE_KEY, ExecutionStore
+from plaita.store.executions import ExecutionStore
+from plaita.store.keeper_store import KEEPER_LEASE_KEY
 from plaita.store.leases import Lease, LeaseManager
 from plaita.store.partitioned import keyspace_of, open_queue
 from plaita.store.streams import StreamQueue
@@ -77,7 +79,7 @@ def make_orphan(store: ExecutionStore, leases: LeaseManager, eid: str, *, age_s:
     """A running execution whose worker died before its first step: state, no task, no lease."""
     lease = leases.acquire(eid)
     assert isinstance(lease, Lease)
-    doc = model.new_execution(eid, flowdefs.ledger3, {}, dedup_key=None, now_s=time.time() - age_s)
+    doc = Execution.start(eid, flowdefs.ledger3, {}, dedup_key=None, now_s=time.time() - age_s).to_doc()
     code, _, _ = store.create(eid, lease.generation, json.dumps(doc), doc["created_at"], None)
     assert code == 1
     leases.release(lease)

@@ -1,0 +1,193 @@
+"""Admission: what a task does to its execution before any step runs.
+
+A start creates the execution (or continues one whose worker died mid-run); a resume loads it,
+applies the resume or finds it needs nothing (a duplicate, a stale timeout, a terminal
+execution); either refuses a task no worker of this definition may run (``BadTaskError``, or a
+hand-back to a worker that can: ``plaita.flows.handover``). The result is a ``Run`` for the
+engine, or None when the task is a no-op. Every task is safe to deliver twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from plaita.errors import BadTaskError
+from plaita.flows import model
+from plaita.flows.checkpoint import LeaseLostError, call_io
+from plaita.flows.definition import Flow, FlowRegistry
+from plaita.flows.execution import BadExecution, Execution, error_doc
+from plaita.flows.handover import Handover
+from plaita.flows.validate import require_task_json
+from plaita.store.executions import ExecutionStore
+from plaita.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """One task advancing one execution: ``execution`` is the one last checkpointed."""
+
+    task: Task
+    flow: Flow
+    execution: Execution
+    cancel: bool
+    offload: bool
+    #: A resume that arrived while the execution was still running (its worker had died):
+    #: applied at the next suspension instead of being lost.
+    pending: tuple[str, Any, str] | None = None
+    #: Decided at admission, to checkpoint instead of running a step (cancelled; refused).
+    ending: Execution | None = None
+    #: This task created the execution.
+    created: bool = False
+
+
+def _decoded(store: ExecutionStore, execution_id: str, doc: dict[str, Any]) -> Execution:
+    try:
+        return Execution.decode(doc)
+    except BadExecution as exc:  # data, as UnreadableExecution: the key is left for an operator
+        key = store.ks.execution_key(execution_id)
+        raise BadTaskError(f"execution {execution_id!r} is unreadable ({key}: {exc})") from None
+
+
+class Admission:
+    """Turns a task into a ``Run`` (or None: nothing to do)."""
+
+    def __init__(
+        self,
+        flows: FlowRegistry,
+        store: ExecutionStore,
+        handover: Handover,
+        *,
+        max_state_bytes: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.flows, self.store, self.handover = flows, store, handover
+        self.max_state_bytes = max_state_bytes
+        self._clock = clock
+
+    async def admit(self, task: Task, offload: bool) -> Run | None:
+        if task.body.get("type") == "start":
+            return await self._start(task, offload)
+        doc, cancel = await call_io(offload, self.store.load, task.execution_id)
+        if doc is None:
+            raise BadTaskError(f"resume of unknown execution {task.execution_id!r}")
+        return await self._resume(task, _decoded(self.store, task.execution_id, doc), cancel, offload)
+
+    async def _flow(self, flow_id: Any, task: Task, offload: bool) -> Flow:
+        flow = self.flows.get(flow_id)
+        if flow is None:
+            await call_io(offload, self.handover.unknown_flow, task, flow_id)  # another worker runs it?
+            raise BadTaskError(
+                f"unknown flow {flow_id!r} (loaded: {', '.join(f.flow_id for f in self.flows) or 'none'})"
+            )
+        return flow
+
+    async def _start_flow(self, task: Task, offload: bool) -> Flow:
+        body = task.body
+        flow = await self._flow(body.get("flow_id"), task, offload)
+        requested = body.get("version")
+        if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
+            await call_io(offload, self.handover.requested_version, task, flow.flow_id, str(requested))
+            raise BadTaskError(f"flow {flow.flow_id!r} version {requested!r} requested; loaded is {flow.version!r}")
+        return flow
+
+    async def _start(self, task: Task, offload: bool) -> Run | None:
+        body, eid = task.body, task.execution_id
+        flow = await self._start_flow(task, offload)
+        params = {} if body.get("params") is None else body.get("params")
+        if not isinstance(params, dict):
+            raise BadTaskError(f"start 'params' must be a JSON object (got {type(params).__name__})")
+        dedup = str(body["dedup_key"]) if body.get("dedup_key") not in (None, "") else None
+        execution = Execution.start(eid, flow, params, dedup_key=dedup, now_s=self._clock())
+        require_task_json(params, "start 'params'")
+        text = execution.encode()
+        if len(text.encode("utf-8")) > self.max_state_bytes:
+            raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
+        code, other, cancel = await call_io(
+            offload, self.store.create, eid, task.fencing_token, text, execution.created_at, dedup
+        )
+        if code == 0:
+            raise LeaseLostError(f"lease of execution {eid} lost before it was created")
+        if code == 2:
+            logger.info("start of execution %s: dedup key %r already started %s; duplicate ignored", eid, dedup, other)
+            return None
+        if code == 3:  # it exists: continue it if its worker died mid-run
+            existing = self.store.parse(eid, other)
+            assert existing is not None  # the script returns code 3 only with a state
+            return await self._restart(Run(task, flow, _decoded(self.store, eid, existing), cancel, offload))
+        return Run(task, flow, execution, cancel, offload, created=True)
+
+    async def _restart(self, run: Run) -> Run | None:
+        execution, eid = run.execution, run.task.execution_id
+        if execution.flow_id != run.flow.flow_id:
+            raise BadTaskError(f"execution {eid!r} belongs to flow {execution.flow_id!r}, not {run.flow.flow_id!r}")
+        if execution.status != "running":
+            logger.info("start of execution %s: already %s; duplicate ignored", eid, execution.status)
+            return None
+        return await self._compatible(run)
+
+    async def _resume(self, task: Task, execution: Execution, cancel: bool, offload: bool) -> Run | None:
+        body, eid = task.body, task.execution_id
+        flow_id = body.get("flow_id")
+        if flow_id is not None and flow_id != execution.flow_id:
+            raise BadTaskError(
+                f"resume for flow {flow_id!r} of execution {eid!r}, which runs flow {execution.flow_id!r}"
+            )
+        flow = await self._flow(execution.flow_id, task, offload)
+        rtype = body.get("resume_type", "continue")
+        if rtype not in model.RESUME_TYPES:
+            raise BadTaskError(
+                f"unknown resume_type {rtype!r} (expected one of {', '.join(sorted(model.RESUME_TYPES))})"
+            )
+        rid = str(body.get("resume_id") or task.message_id)
+        applied = rid in execution.applied_resumes
+        # Applied but still running: the worker that applied it died in a later step, and this
+        # is its redelivery (the lease rules out a live one). Continue, as a start does.
+        stale = rtype == "timeout" and execution.stale_timeout(body.get("suspension"))
+        if execution.terminal or (applied and execution.status != "running") or stale:
+            logger.info("resume %s (%s) of execution %s (%s): nothing to do", rid, rtype, eid, execution.status)
+            return None
+        run = await self._compatible(Run(task, flow, execution, cancel, offload))
+        if run is None or applied or run.ending is not None:
+            return run
+        return self._resumed(run, rtype, rid)
+
+    def _resumed(self, run: Run, rtype: str, rid: str) -> Run:
+        """``run`` with resume ``rid`` applied: now (suspended), at the next suspension (still
+        running: its worker died), or as the execution's end (a cancel)."""
+        body = run.task.body
+        if rtype == "cancel" or run.cancel:
+            run.ending = run.execution.ended("cancelled", self._clock())
+            return run
+        require_task_json(body.get("data"), "resume 'data'")
+        if run.execution.status == "suspended":
+            run.execution = run.execution.resumed(rtype, body.get("data"), rid)
+        elif rtype != "retry":
+            run.pending = (rtype, body.get("data"), rid)
+        return run
+
+    async def _compatible(self, run: Run) -> Run | None:
+        """``run`` if its flow definition can continue it (upgraded to a compatible version).
+        Else the task goes to a worker that can (``NotForThisWorker``, see plaita.flows.handover);
+        only when none can and this worker is not the older one does the execution end in
+        ``error`` (``run.ending``)."""
+        execution, flow = run.execution, run.flow
+        if execution.fingerprint == flow.fingerprint:
+            return run
+        index = flow.index_of(str(execution.step))
+        if index is not None and flow.accepts_version(execution.version):
+            run.execution = execution.upgraded(flow, index)
+            return run
+        await call_io(run.offload, self.handover.cannot_continue, run.task, flow, execution.to_doc())
+        message = (
+            f"flow {flow.flow_id!r} changed since this execution started (steps renamed, added or reordered; "
+            f"version {execution.version!r} -> {flow.version!r}): refused. Declare a compatible version to allow it"
+        )
+        logger.error("execution %s: %s", run.task.execution_id, message)
+        error = error_doc(execution.step, "FlowChanged", message)
+        run.ending = execution.ended("error", self._clock(), error=error)
+        return run

@@ -1,0 +1,329 @@
+"""``Execution``: the typed execution state (``plaita:execution:{id}``) and its pure transitions.
+
+This module owns the document. The engine advances an execution by calling one of the
+transitions below (each returns a new, frozen ``Execution``); the checkpoint writes what
+``encode`` returns; nothing else changes one. Pure: no Redis, no clock (times are arguments).
+
+The stored JSON keeps one shape for every version of plaita: the field names below, with
+``versions`` absent on executions stored before lineages existed and ``suspensions`` absent
+until the first suspension. Fields this version does not know (a newer worker's, during a
+rolling upgrade) are kept as they were and written back unchanged.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from plaita.flows.definition import Flow
+from plaita.flows.validate import StepOutputError, dumps, output_error
+from plaita.store.executions import STATUSES, TERMINAL
+
+#: History entries kept per execution (the newest); ``steps_run`` keeps counting.
+HISTORY_LIMIT = 200
+#: Resume ids remembered per execution, so a redelivered resume is a no-op.
+APPLIED_RESUMES_LIMIT = 100
+#: Tracebacks are cut to their last characters (the innermost frames say the most).
+TRACEBACK_CHARS = 4000
+#: Fields left out while they have this value (older documents lack them).
+_ABSENT = {"versions": None, "suspensions": 0}
+
+
+def error_doc(step: str | None, kind: str, message: str) -> dict[str, Any]:
+    """An execution's ``error`` field for a failure that is not a step's exception."""
+    return {"step": step, "type": kind, "message": message, "attempts": 0, "traceback": None}
+
+
+def error_from_exception(step: str, exc: BaseException, attempts: int) -> dict[str, Any]:
+    text = "".join(traceback.format_exception(exc))
+    return {
+        "step": step,
+        "type": getattr(exc, "kind", None) or type(exc).__name__,
+        "message": exception_text(exc)[:2000],
+        "attempts": attempts,
+        "traceback": text[-TRACEBACK_CHARS:],
+    }
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the step's exception cannot even say what it is: a
+    describing error must not escape the runner (the task would be redelivered, not failed)."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<unprintable {type(exc).__name__}>"
+
+
+def describe_exception(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exception_text(exc)}"[:500]
+
+
+def history_entry(
+    step: str, attempt: int, started_s: float, ended_s: float, outcome: str, error: str | None = None
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "step": step,
+        "attempt": attempt,
+        "started_at": started_s,
+        "ended_at": ended_s,
+        "outcome": outcome,
+    }
+    if error is not None:
+        entry["error"] = error
+    return entry
+
+
+class BadExecution(ValueError):
+    """A stored document that is not an execution plaita could have written (its status)."""
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One execution's state. Frozen: transitions return a new one; treat its containers as
+    read-only too (hooks receive the execution that was checkpointed)."""
+
+    execution_id: str
+    flow_id: str
+    fingerprint: str | None
+    version: str | None
+    #: The versions this execution is at or newer than (an older worker hands it back);
+    #: None for one stored before lineages existed.
+    versions: list[str] | None
+    status: str
+    step_index: int
+    step: str | None
+    #: Failed attempts of the current step so far (durable: a restart keeps the retry budget).
+    attempt: int
+    params: dict[str, Any]
+    state: dict[str, Any]
+    results: dict[str, Any]
+    #: What the step that suspended sees as ``ctx.resume`` when it runs again.
+    resume: dict[str, Any] | None
+    suspension: dict[str, Any] | None
+    history: list[dict[str, Any]]
+    steps_run: int
+    applied_resumes: list[str]
+    error: dict[str, Any] | None
+    dedup_key: str | None
+    created_at: float
+    updated_at: float
+    ended_at: float | None
+    #: Suspensions so far: a timeout names the one it was armed for (0: never suspended).
+    suspensions: int = 0
+    #: Fields this version does not know, written back as they were.
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise BadExecution(f"execution {self.execution_id!r} has unknown status {self.status!r}")
+
+    # -- encode / decode -------------------------------------------------------------------
+    @classmethod
+    def start(
+        cls, execution_id: str, flow: Flow, params: dict[str, Any], *, dedup_key: str | None, now_s: float
+    ) -> Execution:
+        """A new execution of ``flow``, running, at its first step."""
+        return cls(
+            execution_id=execution_id,
+            flow_id=flow.flow_id,
+            fingerprint=flow.fingerprint,
+            version=flow.version,
+            versions=flow.lineage(),
+            status="running",
+            step_index=0,
+            step=flow.steps[0].name,
+            attempt=0,
+            params=params,
+            state={},
+            results={},
+            resume=None,
+            suspension=None,
+            history=[],
+            steps_run=0,
+            applied_resumes=[],
+            error=None,
+            dedup_key=dedup_key,
+            created_at=now_s,
+            updated_at=now_s,
+            ended_at=None,
+        )
+
+    @classmethod
+    def decode(cls, doc: dict[str, Any]) -> Execution:
+        """The execution a stored document holds (every document any plaita version wrote);
+        BadExecution when its status is none of ``STATUSES``."""
+        try:
+            return cls._decode(doc)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, BadExecution):
+                raise
+            raise BadExecution(f"execution {doc.get('execution_id')!r} has a malformed field: {exc}") from None
+
+    @classmethod
+    def _decode(cls, doc: dict[str, Any]) -> Execution:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        versions = doc.get("versions")
+        return cls(
+            execution_id=str(doc.get("execution_id")),
+            flow_id=str(doc.get("flow_id")),
+            fingerprint=doc.get("fingerprint"),
+            version=doc.get("version"),
+            versions=list(versions) if isinstance(versions, list) else None,
+            status=str(doc.get("status")),
+            step_index=int(doc.get("step_index") or 0),
+            step=doc.get("step"),
+            attempt=int(doc.get("attempt") or 0),
+            params=doc.get("params") or {},
+            state=doc.get("state") or {},
+            results=doc.get("results") or {},
+            resume=doc.get("resume") if isinstance(doc.get("resume"), dict) else None,
+            suspension=doc.get("suspension") if isinstance(doc.get("suspension"), dict) else None,
+            history=list(doc.get("history") or [])[-HISTORY_LIMIT:],
+            steps_run=int(doc.get("steps_run") or 0),
+            applied_resumes=list(doc.get("applied_resumes") or []),
+            error=doc.get("error"),
+            dedup_key=doc.get("dedup_key"),
+            created_at=float(doc.get("created_at") or 0.0),
+            updated_at=float(doc.get("updated_at") or 0.0),
+            ended_at=doc.get("ended_at"),
+            suspensions=int(doc.get("suspensions") or 0),
+            extra={k: v for k, v in doc.items() if k not in known},
+        )
+
+    def to_doc(self) -> dict[str, Any]:
+        """The stored document (a new dict; its values are this execution's own)."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        for name, absent in _ABSENT.items():
+            if doc[name] == absent:
+                del doc[name]
+        return {**doc, **self.extra}
+
+    def encode(self) -> str:
+        """Strict JSON (no NaN or Infinity: every parser must read it). TypeError or ValueError
+        when a value is not JSON."""
+        return dumps(self.to_doc())
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    # -- transitions (each returns the next execution) -------------------------------------
+    def stamped(self, now_s: float) -> Execution:
+        return replace(self, updated_at=now_s)
+
+    def upgraded(self, flow: Flow, step_index: int) -> Execution:
+        """Moved to ``flow``'s definition (a compatible version), keeping its lineage."""
+        earlier = self.versions if self.versions is not None else [self.version]
+        return replace(
+            self,
+            step_index=step_index,
+            fingerprint=flow.fingerprint,
+            version=flow.version,
+            versions=flow.lineage(earlier),
+        )
+
+    def resumed(self, resume_type: str, data: Any, resume_id: str) -> Execution:
+        """Running again: the suspended step runs again and sees ``ctx.resume``."""
+        return replace(
+            self,
+            status="running",
+            resume={"type": resume_type, "data": data},
+            suspension=None,
+            applied_resumes=[*self.applied_resumes, resume_id][-APPLIED_RESUMES_LIMIT:],
+        )
+
+    def _ran(self, entry: dict[str, Any], **changes: Any) -> Execution:
+        """One more run of a step recorded in the history (the newest ``HISTORY_LIMIT`` kept)."""
+        history = [*self.history, entry][-HISTORY_LIMIT:]
+        return replace(self, history=history, steps_run=self.steps_run + 1, **changes)
+
+    def step_done(
+        self,
+        step: str,
+        value: Any,
+        state: dict[str, Any],
+        next_step: tuple[int, str] | None,
+        attempt: int,
+        started_s: float,
+        now_s: float,
+    ) -> Execution:
+        """``step`` returned ``value``: on to ``next_step`` (index, name), or completed when None."""
+        merged = {**state, **value} if isinstance(value, dict) else state
+        entry = history_entry(step, attempt, started_s, now_s, "ok")
+        done = self._ran(entry, state=merged, attempt=0, resume=None, results={**self.results, step: value})
+        if next_step is None:
+            return replace(done, status="completed", ended_at=now_s)
+        return replace(done, status="running", step_index=next_step[0], step=next_step[1])
+
+    def suspended(
+        self, step: str, state: dict[str, Any], attempt: int, started_s: float, now_s: float, deadline_s: float | None
+    ) -> Execution:
+        """``step`` suspended: waits for a resume (or ``deadline_s``) to run it again."""
+        seq = self.suspensions + 1
+        return self._ran(
+            history_entry(step, attempt, started_s, now_s, "suspended"),
+            state=state,
+            attempt=0,
+            resume=None,
+            suspensions=seq,
+            status="suspended",
+            suspension={"seq": seq, "step": step, "since": now_s, "deadline": deadline_s},
+        )
+
+    def retrying(self, step: str, attempt: int, started_s: float, now_s: float, problem: str) -> Execution:
+        """Attempt ``attempt`` of ``step`` failed; the step runs again (the budget is durable)."""
+        return self._ran(history_entry(step, attempt, started_s, now_s, "failed", problem), attempt=attempt)
+
+    def failed(
+        self, step: str, attempt: int, started_s: float, now_s: float, problem: str, error: dict[str, Any]
+    ) -> Execution:
+        """``step`` failed for good: the execution ends in ``error``."""
+        entry = history_entry(step, attempt, started_s, now_s, "error", problem)
+        return self._ran(entry, attempt=attempt, error=error, status="error", ended_at=now_s)
+
+    def ended(self, status: str, now_s: float, *, error: dict[str, Any] | None = None) -> Execution:
+        """Ended without running a step (cancelled; refused as changed): ``status`` at ``now_s``."""
+        return replace(self, status=status, ended_at=now_s, error=error if error is not None else self.error)
+
+    def too_large(self, size: int, limit: int, after_step: str | None) -> Execution:
+        """The ``error`` execution replacing one whose document is over ``limit`` bytes: without
+        its state, results and resume (small enough to write, so the failure is recorded)."""
+        message = f"state is {size} bytes after step {after_step!r}, over the {limit}-byte limit"
+        error = error_doc(self.step, "StateTooLarge", message)
+        return replace(self, state={}, results={}, resume=None, error=error, status="error")
+
+    def unwritable(self, problem: StepOutputError) -> Execution:
+        """The ``error`` execution replacing one that is not strict JSON (a state stored before
+        JSON was strict): without its state, instead of failing every checkpoint forever."""
+        error = error_doc(self.step, problem.kind, str(problem))
+        return replace(self, state={}, results={}, resume=None, status="error", error=error, ended_at=self.updated_at)
+
+    # -- questions ------------------------------------------------------------------------
+    def stale_timeout(self, suspension_seq: Any) -> bool:
+        """A timeout (armed for suspension ``suspension_seq``, None = any) of a suspension that
+        already ended: resumed, maybe suspended again."""
+        if self.status != "suspended" or self.suspension is None:
+            return True
+        return suspension_seq is not None and suspension_seq != self.suspension.get("seq")
+
+
+def sealed(execution: Execution, max_bytes: int, step: str | None, *, output: bool) -> tuple[Execution, str]:
+    """(execution, document) a checkpoint writes: ``execution`` itself, or the ``error``
+    execution replacing it when it cannot be written (``unwritable``, ``too_large``; an error
+    over the limit is written anyway: it is the record of the failure). When ``output``
+    (the checkpoint of a step's output), a value that is not JSON is the step's failure instead:
+    StepOutputError, and nothing is written."""
+    try:
+        text = execution.encode()
+    except (TypeError, ValueError, RecursionError):
+        problem = output_error(execution.to_doc(), step)
+        if output:
+            raise problem from None
+        execution = execution.unwritable(problem)
+        text = execution.encode()
+    size = len(text.encode("utf-8"))
+    if size > max_bytes and execution.status != "error":
+        execution = execution.too_large(size, max_bytes, step)
+        text = execution.encode()
+    return execution, text

@@ -1,0 +1,151 @@
+"""What the keeper reads and writes of flow executions: its own lease, due deadlines, running
+executions that stopped being updated, recovery marks, and the compare-and-set that ends an
+orphaned execution. A mixin of ``ExecutionStore`` (it uses the store's client and keyspace).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+import redis
+
+from plaita.store import scripts
+from plaita.store.client import interrupt
+from plaita.store.execution_docs import checked, is_wrongtype, reply_text
+from plaita.store.keyspace import Keyspace
+
+#: Set by the keeper when it enqueued a recovery ``retry``: one per cooldown per execution.
+KEEPER_RETRY_PREFIX = "plaita:execution:keeper-retry:"
+KEEPER_LEASE_KEY = "plaita:keeper:lease"
+
+CLAIM_DEADLINES = scripts.script("claim_deadlines")
+HOLD_KEEPER_LEASE = scripts.script("hold_keeper_lease")
+RELEASE_KEEPER_LEASE = scripts.script("release_keeper_lease")
+
+
+def strict_json(doc: dict[str, Any]) -> str:
+    """``doc`` as strict JSON; one stored before JSON was strict (NaN in its state) loses its
+    state, results and params rather than being written back with NaN."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return json.dumps({**doc, "state": {}, "results": {}, "params": {}}, ensure_ascii=False, allow_nan=False)
+
+
+class KeeperAccess:
+    """The keeper's calls on the executions of one client (bytes replies) and ``keyspace``."""
+
+    client: redis.Redis
+    ks: Keyspace
+
+    def interrupt(self) -> None:
+        """Cut calls in progress (best effort; they fail with ConnectionError) so a stop is
+        not held up by a frozen server."""
+        interrupt(self.client)
+
+    def hold_keeper_lease(self, holder: str, ttl_ms: int) -> bool:
+        return int(HOLD_KEEPER_LEASE(self.client, [KEEPER_LEASE_KEY], [holder, ttl_ms])) == 1
+
+    def keeper_lease_holder(self) -> str | None:
+        raw = self.client.get(KEEPER_LEASE_KEY)
+        return None if raw is None else reply_text(raw)
+
+    def release_keeper_lease(self, holder: str) -> None:
+        """Hand the keeper role over at once (compare-and-delete: only our own lease)."""
+        RELEASE_KEEPER_LEASE(self.client, [KEEPER_LEASE_KEY], [holder])
+
+    def due_deadlines(self, now_s: float, rearm_at_s: float, limit: int, *, dry_run: bool) -> list[str]:
+        """Suspended executions past their deadline (re-armed to ``rearm_at_s`` unless dry run),
+        at most ``limit`` over all partitions."""
+        out: list[str] = []
+        for p in range(len(self.ks.tags)):
+            left, key = limit - len(out), self.ks.deadlines_key(p)
+            if left <= 0:
+                break
+            if dry_run:
+                raw = self.client.zrangebyscore(key, "-inf", repr(now_s), start=0, num=left)
+            else:
+                raw = CLAIM_DEADLINES(self.client, [key], [repr(now_s), repr(rearm_at_s), left])
+            out += [reply_text(m) for m in cast(list[Any], raw)]
+        return out
+
+    def running_since(self, before_s: float, offset: int, limit: int) -> list[tuple[str, float]]:
+        """Running executions last updated before ``before_s``, oldest first: (id, updated_at)."""
+        rows: list[tuple[str, float]] = []
+        width = len(self.ks.tags)
+        for p in range(width):
+            raw = self.client.zrangebyscore(
+                self.ks.status_key(p, "running"),
+                "-inf",
+                repr(before_s),
+                start=offset if width == 1 else 0,
+                num=limit if width == 1 else offset + limit,
+                withscores=True,
+            )
+            rows += [(reply_text(m), float(score)) for m, score in cast(list[Any], raw)]
+        rows.sort(key=lambda r: r[1])
+        return rows if width == 1 else rows[offset : offset + limit]
+
+    def forget_deadline(self, execution_id: str) -> None:
+        self.client.zrem(self.ks.deadlines_key(self.ks.partition_of(execution_id)), execution_id)
+
+    def leased(self, execution_ids: Sequence[str]) -> list[bool]:
+        pipe = self.client.pipeline(transaction=False)
+        for e in execution_ids:
+            pipe.exists(self.ks.lease_key(e))
+        return [int(n) == 1 for n in pipe.execute()]
+
+    def still_running(self, execution_ids: Sequence[str]) -> list[float | None]:
+        """Current update time of each execution that is still running (None = not running)."""
+        pipe = self.client.pipeline(transaction=False)
+        for e in execution_ids:
+            pipe.zscore(self.ks.status_key(self.ks.partition_of(e), "running"), e)
+        return [None if s is None else float(s) for s in pipe.execute()]
+
+    def mark_retry_sent(self, execution_id: str, cooldown_s: int) -> bool:
+        """True if no recovery retry was sent for this execution within the cooldown."""
+        return bool(self.client.set(f"{KEEPER_RETRY_PREFIX}{execution_id}", "1", nx=True, ex=max(1, cooldown_s)))
+
+    def clear_retry_mark(self, execution_id: str) -> None:
+        self.client.delete(f"{KEEPER_RETRY_PREFIX}{execution_id}")
+
+    def mark_orphaned(
+        self, execution_id: str, updated_at_s: float, error_doc: dict[str, Any], now_s: float, retention_s: int
+    ) -> bool:
+        """Set a running, unleased execution not updated since ``updated_at_s`` to ``error``.
+
+        WATCH makes it a compare-and-set: a worker that takes the lease or checkpoints in
+        between wins, and nothing is written.
+        """
+        ks, p = self.ks, self.ks.partition_of(execution_id)
+        key, lease, running = ks.execution_key(execution_id), ks.lease_key(execution_id), ks.status_key(p, "running")
+        with self.client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(key, lease, running)  # type: ignore[no-untyped-call]
+                doc = checked(execution_id, key, self._get_or_error(pipe, key))
+                score = pipe.zscore(running, execution_id)
+                if not isinstance(doc, dict) or doc.get("status") != "running":
+                    return False  # an unreadable key is left as it is for an operator to repair
+                if pipe.exists(lease) or score != updated_at_s:
+                    return False
+                doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
+                pipe.multi()
+                pipe.set(key, strict_json(doc), ex=retention_s)
+                pipe.zrem(running, execution_id)
+                pipe.zadd(ks.status_key(p, "error"), {execution_id: now_s})
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False
+
+    @staticmethod
+    def _get_or_error(pipe: Any, key: str) -> Any:
+        """GET in a WATCHed pipeline (immediate mode), a WRONGTYPE refusal returned, not raised."""
+        try:
+            return pipe.get(key)
+        except redis.ResponseError as exc:
+            if is_wrongtype(exc):
+                return exc
+            raise
