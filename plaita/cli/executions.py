@@ -237,4 +237,3 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "list": _list,
     "show": _show,
 }
-

@@ -107,8 +107,7 @@ class WorkerService:
 
     # -- inside ---------------------------------------------------------------------------
     def _install_signals(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            raise ConfigError("signals=True needs the main thread; pass signals=False and call request_stop()")
+        _require_main_thread()
         signals_seen = 0
 
         def on_signal(_signum: int, _frame: FrameType | None) -> None:
@@ -176,6 +175,8 @@ def run_worker(
     signals: bool = True,
 ) -> int:
     """Build the worker (see ``build_worker``) and run it until stopped; returns 0."""
+    if signals:
+        _require_main_thread()  # before building: a refused run leaves nothing behind
     return build_worker(settings, handler=handler, flows=flows, keeper=keeper).run(signals=signals)
 
 
@@ -256,6 +257,12 @@ def _keeper(settings: Settings) -> Keeper:
     )
     queue = open_queue(settings, client=client)
     return Keeper(ExecutionStore(client, queue.keyspace), queue)
+
+
+def _require_main_thread() -> None:
+    """Python runs signal handlers on the main thread only: anywhere else, stop with ``request_stop``."""
+    if threading.current_thread() is not threading.main_thread():
+        raise ConfigError("signals=True needs the main thread; pass signals=False and call request_stop()")
 
 
 def _close_quietly(client: Any) -> None:

@@ -6,9 +6,9 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from plaita import __version__
 from plaita.config import host_label
 from plaita.fsm import State
+from plaita.version import __version__
 
 if TYPE_CHECKING:
     from plaita.runtime.worker import Worker
