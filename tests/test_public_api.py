@@ -4,6 +4,7 @@ a bound, on the session's private redis-server."""
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import subprocess
@@ -206,6 +207,24 @@ def test_run_worker_on_the_main_thread_stops_on_sigterm_and_restores_the_handler
     sender.join(STOP_BOUND_S)
 
 
+def test_ctrl_c_with_signals_off_stops_the_worker_before_it_propagates(redis_url: str, rclient: redis.Redis) -> None:
+    service = build_worker(_settings(redis_url, "pub:ctrlc"), handler=lambda task: None)
+
+    def ctrl_c_once_consuming() -> None:
+        _poll(lambda: rclient.exists("pub:ctrlc"), 10, "the worker to create its group")
+        _thread.interrupt_main()
+
+    presser = threading.Thread(target=ctrl_c_once_consuming, daemon=True)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            service.run(signals=False)
+        assert service.join(STOP_BOUND_S)  # stopped by run itself, not by the cleanup below
+    finally:
+        service.stop(STOP_BOUND_S)
+        presser.join(STOP_BOUND_S)
+
+
 # -- configuration errors --------------------------------------------------------------------
 def test_configuration_errors_raise_before_anything_runs(redis_url: str) -> None:
     settings = _settings(redis_url, "pub:bad")
@@ -215,6 +234,8 @@ def test_configuration_errors_raise_before_anything_runs(redis_url: str) -> None
         start_worker(settings, handler=lambda task: None, keeper=True)
     with pytest.raises(ConfigError, match="cannot import"):
         start_worker(settings, flows=["no_such_module_here"])
+    with pytest.raises(ConfigError, match="'no_such_module_here': cannot import"):  # one name, not its letters
+        start_worker(settings, flows="no_such_module_here")
     with pytest.raises(ConfigError, match="MODULE:CALLABLE"):
         start_worker(settings, handler="no-colon")
     with pytest.raises(ConfigError, match="invalid --redis-url"):

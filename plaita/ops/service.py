@@ -61,6 +61,9 @@ class WorkerService:
         self.keeper = keeper
         self.runner = runner
         self._owner = threading.Thread(target=self._serve, name="plaita-owner")
+        #: Set once the worker has stopped and its keeper and clients are released. An Event, not
+        #: the thread's own state: a KeyboardInterrupt inside Thread.join can leave is_alive() wrong.
+        self._done = threading.Event()
 
     # -- running ------------------------------------------------------------------------
     def run(self, *, signals: bool = True) -> int:
@@ -70,8 +73,11 @@ class WorkerService:
         previous = self._install_signals() if signals else {}
         try:
             self.start()
-            while self._owner.is_alive():
-                self._owner.join(JOIN_TICK_S)  # the calling thread stays free to run signal handlers
+            while not self._done.wait(JOIN_TICK_S):
+                pass  # the calling thread wakes up to run signal handlers
+        except BaseException:  # KeyboardInterrupt (signals=False): the worker must not outlive the caller
+            self.request_stop()
+            raise
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -88,9 +94,7 @@ class WorkerService:
 
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait for the worker to stop; True once it has (False: ``timeout_s`` passed first)."""
-        if self._owner.ident is not None:
-            self._owner.join(timeout_s)
-        return not self._owner.is_alive()
+        return self._owner.ident is None or self._done.wait(timeout_s)
 
     def stop(self, timeout_s: float | None = None, *, now: bool = False) -> bool:
         """``request_stop`` then ``join``: the stop is bounded by the drain (``drain_timeout_s``)."""
@@ -132,6 +136,7 @@ class WorkerService:
             self._stop_keeper(keeper_thread)
             if self.runner is not None:
                 _close_quietly(self.runner.store.client)
+            self._done.set()
 
     def _stop_keeper(self, thread: threading.Thread | None) -> None:
         """Stop the keeper, its keeper lease handed over; its client is closed only once its
@@ -156,6 +161,7 @@ def build_worker(
     ``Flow`` objects (then the handler is a ``FlowRunner``); ``keeper``: also run a keeper in
     this worker (needs ``flows``). ConfigError for anything wrong (nothing is left running)."""
     settings = settings if settings is not None else Settings()
+    flows = [flows] if isinstance(flows, str) else flows  # one module name, not its letters
     check_status_file(settings.status_file)
     if flows or keeper:
         return _flow_service(settings, flows, keeper=keeper)
