@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from plaita.cli.common import redis_failed
+from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import Unset, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.ops import fleetcheck
@@ -81,7 +81,7 @@ def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
 
 def _emit(args: argparse.Namespace, data: Any, rows: list[dict[str, Any]] | None, columns: Sequence[str]) -> None:
     if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+        print(json_text(data, indent=2, sort_keys=True, default=str))
     elif rows is not None:
         if rows:
             _print_table(rows, columns)
@@ -250,7 +250,7 @@ def _dlq_show(args: argparse.Namespace, dlq: DeadLetterQueue) -> int:
     row = dlq.get(args.id)
     if row is None:
         raise AdminError(f"no dead letter with id {args.id!r} in {dlq.queue.dlq_key}")
-    print(json.dumps(row, indent=2, sort_keys=True, ensure_ascii=False))
+    print(json_text(row, indent=2, sort_keys=True, ensure_ascii=False))
     return 0
 
 

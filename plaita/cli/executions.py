@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plaita.cli.common import redis_failed
+from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import WithParents, tls_of
 from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import ConfigError, PlaitaError
@@ -142,7 +142,7 @@ def _list(flows: Any, args: argparse.Namespace) -> int:
     _report_unreadable(bad)
     rows.sort(key=lambda d: _number(d.get("updated_at")), reverse=True)
     if args.json:
-        print(json.dumps([_summary(d) for d in rows], indent=2, ensure_ascii=False))
+        print(json_text([_summary(d) for d in rows], indent=2, ensure_ascii=False))
         return 0
     print(f"{'EXECUTION':34} {'FLOW':16} {'STATUS':10} {'STEP':18} UPDATED")
     for d in rows:
@@ -195,7 +195,7 @@ def _when(ts: Any) -> str:
 
 def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        print(json_text(doc, indent=2, ensure_ascii=False))
         return
     print(
         f"execution {doc.get('execution_id')}  flow {doc.get('flow_id')}  status {doc.get('status')}  "

@@ -82,15 +82,6 @@ def check_ids(ids: list[str]) -> None:
             raise ActionError(f"{dlq_id!r} is not a stream entry id (like 1717171717171-0)")
 
 
-def matching(dlq: DeadLetterQueue, needle: str, limit: int) -> list[dict[str, Any]]:
-    """The oldest ``limit`` dead letters whose reason or payload contains ``needle`` (all when empty)."""
-    rows = dlq.oldest(limit)
-    if not needle:
-        return rows
-    low = needle.lower()
-    return [r for r in rows if low in str(r.get("reason", "")).lower() or low in str(r.get("payload", "")).lower()]
-
-
 def requeue(dlq: DeadLetterQueue, ids: list[str]) -> Outcome:
     check_ids(ids)
     if not ids:

@@ -114,9 +114,12 @@ def scrubber(url: str) -> Callable[[str], str]:
 
 
 def _age(seconds: Any) -> str:
-    if seconds is None:
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):  # whatever an entry held: a page never fails on it
         return "-"
-    s = float(seconds)
+    if s != s:  # NaN
+        return "-"
     if s < 120:
         return f"{s:.0f}s"
     if s < 7200:
@@ -125,7 +128,10 @@ def _age(seconds: Any) -> str:
 
 
 def _clock(epoch_s: Any) -> str:
-    return "-" if epoch_s is None else time.strftime("%H:%M:%S UTC", time.gmtime(float(epoch_s)))
+    try:
+        return time.strftime("%H:%M:%S UTC", time.gmtime(float(epoch_s)))
+    except (TypeError, ValueError, OverflowError, OSError):  # None, junk, NaN, out of range
+        return "-"
 
 
 def _templates() -> Jinja2Templates:

@@ -19,15 +19,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from plaita.dashboard import actions, executions
+from plaita.dashboard import actions, dlq_view, executions
 from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.app import Dashboard
 from plaita.dashboard.security import SESSION_COOKIE, Forbidden
 from plaita.store.errors import is_redis_failure
 
 T = TypeVar("T")
-#: Dead letters listed on the DLQ page at most (and scanned by "requeue all matching").
-DLQ_PAGE_ROWS = 500
 
 
 def _redis_text(dash: Dashboard, exc: Exception) -> str:
@@ -69,11 +67,16 @@ class Views:
 
     async def dlq(self, request: Request) -> Response:
         needle = request.query_params.get("q", "").strip()[:200]
-        rows, error = await _read(self.dash, lambda: actions.matching(self.dash.page_dlq, needle, DLQ_PAGE_ROWS))
+        after = request.query_params.get("after", "").strip()[:40]
+        try:
+            found, error = await _read(self.dash, lambda: dlq_view.page(self.dash.page_dlq, needle, after))
+        except ActionError as exc:
+            found, error = None, str(exc)
         length, _ = await _read(self.dash, self.dash.page_dlq.length)
         return self.dash.render(
-            request, "dlq.html", active="dlq", rows=rows or [], q=needle, length=length, page_error=error
-        )
+            request, "dlq.html", active="dlq", found=found, rows=found.rows if found else [], q=needle, after=after,
+            length=length, page_error=error, scan_entries=dlq_view.SCAN_ENTRIES,
+        )  # fmt: skip
 
     async def dlq_entry(self, request: Request) -> Response:
         dlq_id = request.path_params["dlq_id"]
@@ -154,10 +157,9 @@ class Views:
     async def requeue(self, request: Request) -> Response:
         def run(form: dict[str, Any]) -> Outcome:
             if form.get("all_matching"):
-                ids = [r["dlq_id"] for r in actions.matching(self.dash.action_dlq, form.get("q", ""), DLQ_PAGE_ROWS)]
-            else:
-                ids = list(form.get("id") or [])
-            return actions.requeue(self.dash.action_dlq, ids)
+                q, after, until = (str(form.get(k, "")).strip()[:200] for k in ("q", "after", "until"))
+                return dlq_view.requeue_matching(self.dash.action_dlq, q, after, until)
+            return actions.requeue(self.dash.action_dlq, list(form.get("id") or []))
 
         return await self.act(request, "/dlq", run)
 

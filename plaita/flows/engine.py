@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import logging
 import random
 import threading
@@ -27,6 +26,7 @@ from plaita.flows.checkpoint import Checkpointer, LeaseLostError, Run, call_io, 
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.handover import Handover, fleet_entry, upgrade
+from plaita.flows.invoke import invoke
 from plaita.flows.validate import StepOutputError, require_task_json
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
@@ -284,12 +284,13 @@ class FlowRunner:
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)
         try:
-            value = await self._invoke(step, ctx, run.offload)
-        except Exception as exc:
-            self._step_finished(run, step, "failed", began_s)
-            return await self._failed(run, step, ctx, exc, started_s)
+            attempt = await invoke(step.fn, ctx, offload=run.offload, thread_loop=self._thread_loop)
         finally:
             self._watch.remove(ctx)
+        if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/invoke.py)
+            self._step_finished(run, step, "failed", began_s)
+            return await self._failed(run, step, ctx, attempt.raised, started_s)
+        value = attempt.value
         self._step_finished(run, step, "suspended" if isinstance(value, Suspend) else "ok", began_s)
         before = run.snapshot()
         try:
@@ -301,17 +302,6 @@ class FlowRunner:
     def _step_finished(self, run: Run, step: Step, outcome: str, began_s: float) -> None:
         if self.observer is not None:
             self.observer.step_finished(run.flow.flow_id, step.name, outcome, time.monotonic() - began_s)
-
-    async def _invoke(self, step: Step, ctx: StepContext, offload: bool) -> Any:
-        if offload:  # on the caller's loop: sync steps on a thread, never blocking the loop
-            if inspect.iscoroutinefunction(step.fn):
-                return await step.fn(ctx)
-            result = await asyncio.to_thread(step.fn, ctx)
-            return await result if inspect.isawaitable(result) else result
-        result = step.fn(ctx)
-        if inspect.isawaitable(result):
-            return self._thread_loop().run_until_complete(result)
-        return result
 
     async def _succeeded(self, run: Run, step: Step, ctx: StepContext, value: Any, started_s: float) -> bool:
         doc, now_s = run.doc, self._clock()
@@ -359,7 +349,7 @@ class FlowRunner:
         await self._checkpoints.save(run, "suspended", staged=ctx.staged, deadline_s=deadline_s, step=step)
         return True
 
-    async def _failed(self, run: Run, step: Step, ctx: StepContext, exc: Exception, started_s: float) -> bool:
+    async def _failed(self, run: Run, step: Step, ctx: StepContext, exc: BaseException, started_s: float) -> bool:
         if run.task.cancelled.is_set():
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
         doc, now_s = run.doc, self._clock()

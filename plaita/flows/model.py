@@ -78,8 +78,17 @@ def history_entry(
     return entry
 
 
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the step's exception cannot even say what it is: a
+    describing error must not escape the runner (the task would be redelivered, not failed)."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<unprintable {type(exc).__name__}>"
+
+
 def describe_exception(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
+    return f"{type(exc).__name__}: {exception_text(exc)}"[:500]
 
 
 def error_from_exception(step: str, exc: BaseException, attempts: int) -> dict[str, Any]:
@@ -87,7 +96,7 @@ def error_from_exception(step: str, exc: BaseException, attempts: int) -> dict[s
     return {
         "step": step,
         "type": getattr(exc, "kind", None) or type(exc).__name__,
-        "message": str(exc)[:2000],
+        "message": exception_text(exc)[:2000],
         "attempts": attempts,
         "traceback": text[-TRACEBACK_CHARS:],
     }

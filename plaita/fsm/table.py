@@ -103,9 +103,12 @@ ISOLATION_RULES: Final[list[tuple[str, str]]] = [
         "DLQ at once with the handler's reason",
     ),
     (
-        "a handler raising anything else, `SystemExit` and `KeyboardInterrupt` included",
+        "a handler raising anything else: every `BaseException`, sync or async (`SystemExit`, `KeyboardInterrupt`, "
+        "`GeneratorExit`, `CancelledError` included)",
         "left pending for redelivery (logged with the task id, counter `failed`); at `--max-deliveries` it goes to "
-        "the DLQ. A handler that kills its own process (`os._exit`) is charged a delivery by the next read",
+        "the DLQ; its slot is free for the next task at once. A `SystemExit` or `KeyboardInterrupt` from a handler "
+        "never stops the worker (only a signal to the process does). A handler that kills its own process "
+        "(`os._exit`) is charged a delivery by the next read",
     ),
     (
         "a lease or fence key that is not what plaita writes (another type, a fence that is no integer, a lease "

@@ -42,6 +42,9 @@ class Metrics:
     def _declare_worker(self, r: CollectorRegistry) -> None:
         self.up = Gauge("plaita_worker_up", "1 while the worker process runs", registry=r)
         self.state = Gauge("plaita_worker_state", "1 for the current lifecycle state", ["state"], registry=r)
+        # Declared before the per-label counters: the dashboard's outage probe reads only the
+        # first 16 KB of /metrics, and state and in-flight must be in it however many labels follow.
+        self.in_flight = Gauge("plaita_worker_in_flight", "Tasks read and not yet settled", registry=r)
         self.transitions = Counter(
             "plaita_worker_transitions", "Lifecycle transitions", ["from_state", "to_state"], registry=r
         )
@@ -50,7 +53,6 @@ class Metrics:
             "plaita_redis_errors", "Redis errors by kind and class", ["kind", "error"], registry=r
         )
         self.tasks = Counter("plaita_tasks", "Tasks by outcome", ["outcome"], registry=r)
-        self.in_flight = Gauge("plaita_worker_in_flight", "Tasks read and not yet settled", registry=r)
         self.handler_seconds = Histogram(
             "plaita_handler_duration_seconds",
             "Handler run time",

@@ -140,28 +140,29 @@ class AsyncHandlerPool:
             job.add_done_callback(self._tasks.discard)
 
     async def _run(self, task: Task) -> None:
+        """The root of the task's asyncio task: whatever the handler raises is caught here, and
+        only here. An exception resolving a future the handler awaits is *thrown* into this
+        task, and a thrown ``GeneratorExit`` closes every coroutine up to the root, so a
+        ``try`` in a helper coroutine would be closed with the rest and the task's slot lost.
+        ``KeyboardInterrupt``/``SystemExit`` leaving the root would stop the loop itself."""
         started = time.monotonic()
-        outcome = await self._call(task)
-        duration_s = time.monotonic() - started
-        with self._lock:
-            self._running -= 1
-            m = self.mean_duration_s
-            self.mean_duration_s = duration_s if m is None else m + _EWMA_ALPHA * (duration_s - m)
-        if not self._finished:
-            self._loop.call_soon(self._report)
-        self._finished.append((task, outcome, duration_s))
-        self._fill()
-
-    async def _call(self, task: Task) -> Outcome:
-        """Await the handler. ``BaseException`` (SystemExit inside a coroutine, say) is caught:
-        it fails this task, never the loop that runs every other one."""
         try:
             result = self._handler(task)
             if inspect.isawaitable(result):
                 await result
+            outcome = Outcome(task.message_id)
         except BaseException as exc:  # noqa: B036 - see the docstring
-            return judge(task, exc, self._max_deliveries)
-        return Outcome(task.message_id)
+            outcome = judge(task, exc, self._max_deliveries)
+        finally:
+            duration_s = time.monotonic() - started
+            with self._lock:  # the slot comes back whatever happened above
+                self._running -= 1
+                m = self.mean_duration_s
+                self.mean_duration_s = duration_s if m is None else m + _EWMA_ALPHA * (duration_s - m)
+        if not self._finished:
+            self._loop.call_soon(self._report)
+        self._finished.append((task, outcome, duration_s))
+        self._fill()
 
     def _report(self) -> None:
         done, self._finished = self._finished, []

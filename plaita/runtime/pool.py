@@ -162,6 +162,21 @@ class HandlerPool:
         return Outcome(task.message_id)
 
 
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the exception's own ``__str__`` raises (it is user code)."""
+    try:
+        return str(exc)
+    except BaseException:  # noqa: B036 - judging a failure must not fail
+        return f"<{type(exc).__name__} whose str() raised>"
+
+
+def _is_redis_failure(exc: BaseException) -> bool:
+    try:
+        return is_redis_failure(exc)  # reads str(exc): see exception_text
+    except BaseException:  # noqa: B036 - an exception that cannot be read is the handler's, not Redis's
+        return False
+
+
 def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
     """What to do with the message of a task whose handler raised ``exc``.
 
@@ -175,7 +190,7 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
     if isinstance(exc, BadTaskError):
         logger.warning("task %s rejected by its handler (%s): moved to the DLQ", task.message_id, exc)
         return Outcome.to_dlq(task.message_id, exc.reason, task.delivery_count, task.body)
-    reason = f"processing_failed:{type(exc).__name__}:{exc}"[:500]
+    reason = f"processing_failed:{type(exc).__name__}:{exception_text(exc)}"[:500]
     if task.delivery_count >= max_deliveries:
         logger.error(
             "task %s failed on delivery %d of %d (%s): moved to the DLQ",
@@ -185,14 +200,14 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
             reason,
         )
         return Outcome.to_dlq(task.message_id, reason, task.delivery_count, task.body)
-    if is_redis_failure(exc):  # an outage, not a bug in the handler: one line, no traceback
+    if _is_redis_failure(exc):  # an outage, not a bug in the handler: one line, no traceback
         logger.warning(
             "task %s failed on delivery %d of %d: Redis failed (%s: %s); left pending for redelivery",
             task.message_id,
             task.delivery_count,
             max_deliveries,
             type(exc).__name__,
-            exc,
+            exception_text(exc),
         )
         return Outcome(task.message_id, RETRY)
     logger.error(

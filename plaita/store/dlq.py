@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from plaita.envelope import original_fields
@@ -21,6 +24,51 @@ def _replay_fields(row: dict[str, Any]) -> dict[Any, Any]:
     body = row.get("payload")
     payload = encode_body(body) if isinstance(body, dict) else str(body if body is not None else "")
     return {PAYLOAD_FIELD: payload, SCHEMA_FIELD: "1"}
+
+
+#: Dead letters read per XRANGE call while scanning.
+SCAN_CHUNK = 200
+
+
+@dataclass
+class DlqScan:
+    """What one bounded scan looked at: the matching rows and the range of ids it covered."""
+
+    rows: list[dict[str, Any]]
+    scanned: int
+    first_id: str | None  # the first dlq id looked at
+    last_id: str | None  # the last one: continue after it
+    more: bool  # dead letters beyond ``last_id`` (within ``until``) remain
+
+
+def _position(part_and_id: tuple[int, str]) -> tuple[int, int, int]:
+    """(ms, seq, partition) of an unqualified dlq id; ValueError when it is no stream id."""
+    p, mid = part_and_id
+    ms, sep, seq = mid.partition("-")
+    if not (ms.isdigit() and sep and seq.isdigit()):
+        raise ValueError(f"not a dead letter id: {mid!r}")
+    return int(ms), int(seq), p
+
+
+def _low(p: int, start: tuple[int, int, int] | None) -> str:
+    """XRANGE start in partition ``p`` for entries ordered after ``start`` by (id, partition)."""
+    if start is None:
+        return "-"
+    ms, seq, sp = start
+    return f"{ms}-{seq}" if p > sp else f"({ms}-{seq}"
+
+
+def _high(p: int, stop: tuple[int, int, int] | None) -> str:
+    """XRANGE end in partition ``p`` for entries ordered up to ``stop`` (inclusive)."""
+    if stop is None:
+        return "+"
+    ms, seq, sp = stop
+    return f"{ms}-{seq}" if p <= sp else f"({ms}-{seq}"
+
+
+def _id_pair(mid: str) -> tuple[int, int]:
+    ms, _, seq = mid.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
 
 
 class DeadLetterQueue:
@@ -45,7 +93,8 @@ class DeadLetterQueue:
             envelope = {"reason": "unreadable DLQ envelope", "payload": text}
         if not isinstance(envelope, dict):
             envelope = {"reason": "unreadable DLQ envelope", "payload": envelope}
-        return {"dlq_id": self.ks.qualify(p, as_text(message_id)), **envelope}
+        # The id last: an envelope's own "dlq_id" field must not stand in for the entry's id.
+        return {**envelope, "dlq_id": self.ks.qualify(p, as_text(message_id))}
 
     def _range(self, p: int, low: str = "-", high: str = "+", count: int | None = None) -> list[tuple[Any, Any]]:
         rows = self.client.xrange(self.parts[p].dlq_key, min=low, max=high, count=count)
@@ -56,6 +105,46 @@ class DeadLetterQueue:
         rows = [self._row(p, mid, f) for p in range(len(self.parts)) for mid, f in self._range(p, count=count)]
         rows.sort(key=lambda r: _id_order(r["dlq_id"]))
         return rows[:count]
+
+    def scan(
+        self,
+        match: Callable[[dict[str, Any]], bool] | None = None,
+        *,
+        after: str | None = None,
+        until: str | None = None,
+        max_rows: int,
+        max_scan: int,
+    ) -> DlqScan:
+        """Dead letters after ``after`` (a dlq id; None: from the oldest) up to ``until``
+        (inclusive; None: the newest), oldest first across partitions, looking at no more than
+        ``max_scan`` of them and stopping at ``max_rows`` matches. Reads in chunks: a request
+        costs about ``max_scan / SCAN_CHUNK`` XRANGE calls per partition, whatever the DLQ holds.
+        ValueError when ``after`` or ``until`` is not a dlq id of this queue."""
+        start = _position(self.ks.unqualify(after)) if after else None
+        stop = _position(self.ks.unqualify(until)) if until else None
+        bufs: dict[int, collections.deque[tuple[Any, Any]]] = {}
+        for p in range(len(self.parts)):
+            bufs[p] = collections.deque(self._chunk(p, _low(p, start), _high(p, stop)))
+        found = DlqScan([], 0, None, None, False)
+        while found.scanned < max_scan and len(found.rows) < max_rows:
+            live = [p for p in bufs if bufs[p]]
+            if not live:
+                break
+            p = min(live, key=lambda q: (*_id_pair(as_text(bufs[q][0][0])), q))
+            mid, fields = bufs[p].popleft()
+            if not bufs[p]:  # refill now, so that an empty buffer means an exhausted partition
+                bufs[p].extend(self._chunk(p, "(" + as_text(mid), _high(p, stop)))
+            row = self._row(p, mid, fields)
+            found.scanned += 1
+            found.first_id = found.first_id or row["dlq_id"]
+            found.last_id = row["dlq_id"]
+            if match is None or match(row):
+                found.rows.append(row)
+        found.more = any(bufs.values())
+        return found
+
+    def _chunk(self, p: int, low: str, high: str) -> list[tuple[Any, Any]]:
+        return self._range(p, low, high, SCAN_CHUNK)
 
     def get(self, dlq_id: str) -> dict[str, Any] | None:
         try:

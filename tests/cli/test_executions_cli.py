@@ -105,6 +105,23 @@ def test_show_of_an_object_with_odd_fields_prints_it(redis_url: str, rclient: re
         assert "odd" in r.stdout
 
 
+def test_json_output_is_strict_for_a_state_an_older_plaita_stored_with_nan(
+    redis_url: str, rclient: redis.Redis
+) -> None:
+    """json.dumps writes NaN by default; strict parsers (jq, browsers) reject it."""
+    put(rclient, "legacy-nan", "completed", state={"x": float("nan"), "y": [float("inf")]})
+
+    def reject(constant: str) -> None:
+        raise AssertionError(f"{constant} in --json output")
+
+    for argv in (("show", "legacy-nan"), ("list",)):
+        r = run("executions", *argv, "--json", "--redis-url", redis_url)
+        assert r.returncode == 0, r.stderr
+        json.loads(r.stdout, parse_constant=reject)
+    shown = json.loads(run("executions", "show", "legacy-nan", "--json", "--redis-url", redis_url).stdout)
+    assert shown["state"] == {"x": "NaN", "y": ["Infinity"]}
+
+
 @pytest.mark.redis
 def test_keeper_once_against_a_held_lease(redis_url: str, rclient: redis.Redis) -> None:
     """Reproduction 5: a --once that could not take the lease exited 0 in silence, and a dry run

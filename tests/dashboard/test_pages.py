@@ -75,7 +75,8 @@ class TestReadPages:
         b = dead_letter(rclient, reason="bad JSON", payload="{oops")
         dash = make_dashboard(allow_actions=False)
         page = dash.get("/dlq", params={"q": "billing"}).text
-        assert a in page and b not in page
+        assert f'data-dlq-id="{a}"' in page and f'data-dlq-id="{b}"' not in page
+        assert f'Looked at 2 dead letter(s), <span class="mono">{a}</span> to' in page  # the range it searched
 
     def test_a_partitioned_dlq_lists_and_shows_partition_qualified_ids(
         self, make_dashboard: MakeDashboard, redis_url: str

@@ -1,0 +1,68 @@
+"""Calling a step so that whatever it raises comes back as a value, never through the runner.
+
+Every ``BaseException`` a step raises is one failed attempt (its retry policy, then ``error``),
+so it has to reach the runner as data, whatever Python does with it on the way:
+
+- a sync step run with ``asyncio.to_thread`` could not report a ``StopIteration`` at all (asyncio
+  refuses it as a future's exception and the step's coroutine would wait forever), so the
+  thread catches everything and returns it;
+- an exception that resolves a future an async step awaits is *thrown* into the awaiting task,
+  and a thrown ``GeneratorExit`` closes every coroutine of that task up to its root (the
+  runner and the pool included). The step therefore runs as a task of its own whose root
+  catches everything: the throw stops there;
+- ``KeyboardInterrupt`` and ``SystemExit`` leaving a task's root would also stop the event loop
+  running every other execution; the same root catches them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one run of a step gave: its value, or what it raised."""
+
+    value: Any = None
+    raised: BaseException | None = None
+
+
+def call(fn: Callable[[Any], Any], ctx: Any) -> Attempt:
+    """``fn(ctx)``; whatever it raises is returned (see the module docstring)."""
+    try:
+        return Attempt(fn(ctx))
+    except BaseException as exc:  # noqa: B036 - every raise of step code is a failed attempt
+        return Attempt(raised=exc)
+
+
+async def _settle(awaitable: Awaitable[Any]) -> Attempt:
+    try:
+        return Attempt(await awaitable)
+    except BaseException as exc:  # noqa: B036 - the root of the step's own task: the throw stops here
+        return Attempt(raised=exc)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
+    """Await a step's coroutine as a task of its own (see the module docstring)."""
+    return await asyncio.ensure_future(_settle(awaitable))
+
+
+async def invoke(
+    fn: Callable[[Any], Any], ctx: Any, *, offload: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
+) -> Attempt:
+    """Run step ``fn`` once. ``offload``: on the caller's loop, sync steps on a thread; otherwise
+    on this thread, an ``async def`` step on ``thread_loop()`` (no loop runs here)."""
+    if offload and not inspect.iscoroutinefunction(fn):
+        attempt = await asyncio.to_thread(call, fn, ctx)
+    else:
+        attempt = call(fn, ctx)
+    if attempt.raised is not None or not inspect.isawaitable(attempt.value):
+        return attempt
+    if offload:
+        return await _awaited(attempt.value)
+    result: Attempt = thread_loop().run_until_complete(_settle(attempt.value))
+    return result
