@@ -1,7 +1,115 @@
-"""plaita: a Redis Streams worker daemon that never dies of a Redis fault."""
+"""plaita: a Redis Streams worker daemon that never dies of a Redis fault.
 
-from plaita.errors import BadTaskError, ConfigError, PlaitaError
+The public face, everything a program needs without reaching into the packages::
 
-__version__ = "0.1.0"
+    from plaita import Flow, FlowClient, Settings, StepContext, run_worker
 
-__all__ = ["BadTaskError", "ConfigError", "PlaitaError", "__version__"]
+    signup = Flow("signup")
+
+    @signup.step
+    def create(ctx: StepContext) -> dict:
+        return {"user": ctx.params["name"]}
+
+    run_worker(Settings(redis_url="redis://localhost:6379/0"), flows=[signup])   # until SIGTERM
+
+    with FlowClient.from_url("redis://localhost:6379/0") as flows:                 # a producer
+        flows.wait(flows.start("signup", {"name": "ann"}), timeout_s=30)
+
+Only the exceptions are imported with the package: every other name is loaded on first use
+(PEP 562), so ``import plaita`` (and ``import plaita.fsm``) never pulls in redis or the worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from plaita.errors import BadTaskError, ConfigError, HandlerLoadError, PlaitaError
+from plaita.version import __version__
+
+if TYPE_CHECKING:
+    from plaita.config import Settings, TlsFiles
+    from plaita.flows import (
+        Flow,
+        FlowRegistry,
+        FlowRunner,
+        LeaseLostError,
+        NonRetryableError,
+        Resume,
+        RetryPolicy,
+        Step,
+        StepContext,
+        Suspend,
+        load_flows,
+    )
+    from plaita.flows.client import ExecutionNotFound, FlowClient, WaitTimeout
+    from plaita.ops.service import WorkerService, build_worker, run_worker, start_worker
+    from plaita.tasks import Task
+
+#: Public name -> the module it is loaded from on first use.
+_LAZY: dict[str, str] = {
+    "Settings": "plaita.config",
+    "TlsFiles": "plaita.config",
+    "Task": "plaita.tasks",
+    **dict.fromkeys(
+        (
+            "Flow",
+            "FlowRegistry",
+            "FlowRunner",
+            "LeaseLostError",
+            "NonRetryableError",
+            "Resume",
+            "RetryPolicy",
+            "Step",
+            "StepContext",
+            "Suspend",
+            "load_flows",
+        ),
+        "plaita.flows",
+    ),
+    **dict.fromkeys(("ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.client"),
+    **dict.fromkeys(("WorkerService", "build_worker", "run_worker", "start_worker"), "plaita.ops.service"),
+}
+
+__all__ = [
+    "BadTaskError",
+    "ConfigError",
+    "ExecutionNotFound",
+    "Flow",
+    "FlowClient",
+    "FlowRegistry",
+    "FlowRunner",
+    "HandlerLoadError",
+    "LeaseLostError",
+    "NonRetryableError",
+    "PlaitaError",
+    "Resume",
+    "RetryPolicy",
+    "Settings",
+    "Step",
+    "StepContext",
+    "Suspend",
+    "Task",
+    "TlsFiles",
+    "WaitTimeout",
+    "WorkerService",
+    "__version__",
+    "build_worker",
+    "load_flows",
+    "run_worker",
+    "start_worker",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name's module on first use and keep the name here (later uses are plain lookups)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'plaita' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

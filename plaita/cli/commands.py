@@ -4,82 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import signal
 import sys
-import threading
 from pathlib import Path
-from typing import Any
 
 from plaita.cli.options import settings_from_args, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
 from plaita.errors import ConfigError
 
-logger = logging.getLogger("plaita.cli")
-
 
 def run_worker(args: argparse.Namespace) -> int:
-    from plaita.ops.operations import attach_operations
-    from plaita.runtime.handlers import load_handler
-    from plaita.runtime.worker import Worker
+    """argv -> Settings -> ``plaita.ops.service.run_worker``: the wiring is the Python API's."""
+    from plaita.ops.service import run_worker as run
 
     settings = settings_from_args(args)
-    check_status_file(settings.status_file)
-    runner = None
-    if args.flows or args.keeper:
-        from plaita.cli.executions import flow_worker
-
-        settings, runner = flow_worker(args.flows or [], settings, keeper=args.keeper)
-        runner.handover.group = settings.consumer_group  # hand over only to workers of our group
-        # Steps run as coroutines on the async pool's loop; sync steps move to threads there.
-        handler: object = runner.run_async
-    elif args.handler:
-        handler = load_handler(args.handler)
-    else:
-        # A default handler would silently consume (and ack) whatever the queue carries.
-        raise ConfigError(
-            "plaita worker needs --handler MODULE:CALLABLE or --flows MODULE (e.g. --handler "
-            "plaita.runtime.handlers:echo to log and ack every task)"
-        )
-    worker = Worker(settings, handler)  # type: ignore[arg-type]
-    ops = attach_operations(worker)  # binds --metrics-port: ConfigError (exit 2) when it cannot listen
-    if runner is not None:
-        runner.add_observer(worker.observers)  # execution metrics and the in-flight count
-        ops.track_executions()
-    signals_seen = 0
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        # Only post a request: the owner thread turns it into stop_requested.
-        worker.request_stop(now=signals_seen > 1)
-
-    owner = threading.Thread(target=_run_owner, args=(worker,), name="plaita-owner")
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    owner.start()
-    while owner.is_alive():
-        owner.join(0.5)  # the main thread stays free to run signal handlers
-    return 0
-
-
-def check_status_file(path: str | None) -> None:
-    """ConfigError unless the status file can be written (its directory exists and is writable)."""
-    if not path:
-        return
-    probe = Path(path).with_name(f".{Path(path).name}.plaita-probe")
-    try:
-        probe.write_text("", encoding="utf-8")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"--status-file {path}: cannot write there ({exc.strerror or exc})") from None
-
-
-def _run_owner(worker: Any) -> None:
-    try:
-        worker.run()
-    except Exception:  # a bug, not a Redis failure: say so loudly, still exit cleanly
-        logger.critical("worker loop crashed (a plaita bug; please report it)", exc_info=True)
+    return run(settings, handler=args.handler, flows=args.flows or (), keeper=args.keeper)
 
 
 def run_enqueue(args: argparse.Namespace) -> int:

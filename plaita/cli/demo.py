@@ -302,22 +302,7 @@ class Demo:
              + (f" (codes {', '.join(map(str, self.unexpected_exits))})" if self.unexpected_exits else "")),
             ("worker stop", f"SIGTERM -> exit {stop_code} in {stop_s:.2f} s"),
         ]  # fmt: skip
-        if self.server is None:
-            rows.append(("Redis frozen", "not frozen (--redis-url: the demo never freezes a server it did not start)"))
-        elif self.freeze.started_at is None:
-            rows.append(("Redis frozen", "never (the run ended before the freeze point)"))
-        else:
-            rows.append(
-                ("Redis frozen", f"{self.freeze.seconds:.2f} s (SIGSTOP at {self.freeze.at_done}/{self.tasks} done)")
-            )
-            first = self.log.first_after(self.freeze.ended_at) if self.freeze.ended_at is not None else None
-            recovery = "no task completed after the thaw" if first is None else (
-                f"{first - (self.freeze.ended_at or 0.0):.2f} s from SIGCONT to the next completed task"
-            )  # fmt: skip
-            rows.append(("recovery", recovery))
-            last = max((t for times in self.log.times_by_id.values() for t in times), default=None)
-            if last is not None and self.freeze.ended_at is not None and last > self.freeze.ended_at:
-                rows.append(("last task done", f"{last - self.freeze.ended_at:.2f} s after SIGCONT"))
+        rows += self.freeze.rows(self.log, self.tasks, own_server=self.server is not None)
         rows += flow_rows
         ok = lost == 0 and not self.unexpected_exits and not gave_up and stop_code == 0 and flows_ok
         rows.append(("result", "PASS: nothing lost, the workers never exited on their own" if ok else "FAIL"))

@@ -178,6 +178,23 @@ class Freeze:
             self.ended_at = time.monotonic()
             say(f"-- thawed Redis (SIGCONT) after {self.seconds:.1f} s")
 
+    def rows(self, log: ExecutionLog, tasks: int, *, own_server: bool) -> list[tuple[str, str]]:
+        """The tally's rows about the freeze: how long, and how soon work resumed after the thaw."""
+        if not own_server:
+            return [("Redis frozen", "not frozen (--redis-url: the demo never freezes a server it did not start)")]
+        if self.started_at is None:
+            return [("Redis frozen", "never (the run ended before the freeze point)")]
+        rows = [("Redis frozen", f"{self.seconds:.2f} s (SIGSTOP at {self.at_done}/{tasks} done)")]
+        first = log.first_after(self.ended_at) if self.ended_at is not None else None
+        recovery = "no task completed after the thaw" if first is None else (
+            f"{first - (self.ended_at or 0.0):.2f} s from SIGCONT to the next completed task"
+        )  # fmt: skip
+        rows.append(("recovery", recovery))
+        last = max((t for times in log.times_by_id.values() for t in times), default=None)
+        if last is not None and self.ended_at is not None and last > self.ended_at:
+            rows.append(("last task done", f"{last - self.ended_at:.2f} s after SIGCONT"))
+        return rows
+
     @property
     def seconds(self) -> float:
         if self.started_at is None:

@@ -1,4 +1,4 @@
-"""``plaita executions start | resume | cancel | list | show`` and the flow worker's handler.
+"""``plaita executions start | resume | cancel | list | show``.
 
 Exit codes: 0 done, 1 unknown or unreadable execution, a Redis failure or a wait that timed
 out (one line on stderr), 2 bad arguments. Read commands (``list``, ``show``) never write;
@@ -16,7 +16,7 @@ from typing import Any
 
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import WithParents, tls_of
-from plaita.config import DEFAULT_REDIS_URL, Settings
+from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import ConfigError, PlaitaError
 
 Add = Callable[..., argparse.ArgumentParser]
@@ -73,14 +73,16 @@ def _json_arg(text: str | None, what: str) -> Any:
 
 def _client(args: argparse.Namespace) -> Any:
     from plaita.flows.client import FlowClient
-    from plaita.store.client import make_client
-    from plaita.store.partitioned import open_queue
 
-    url = args.redis_url or DEFAULT_REDIS_URL
-    settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
-    client = make_client(url, socket_timeout_s=5.0, tls=tls_of(args))
-    queue = open_queue(settings, client=client)
-    return FlowClient(queue)
+    tls = tls_of(args)
+    return FlowClient.from_url(
+        args.redis_url or DEFAULT_REDIS_URL,
+        queue_name=args.queue_name,
+        partitions=int(args.partitions),
+        tls_ca_file=tls.ca_file,
+        tls_cert_file=tls.cert_file,
+        tls_key_file=tls.key_file,
+    )
 
 
 def run_executions(args: argparse.Namespace) -> int:
@@ -98,7 +100,7 @@ def run_executions(args: argparse.Namespace) -> int:
     except Exception as exc:
         return redis_failed("executions", args.redis_url, exc)
     finally:
-        flows.queue.client.close()
+        flows.close()
 
 
 def _start(flows: Any, args: argparse.Namespace) -> int:
@@ -235,26 +237,3 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "list": _list,
     "show": _show,
 }
-
-
-def flow_worker(modules: Sequence[str], settings: Settings, *, keeper: bool = False) -> tuple[Settings, Any]:
-    """The worker's settings and handler for ``--flows``: a FlowRunner over the loaded flows,
-    with every task leased before it starts (checkpoints are fenced from the first step);
-    with ``keeper`` also a keeper on a thread of its own."""
-    from plaita.flows import FlowRunner, load_flows
-    from plaita.store.client import make_client
-    from plaita.store.executions import ExecutionStore
-    from plaita.store.partitioned import keyspace_of
-
-    if not modules:
-        raise ConfigError("--keeper runs inside a flow worker: give --flows MODULE too")
-    registry = load_flows(modules)
-    name = f"plaita:{settings.consumer_name}:flows".replace(" ", "_")
-    client = make_client(
-        settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
-    )
-    if keeper:
-        from plaita.cli.keeper import start_embedded
-
-        start_embedded(settings)
-    return settings.with_(eager_leases=True), FlowRunner(registry, ExecutionStore(client, keyspace_of(settings)))

@@ -9,10 +9,8 @@ A Redis failure never ends the loop.
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
 import signal
-import threading
 from collections.abc import Callable
 
 from plaita.cli.options import tls_of
@@ -20,9 +18,6 @@ from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-#: Socket timeout of the keeper's client: short, so a frozen server costs a pass, not a minute.
-KEEPER_SOCKET_TIMEOUT_S = 2.0
 
 
 def add_parser(
@@ -52,32 +47,9 @@ def add_parser(
         k.add_argument(flag, type=float, default=default, help=f"{text} (default %(default)s)")
 
 
-def start_embedded(worker: Settings) -> None:
-    """Run a keeper (default settings) on a daemon thread of a worker process; stopped, and its
-    keeper lease handed over, when the process exits."""
-    from plaita.flows.keeper import Keeper
-    from plaita.store.client import make_client
-    from plaita.store.executions import ExecutionStore
-    from plaita.store.partitioned import open_queue
-
-    client = make_client(
-        worker.redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=worker.tls
-    )
-    queue = open_queue(worker, client=client)
-    keeper = Keeper(ExecutionStore(client, queue.keyspace), queue)
-    thread = threading.Thread(target=keeper.run, name="plaita-keeper", daemon=True)
-
-    def stop() -> None:
-        keeper.request_stop()
-        thread.join(1.5)
-
-    thread.start()
-    atexit.register(stop)
-    logger.info("keeper running in this worker (%s)", keeper.holder)
-
-
 def run_keeper(args: argparse.Namespace) -> int:
     from plaita.flows.keeper import Keeper, KeeperSettings
+    from plaita.ops.service import KEEPER_SOCKET_TIMEOUT_S
     from plaita.store.client import make_client
     from plaita.store.executions import ExecutionStore
     from plaita.store.partitioned import open_queue

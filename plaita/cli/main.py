@@ -14,13 +14,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plaita import __version__
 from plaita.cli import dashboard as dashboard_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
 from plaita.cli.options import WithParents, add_redis_options, add_worker_options, late_redis_options, redact_text
 from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ
 from plaita.errors import ConfigError
+from plaita.version import __version__
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]

@@ -2,8 +2,9 @@
 and help. Defaults are never written here: they come from ``Settings`` itself, so the CLI,
 ``--help`` and the Python API cannot disagree.
 
-One unit-suffix convention: ``-ms`` and ``-s``. The original plaita's spellings
-(``--lease-ttl-seconds``, ``--registry-ttl``, ``--heartbeat-interval``) stay accepted as aliases.
+One unit-suffix convention: ``-ms`` and ``-s``. The older spellings (``--lease-ttl-seconds``,
+``--registry-ttl``, ``--heartbeat-interval``) stay accepted as aliases, so unit files and scripts
+written for them keep working; so do their environment variables.
 """
 
 from __future__ import annotations
@@ -338,7 +339,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         if opt.field is not None
     }
     values["consumer_name"] = values["consumer_name"] or default_consumer_name(args.slot)
-    values["metrics_port"] = values["metrics_port"] or None  # 0 = off, as the original
+    # The flag's 0 is "off" (as its --help says); Settings' 0 is "any free port", which a program
+    # asks for (tests), never an operator.
+    values["metrics_port"] = values["metrics_port"] or None
     values["dlq_key"] = values["dlq_key"] or ""
     return Settings(
         redis_url=args.redis_url or DEFAULT_REDIS_URL,

@@ -5,6 +5,7 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 """
 
 from plaita.flows.checkpoint import LeaseLostError
+from plaita.flows.client import FlowClient, WaitTimeout
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.engine import FlowRunner
@@ -13,6 +14,7 @@ from plaita.flows.execution import Execution
 __all__ = [
     "Execution",
     "Flow",
+    "FlowClient",
     "FlowRegistry",
     "FlowRunner",
     "LeaseLostError",
@@ -22,5 +24,6 @@ __all__ = [
     "Step",
     "StepContext",
     "Suspend",
+    "WaitTimeout",
     "load_flows",
 ]

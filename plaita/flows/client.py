@@ -2,22 +2,31 @@
 
 Every call is a task on the stream or a read of the state: the worker holding the
 execution's lease is the only writer of an execution, so a producer never races a step.
+``FlowClient.from_url(url)`` builds its own queue and store (close it, or use ``with``);
+``FlowClient(queue)`` uses a queue the caller built and owns.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from types import TracebackType
 from typing import Any
 
+from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.validate import require_json
+from plaita.store.client import make_client
 from plaita.store.executions import TERMINAL, ExecutionStore
+from plaita.store.partitioned import open_queue
 from plaita.store.streams import StreamQueue
 
 #: Polling interval of ``wait`` (bounded: the wait has a timeout).
 WAIT_POLL_S = 0.05
+#: Socket timeout of a client ``from_url`` builds: a producer call to a frozen server fails in
+#: seconds (a web request must not hang on it), where a worker's own timeout is longer.
+PRODUCER_SOCKET_TIMEOUT_S = 5.0
 
 
 class ExecutionNotFound(PlaitaError):
@@ -38,6 +47,49 @@ class FlowClient:
     def __init__(self, queue: StreamQueue, store: ExecutionStore | None = None) -> None:
         self.queue = queue
         self.store = store if store is not None else ExecutionStore(queue.client, queue.keyspace)
+        #: Whether ``close`` releases the queue's connections (only those ``from_url`` opened).
+        self._owns_queue = False
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str = DEFAULT_REDIS_URL,
+        *,
+        queue_name: str = DEFAULT_QUEUE_NAME,
+        partitions: int = 1,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        socket_timeout_s: float = PRODUCER_SOCKET_TIMEOUT_S,
+    ) -> FlowClient:
+        """A client over the queue at ``url`` (``redis://``, ``rediss://``, ``redis+sentinel://``,
+        ``redis+cluster://``); ``queue_name`` and ``partitions`` must be the workers'. Connects
+        lazily (never raises for Redis down); ConfigError for a bad URL or an unreadable TLS file."""
+        settings = Settings(
+            redis_url=url,
+            queue_name=queue_name,
+            partitions=partitions,
+            tls_ca_file=tls_ca_file,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )
+        client = make_client(url, socket_timeout_s=socket_timeout_s, tls=settings.tls)
+        flows = cls(open_queue(settings, client=client))
+        flows._owns_queue = True
+        return flows
+
+    def close(self) -> None:
+        """Release the connections ``from_url`` opened; a queue the caller passed in is left to them."""
+        if self._owns_queue:
+            self.queue.close()
+
+    def __enter__(self) -> FlowClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     def start(
         self,

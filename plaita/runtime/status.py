@@ -6,13 +6,13 @@ import os
 import time
 from typing import Any, Protocol
 
-from plaita import __version__
 from plaita.config import Settings, host_label
 from plaita.fsm import Lifecycle, State
 from plaita.runtime.counters import Counters
 from plaita.runtime.observer import Observers
 from plaita.runtime.outage import Outage
 from plaita.runtime.settler import Settler
+from plaita.version import __version__
 
 #: Registry ``status`` for each lifecycle state: the five words fleet tools read in registry
 #: entries (a promise: they do not change with the states).

@@ -1,7 +1,8 @@
-"""A private redis-server for tests, benchmarks and the demo: free loopback port, temp dir.
+"""A private redis-server (or Valkey) for the tests and the benchmarks: free loopback port, temp dir.
 
 Never touches the machine's Redis on 6379. Can be faulted for real: freeze (SIGSTOP),
-thaw (SIGCONT), kill -9 and restart with or without its data.
+thaw (SIGCONT), kill -9 and restart with or without its data. ``plaita demo`` has its own,
+smaller one in ``plaita/store/server.py``, since the installed package cannot import ``tests/``.
 """
 
 from __future__ import annotations
