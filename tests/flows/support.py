@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -82,3 +83,9 @@ def ledgers(eid: str, steps: list[str], kind: str = "ledger") -> list[int]:
 def rtext(client: redis.Redis, key: str) -> str | None:
     value = client.get(key)
     return value.decode() if isinstance(value, bytes) else value  # type: ignore[return-value]
+
+
+def dlq(client: redis.Redis) -> list[dict[str, Any]]:
+    """The DLQ envelopes of the test queue (bytes or text replies)."""
+    entries = client.xrange(f"{QUEUE}:dlq")
+    return [json.loads(f.get("payload") or f[b"payload"]) for _, f in entries]  # type: ignore[union-attr]

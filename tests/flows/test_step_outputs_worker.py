@@ -5,14 +5,11 @@ nothing of it is written, the task is acked (no redelivery, no DLQ) and nothing 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from plaita.flows.client import FlowClient
-from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import ledgers
 from tests.support.lease_workers import QUEUE, pending_count, wait_for, worker_proc
@@ -23,13 +20,6 @@ ARGS = ("--flows", "tests.flows.flowdefs", "--claim-min-idle-ms", "2000", "--rec
         "--lease-ttl-seconds", "5", "--max-deliveries", "3", "--read-block-ms", "200")  # fmt: skip
 
 
-@pytest.fixture
-def flows(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlowClient]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    client = make_client(redis_url, socket_timeout_s=5.0)
-    queue = StreamQueue(client, stream=QUEUE, group="plaita-workers", consumer="p", dlq_key="", dlq_max_len=1)
-    yield FlowClient(queue)
-    client.close()
 
 
 def test_refused_checkpoints_end_in_error_with_nothing_written(

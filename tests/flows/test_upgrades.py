@@ -8,18 +8,14 @@ delivery, for a live worker that can.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from plaita.flows.client import FlowClient
-from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
 from tests.flows import flowdefs
-from tests.support.lease_workers import QUEUE, wait_for, worker_proc
+from tests.flows.support import dlq
+from tests.support.lease_workers import wait_for, worker_proc
 
 pytestmark = pytest.mark.redis
 
@@ -34,18 +30,7 @@ V1 = ("--flows", "tests.flows.fleet_v1", *ARGS)
 V2 = ("--flows", "tests.flows.fleet_v2", *ARGS)
 
 
-@pytest.fixture
-def flows(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlowClient]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    client = make_client(redis_url, socket_timeout_s=5.0)
-    queue = StreamQueue(client, stream=QUEUE, group="plaita-workers", consumer="p", dlq_key="", dlq_max_len=10)
-    yield FlowClient(queue)
-    client.close()
 
-
-def dlq(client: redis.Redis) -> list[dict[str, object]]:
-    entries = client.xrange(f"{QUEUE}:dlq")
-    return [json.loads(f.get("payload") or f[b"payload"]) for _, f in entries]  # type: ignore[union-attr]
 
 
 def steps_log(eid: str) -> list[str]:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from plaita.flows import FlowRunner
 from plaita.flows.client import FlowClient
@@ -16,7 +13,7 @@ from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.streams import StreamQueue
 from tests.flows import flowdefs
-from tests.flows.support import ledgers
+from tests.flows.support import dlq, ledgers
 from tests.support.lease_workers import QUEUE, inproc_worker, settings, wait_for, worker_proc
 from tests.support.redis_server import RedisServer
 
@@ -31,17 +28,7 @@ FLOW_ARGS = (
 )  # fmt: skip
 
 
-@pytest.fixture
-def flows(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlowClient]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    client = make_client(redis_url, socket_timeout_s=5.0)
-    queue = StreamQueue(client, stream=QUEUE, group="plaita-workers", consumer="p", dlq_key="", dlq_max_len=1)
-    yield FlowClient(queue)
-    client.close()
 
-
-def dlq(client: redis.Redis) -> list[dict[str, object]]:
-    return [json.loads(f[b"payload"]) for _, f in client.xrange(f"{QUEUE}:dlq")]  # type: ignore[union-attr]
 
 
 def test_kill9_during_a_step_another_worker_finishes(redis_url: str, flows: FlowClient, tmp_path: Path) -> None:
