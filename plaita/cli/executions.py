@@ -1,4 +1,4 @@
-"""``plaita executions start | resume | cancel | list | show``.
+"""``plaita executions start | resume | cancel | retry | list | show``.
 
 Exit codes: 0 done, 1 unknown or unreadable execution, a Redis failure or a wait that timed
 out (one line on stderr), 2 bad arguments. Read commands (``list``, ``show``) never write;
@@ -33,7 +33,9 @@ def add_parsers(
     ex = add(
         "executions",
         help="start, steer and inspect flow executions",
-        description="start FLOW | resume ID | cancel ID | list | show ID (the Redis flags may follow the action too)",
+        description=(
+            "start FLOW | resume ID | cancel ID | retry ID | list | show ID (the Redis flags may follow the action too)"
+        ),
     )
     redis_options(ex)
     sub = WithParents(ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex)), [late])
@@ -50,6 +52,10 @@ def add_parsers(
     rs.add_argument("--type", default="event", choices=["event", "continue", "retry", "timeout", "cancel"])
     rs.add_argument("--data", help="resume data as JSON")
     rs.add_argument("--resume-id", help="idempotency key: a second resume with it is a no-op")
+    rt = sub.add_parser("retry", help="restart an error or cancelled execution at its step (or --from-step)")
+    rt.add_argument("id", help="execution id")
+    rt.add_argument("--from-step", help="restart at this step (one it ran); the results of it and later steps go")
+    rt.add_argument("--force", action="store_true", help="allow re-running a completed execution")
     cn = sub.add_parser("cancel", help="cancel an execution (at the next step; a suspended one at once)")
     cn.add_argument("id", help="execution id")
     ls = sub.add_parser("list", help="executions by status, newest update first")
@@ -117,6 +123,12 @@ def _start(flows: Any, args: argparse.Namespace) -> int:
 def _resume(flows: Any, args: argparse.Namespace) -> int:
     task_id = flows.resume(args.id, args.type, _json_arg(args.data, "--data"), resume_id=args.resume_id)
     print(task_id)
+    return 0
+
+
+def _retry(flows: Any, args: argparse.Namespace) -> int:
+    rid = flows.retry(args.id, args.from_step, force=args.force)
+    print(f"retry {rid} of execution {args.id} enqueued" + (f" (from step {args.from_step})" if args.from_step else ""))
     return 0
 
 
@@ -207,9 +219,10 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
     )
     suspension = doc.get("suspension")
     if isinstance(suspension, dict):
+        what = "sleeping after" if suspension.get("kind") == "sleep" else "suspended in"
         print(
-            f"suspended in {suspension.get('step')} since {_when(suspension.get('since'))}, "
-            f"deadline {_when(suspension.get('deadline'))}"
+            f"{what} {suspension.get('step')} since {_when(suspension.get('since'))}, "
+            f"{'until' if suspension.get('kind') == 'sleep' else 'deadline'} {_when(suspension.get('deadline'))}"
         )
     error = doc.get("error")
     if isinstance(error, dict):
@@ -224,6 +237,8 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
             continue
         took_ms = (_number(e.get("ended_at")) - _number(e.get("started_at"))) * 1000
         extra = f"  {e['error']}" if e.get("error") else ""
+        if e.get("outcome") == "restarted":
+            extra = f"  from {e.get('from_status')} by {e.get('by')}"
         print(
             f"  {_when(e.get('started_at'))}  {e.get('step')!s:18} attempt {e.get('attempt')}  "
             f"{e.get('outcome')!s:9} {took_ms:8.1f} ms{extra}"
@@ -234,6 +249,7 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "start": _start,
     "resume": _resume,
     "cancel": _cancel,
+    "retry": _retry,
     "list": _list,
     "show": _show,
 }

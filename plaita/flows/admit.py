@@ -139,6 +139,8 @@ class Admission:
             )
         flow = await self._flow(execution.flow_id, task, offload)
         rtype = body.get("resume_type", "continue")
+        if rtype == model.RESTART:
+            return await self._reopen(task, flow, execution, cancel, offload)
         if rtype not in model.RESUME_TYPES:
             raise BadTaskError(
                 f"unknown resume_type {rtype!r} (expected one of {', '.join(sorted(model.RESUME_TYPES))})"
@@ -147,7 +149,8 @@ class Admission:
         applied = rid in execution.applied_resumes
         # Applied but still running: the worker that applied it died in a later step, and this
         # is its redelivery (the lease rules out a live one). Continue, as a start does.
-        stale = rtype == "timeout" and execution.stale_timeout(body.get("suspension"))
+        # A timeout, or a sleep's wake, names its suspension: a late one is stale.
+        stale = (rtype == "timeout" or "suspension" in body) and execution.stale_timeout(body.get("suspension"))
         if execution.terminal or (applied and execution.status != "running") or stale:
             logger.info("resume %s (%s) of execution %s (%s): nothing to do", rid, rtype, eid, execution.status)
             return None
@@ -156,7 +159,7 @@ class Admission:
             return run
         return self._resumed(run, rtype, rid)
 
-    def _resumed(self, run: Run, rtype: str, rid: str) -> Run:
+    def _resumed(self, run: Run, rtype: str, rid: str) -> Run | None:
         """``run`` with resume ``rid`` applied: now (suspended), at the next suspension (still
         running: its worker died), or as the execution's end (a cancel)."""
         body = run.task.body
@@ -164,10 +167,68 @@ class Admission:
             run.ending = run.execution.ended("cancelled", self._clock())
             return run
         require_task_json(body.get("data"), "resume 'data'")
+        if run.execution.sleeping_now:
+            return self._woken(run, rtype, rid)
         if run.execution.status == "suspended":
             run.execution = run.execution.resumed(rtype, body.get("data"), rid)
         elif rtype != "retry":
             run.pending = (rtype, body.get("data"), rid)
+        return run
+
+    def _woken(self, run: Run, rtype: str, rid: str) -> Run | None:
+        """A sleeping execution resumed: ``continue`` (the keeper's, at the deadline, or anyone's,
+        earlier) or ``timeout`` ends the sleep and the next step runs; anything else is ignored."""
+        ex, eid = run.execution, run.task.execution_id
+        until = (ex.suspension or {}).get("deadline")
+        if rtype not in model.WAKES:
+            logger.warning("resume %s (%s) of execution %s: it sleeps until %s; ignored", rid, rtype, eid, until)
+            return None
+        following, now_s = (ex.suspension or {}).get("next"), self._clock()
+        if following is None:  # the last step slept: the execution is over
+            run.ending = ex.woke(None, rid, now_s)
+            return run
+        index = run.flow.index_of(str(following))
+        if index is None:
+            message = f"the step after the sleep, {following!r}, is not in flow {run.flow.flow_id!r}"
+            run.ending = ex.ended("error", now_s, error=error_doc(ex.step, "UnknownStep", message))
+            return run
+        run.execution = ex.woke((index, str(following)), rid, now_s)
+        return run
+
+    async def _reopen(self, task: Task, flow: Flow, execution: Execution, cancel: bool, offload: bool) -> Run | None:
+        """A restart (``FlowClient.retry``): a terminal execution back to ``running`` at a step,
+        written under the lease (``ExecutionStore.reopen``) before the step runs. Known by its
+        resume id: a redelivery is a no-op, or continues it if its worker died after the reopen."""
+        body, eid = task.body, task.execution_id
+        rid = str(body.get("resume_id") or task.message_id)
+        if rid in execution.applied_resumes:
+            if execution.status != "running":
+                logger.info("restart %s of execution %s (%s): already applied", rid, eid, execution.status)
+                return None
+            return await self._compatible(Run(task, flow, execution, cancel, offload))
+        if not execution.terminal or (execution.status == "completed" and not body.get("force")):
+            logger.warning("restart %s of execution %s refused: it is %s", rid, eid, execution.status)
+            return None
+        # The cancel flag of a cancelled execution is stale: the reopen deletes it.
+        run = await self._compatible(Run(task, flow, execution, False, offload))
+        if run is None or run.ending is not None:
+            raise BadTaskError(f"restart of execution {eid!r}: flow {flow.flow_id!r} changed, cannot continue it")
+        name = str(body.get("from_step") or execution.step)
+        index = flow.index_of(name)
+        if index is None:
+            raise BadTaskError(f"restart of execution {eid!r}: flow {flow.flow_id!r} has no step {name!r}")
+        dropped = [s.name for s in flow.steps[index:]]
+        now_s = self._clock()
+        by = str(body.get("by") or "unknown")
+        reopened = run.execution.restarted((index, name), dropped, rid, by, now_s).stamped(now_s)
+        try:
+            text = reopened.encode()
+        except (TypeError, ValueError) as exc:
+            raise BadTaskError(f"restart of execution {eid!r}: its document is not strict JSON ({exc})") from None
+        if not await call_io(offload, self.store.reopen, eid, task.fencing_token, text, now_s):
+            raise LeaseLostError(f"lease of execution {eid} lost before its restart was written")
+        logger.info("execution %s restarted from step %r by %s (was %s)", eid, name, by, execution.status)
+        run.execution = reopened
         return run
 
     async def _compatible(self, run: Run) -> Run | None:

@@ -8,6 +8,8 @@ execution's lease is the only writer of an execution, so a producer never races 
 
 from __future__ import annotations
 
+import getpass
+import socket
 import time
 import uuid
 from types import TracebackType
@@ -35,6 +37,20 @@ class ExecutionNotFound(PlaitaError):
 
 #: Random ids drawn to find one in a given partition (1 in N hits; 64 N tries never all miss in practice).
 MAX_ID_TRIES = 100_000
+
+
+class NotRetryable(PlaitaError):
+    """``retry`` of an execution that is not ``error`` or ``cancelled`` (``completed`` needs
+    ``force``), or from a step it never reached."""
+
+
+def _operator() -> str:
+    """Who asks, for the history's restart entry: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name (a container without a passwd entry)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 class WaitTimeout(PlaitaError):
@@ -136,6 +152,39 @@ class FlowClient:
         doc = self._require(execution_id)
         body = model.resume_body(execution_id, resume_type, flow_id=doc.get("flow_id"), data=data, resume_id=resume_id)
         return self.queue.enqueue(body)
+
+    def retry(
+        self,
+        execution_id: str,
+        from_step: str | None = None,
+        *,
+        force: bool = False,
+        by: str | None = None,
+        resume_id: str | None = None,
+    ) -> str:
+        """Restart an ``error`` or ``cancelled`` execution at the step it ended at (or
+        ``from_step``, one it has run), keeping the results of the steps before it; a
+        ``completed`` one only with ``force``. A task the worker holding the execution's lease
+        runs (fenced, like every write); returns its resume id (pass ``resume_id`` to make a
+        repeated call a no-op). NotRetryable when refused; ExecutionNotFound."""
+        doc = self._require(execution_id)
+        status = doc.get("status")
+        if status not in TERMINAL:
+            raise NotRetryable(f"execution {execution_id} is {status}: only an error or cancelled one can be retried")
+        if status == "completed" and not force:
+            raise NotRetryable(f"execution {execution_id} completed: re-running it from a step needs force (--force)")
+        if from_step is not None:
+            reached = {e.get("step") for e in doc.get("history") or [] if isinstance(e, dict)}
+            reached |= set(doc.get("results") or {}) | {doc.get("step")}
+            if from_step not in reached:
+                raise NotRetryable(f"execution {execution_id} never ran a step {from_step!r}")
+        rid = resume_id or f"retry:{uuid.uuid4().hex}"
+        who = by or _operator()
+        body = model.restart_body(
+            execution_id, flow_id=doc.get("flow_id"), from_step=from_step, force=force, by=who, resume_id=rid
+        )
+        self.queue.enqueue(body)
+        return rid
 
     def cancel(self, execution_id: str) -> dict[str, Any]:
         """Request a cancel: honoured at the next step boundary; a suspended execution is

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from plaita.flows.validate import check_timeout_s
 from plaita.store.keyspace import hash_tag
-from plaita.store.staged import STAGE_OPS, Staged, check_amount, check_ttl_s
+from plaita.store.staged import MAX_SECONDS, STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.tasks import CancelFlag
 
 #: Staged writes may not touch execution bookkeeping: the checkpoint owns those keys.
@@ -35,6 +37,30 @@ class Suspend:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timeout_s", check_timeout_s(self.timeout_s))
+
+
+@dataclass(frozen=True)
+class Sleep(Suspend):
+    """Returned by a step (``return ctx.sleep(s)``): a durable sleep. The step's state, staged
+    writes and result (None) are checkpointed; at the deadline the keeper resumes the execution
+    with ``continue`` and the NEXT step runs (or the one named with ``ctx.goto``; the execution
+    completes when the sleeping step was the last). ``until_s`` (epoch seconds) is the deadline
+    when given, else now + ``timeout_s`` (ValueError unless finite seconds in [0, 10 years])."""
+
+    until_s: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.until_s is None:
+            if self.timeout_s is None:
+                raise ValueError("sleep needs a number of seconds")
+            return
+        until_s = self.until_s
+        if isinstance(until_s, bool) or not isinstance(until_s, int | float) or not math.isfinite(until_s):
+            raise ValueError(f"sleep_until needs a finite epoch time in seconds, got {until_s!r}")
+        if until_s - time.time() > MAX_SECONDS:
+            raise ValueError(f"sleep_until {until_s!r} is more than {MAX_SECONDS} s (10 years) away")
+        object.__setattr__(self, "until_s", float(until_s))
 
 
 class StepContext:
@@ -81,6 +107,19 @@ class StepContext:
         """The value to return to suspend; past ``timeout_s`` the keeper resumes with ``timeout``.
         ValueError unless ``timeout_s`` is None or finite seconds in [0, 10 years]."""
         return Suspend(timeout_s)
+
+    def sleep(self, seconds: float) -> Sleep:
+        """The value to return to sleep durably (``return ctx.sleep(3 * 86400)``): no thread and
+        no lease held; after ``seconds`` the next step runs. ValueError unless ``seconds`` is
+        finite in [0, 10 years]."""
+        if seconds is None:
+            raise ValueError("sleep needs a number of seconds, got None")
+        return Sleep(seconds)
+
+    def sleep_until(self, epoch_s: float) -> Sleep:
+        """``sleep`` until the epoch time ``epoch_s`` (a time already past wakes at once).
+        ValueError unless finite and at most 10 years away."""
+        return Sleep(None, until_s=epoch_s)
 
     def goto(self, step_name: str) -> None:
         """Run ``step_name`` next instead of the following step (branches and loops)."""

@@ -28,7 +28,7 @@ from typing import Any
 from plaita.flows import model
 from plaita.flows.admit import Admission, Run
 from plaita.flows.checkpoint import Checkpointer, LeaseLostError
-from plaita.flows.context import Resume, StepContext, Suspend
+from plaita.flows.context import Resume, Sleep, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.execution import Execution, describe_exception, error_doc, error_from_exception, sealed
 from plaita.flows.handover import Handover, fleet_entry
@@ -208,6 +208,9 @@ class FlowRunner:
 
     async def _suspended(self, run: Run, step: Step, ctx: StepContext, value: Suspend, started_s: float) -> None:
         now_s = self._clock()
+        if isinstance(value, Sleep):
+            await self._sleep(run, step, ctx, value, started_s, now_s)
+            return
         deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
         ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s)
         pending = run.pending
@@ -216,6 +219,22 @@ class FlowRunner:
             run.pending = None
             return
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
+
+    async def _sleep(
+        self, run: Run, step: Step, ctx: StepContext, value: Sleep, started_s: float, now_s: float
+    ) -> None:
+        """A durable sleep: a suspension whose deadline (the keeper's ``continue``) runs the next step."""
+        until_s = max(now_s, value.until_s) if value.until_s is not None else now_s + (value.timeout_s or 0.0)
+        index = run.execution.step_index + 1 if ctx.next_step is None else run.flow.index_of(ctx.next_step)
+        if index is None:
+            await self._succeeded(run, step, ctx, None, started_s)  # the unknown step's error, as for a return
+            return
+        following = run.flow.steps[index].name if index < len(run.flow.steps) else None
+        if run.pending is not None:  # a resume that arrived while running does not cut a sleep short
+            logger.info("execution %s: resume %s ignored, the step slept", run.task.execution_id, run.pending[2])
+            run.pending = None
+        ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
+        await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
 
     async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> None:
         if run.task.cancelled.is_set():

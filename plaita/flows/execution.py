@@ -233,6 +233,65 @@ class Execution:
             applied_resumes=[*self.applied_resumes, resume_id][-APPLIED_RESUMES_LIMIT:],
         )
 
+    # -- durable sleep and restart (docs/flows.md, "Durable sleep", "Retry from a step") ---
+    def sleeping(
+        self,
+        step: str,
+        state: dict[str, Any],
+        next_step: str | None,
+        attempt: int,
+        started_s: float,
+        now_s: float,
+        until_s: float,
+    ) -> Execution:
+        """``step`` returned ``ctx.sleep``: done (result None, state kept), suspended until
+        ``until_s``; then ``next_step`` runs (None: the execution completes)."""
+        seq = self.suspensions + 1
+        suspension = {"seq": seq, "step": step, "since": now_s, "deadline": until_s, "kind": "sleep", "next": next_step}
+        return self._ran(
+            history_entry(step, attempt, started_s, now_s, "sleep"),
+            state=state,
+            attempt=0,
+            resume=None,
+            results={**self.results, step: None},
+            suspensions=seq,
+            status="suspended",
+            suspension=suspension,
+        )
+
+    @property
+    def sleeping_now(self) -> bool:
+        return self.status == "suspended" and (self.suspension or {}).get("kind") == "sleep"
+
+    def woke(self, next_step: tuple[int, str] | None, resume_id: str, now_s: float) -> Execution:
+        """A sleep ended: on to ``next_step`` (index, name) with no ``ctx.resume``, or completed."""
+        applied = [*self.applied_resumes, resume_id][-APPLIED_RESUMES_LIMIT:]
+        woken = replace(self, resume=None, suspension=None, applied_resumes=applied)
+        if next_step is None:
+            return replace(woken, status="completed", ended_at=now_s)
+        return replace(woken, status="running", step_index=next_step[0], step=next_step[1])
+
+    def restarted(self, step: tuple[int, str], dropped: list[str], resume_id: str, by: str, now_s: float) -> Execution:
+        """Back to ``running`` at ``step`` (index, name) from a terminal status: the results of
+        the steps in ``dropped`` (the step and those after it) are forgotten, the state is kept
+        as it is, the retry budget starts over; the history records who restarted it, when."""
+        entry = history_entry(step[1], 0, now_s, now_s, "restarted")
+        entry.update(from_status=self.status, by=by)
+        return replace(
+            self,
+            status="running",
+            step_index=step[0],
+            step=step[1],
+            attempt=0,
+            resume=None,
+            suspension=None,
+            error=None,
+            ended_at=None,
+            results={k: v for k, v in self.results.items() if k not in dropped},
+            history=[*self.history, entry][-HISTORY_LIMIT:],
+            applied_resumes=[*self.applied_resumes, resume_id][-APPLIED_RESUMES_LIMIT:],
+        )
+
     def _ran(self, entry: dict[str, Any], **changes: Any) -> Execution:
         """One more run of a step recorded in the history (the newest ``HISTORY_LIMIT`` kept)."""
         history = [*self.history, entry][-HISTORY_LIMIT:]

@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait for the keeper lease release when stopping.
 HAND_OVER_S = 0.3
+#: How often the keeper looks at the earliest deadline between passes (the wake latency of a sleep).
+DEADLINE_POLL_S = 0.25
 #: Unreadable execution ids remembered (each is logged once); past this the memory starts over.
 MAX_REMEMBERED_BAD = 10_000
 
@@ -88,6 +90,8 @@ class KeeperPass:
     #: Unreadable execution keys met in the indexes and skipped (left as they are).
     corrupt: list[str] = field(default_factory=list)
     skipped_scan: bool = False
+    #: Durable sleeps past their deadline, woken (``continue``).
+    wakes: list[str] = field(default_factory=list)
 
 
 class Keeper:
@@ -164,8 +168,35 @@ class Keeper:
                 logger.info("keeper: Redis is back after %.1f s", time.monotonic() - failing_since)
                 failing_since = None
             backoff.reset()
-            self._stop.wait(s.interval_s)
+            self._until_next_pass(s.interval_s)
         return 0
+
+    def _until_next_pass(self, interval_s: float) -> None:
+        """Wait ``interval_s`` for the next full pass; meanwhile, every ``DEADLINE_POLL_S``, peek
+        at the earliest deadline and, when one is due, run the deadline part of a pass at once:
+        a sleep wakes (and a suspension times out) within about that of its deadline, where the
+        full pass (which reads the stream) stays every ``interval_s``. A peek that fails leaves
+        it to the next full pass, whose backoff handles an outage."""
+        next_pass_s = time.monotonic() + interval_s
+        while not self._stop.is_set() and (left_s := next_pass_s - time.monotonic()) > 0:
+            self._stop.wait(min(DEADLINE_POLL_S, left_s))
+            if self._stop.is_set() or self.settings.dry_run:
+                continue
+            try:
+                earliest_s = self.store.earliest_deadline()
+                if earliest_s is not None and earliest_s <= self._clock():
+                    self.log_pass(self.run_deadlines())
+            except Exception as exc:
+                logger.debug("keeper: deadline check failed (%s: %s)", type(exc).__name__, exc)
+                return
+
+    def run_deadlines(self) -> KeeperPass:
+        """The deadline part of a pass only (timeouts and wakes), under the keeper lease."""
+        if not self.store.hold_keeper_lease(self.holder, int(self.settings.lease_ttl_s * 1000)):
+            return KeeperPass(acting=False)
+        report = KeeperPass()
+        self._timeouts(self._clock(), report)
+        return report
 
     def _hand_over(self) -> None:
         """Release the keeper lease so another keeper acts at once; bounded (a frozen server
@@ -183,6 +214,8 @@ class Keeper:
 
     @staticmethod
     def log_pass(report: KeeperPass) -> None:
+        if report.wakes:
+            logger.info("keeper: %d sleep(s) woken %s", len(report.wakes), report.wakes[:10])
         if report.corrupt:
             logger.debug("keeper: %d unreadable execution key(s) skipped %s", len(report.corrupt), report.corrupt[:10])
         if report.timeouts or report.retries or report.orphaned:
@@ -234,14 +267,16 @@ class Keeper:
                 if not s.dry_run:
                     self.store.forget_deadline(eid)
                 continue
-            report.timeouts.append(eid)
+            # A durable sleep's deadline is its wake (``continue``), not a timeout.
+            wake = suspension.get("kind") == "sleep"
+            (report.wakes if wake else report.timeouts).append(eid)
             if not s.dry_run:
                 body = model.resume_body(
                     eid,
-                    "timeout",
+                    "continue" if wake else "timeout",
                     flow_id=doc.get("flow_id"),
                     suspension=suspension.get("seq"),
-                    resume_id=f"timeout:{suspension.get('seq')}",
+                    resume_id=f"{'wake' if wake else 'timeout'}:{suspension.get('seq')}",
                 )
                 self.queue.enqueue(body)
 

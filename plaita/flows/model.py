@@ -10,6 +10,11 @@ from typing import Any
 
 #: What a resume body's ``resume_type`` may be (the names producers already send).
 RESUME_TYPES = frozenset({"continue", "retry", "cancel", "timeout", "event"})
+#: A restart of a terminal execution from a step (``FlowClient.retry``): not a resume of a
+#: suspension, so it is not one of ``RESUME_TYPES`` (``FlowClient.resume`` cannot send it).
+RESTART = "restart"
+#: What wakes a durable sleep early or at its deadline (``timeout``: an older keeper's wake).
+WAKES = frozenset({"continue", "timeout"})
 #: Terminal executions expire after this (default 7 days).
 DEFAULT_RETENTION_S = 7 * 24 * 3600
 #: A state document larger than this is refused (params at start; a step's output ends in error).
@@ -50,4 +55,16 @@ def resume_body(
         body["resume_id"] = resume_id
     if suspension is not None:
         body["suspension"] = suspension
+    return body
+
+
+def restart_body(
+    execution_id: str, *, flow_id: str | None, from_step: str | None, force: bool, by: str, resume_id: str
+) -> dict[str, Any]:
+    """A restart (``resume_type`` ``restart``) of a terminal execution at ``from_step`` (None:
+    the step it ended at); ``force`` allows a completed one."""
+    body = resume_body(execution_id, RESTART, flow_id=flow_id, resume_id=resume_id)
+    body.update(force=bool(force), by=by)
+    if from_step is not None:
+        body["from_step"] = from_step
     return body

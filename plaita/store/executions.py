@@ -63,6 +63,7 @@ FLAG_TTL_S = 7 * 24 * 3600
 
 CHECKPOINT = scripts.script("checkpoint_execution")
 CREATE = scripts.script("create_execution")
+REOPEN = scripts.script("reopen_execution")
 
 
 def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
@@ -157,6 +158,18 @@ class ExecutionStore(KeeperAccess):
             *plan_staged(staged),
         ]
         return _checkpointed(cast(list[Any], CHECKPOINT(self.client, keys, args)))
+
+    def reopen(self, execution_id: str, generation: int, state_json: str, now_s: float) -> bool:
+        """A terminal execution back to ``running`` under the lease (a restart): index, no TTL,
+        cancel flag deleted, in one fenced call. False when fenced out; ExecutionKeyError (nothing
+        written) when the running index holds the wrong type."""
+        ks, p = self.ks, self.ks.partition_of(execution_id)
+        keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
+        keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
+        reply = cast(list[Any], REOPEN(self.client, keys, [generation, state_json, repr(now_s), execution_id]))
+        if int(reply[0]) == 3:
+            raise ExecutionKeyError(reply_text(reply[1]), reply_text(reply[2]))
+        return int(reply[0]) == 1
 
     def cancel_requested_many(self, execution_ids: Sequence[str]) -> list[bool]:
         return [v is not None for v in get_many(self.client, [self.ks.cancel_key(e) for e in execution_ids])]

@@ -71,6 +71,14 @@ class KeeperAccess:
             out += [reply_text(m) for m in cast(list[Any], raw)]
         return out
 
+    def earliest_deadline(self) -> float | None:
+        """The earliest suspension deadline over all partitions (epoch seconds), or None."""
+        pipe = self.client.pipeline(transaction=False)
+        for p in range(len(self.ks.tags)):
+            pipe.zrange(self.ks.deadlines_key(p), 0, 0, withscores=True)
+        scores = [float(rows[0][1]) for rows in pipe.execute() if rows]
+        return min(scores, default=None)
+
     def running_since(self, before_s: float, offset: int, limit: int) -> list[tuple[str, float]]:
         """Running executions last updated before ``before_s``, oldest first: (id, updated_at)."""
         rows: list[tuple[str, float]] = []

@@ -13,7 +13,7 @@ from plaita.store import scripts
 from plaita.store.scripts import INCLUDES, SCRIPTS, Script
 
 KEY_REF = re.compile(r"KEYS\[(\d+)\]")
-FENCED = ("checkpoint_execution", "create_execution", "fenced_set")
+FENCED = ("checkpoint_execution", "create_execution", "fenced_set", "reopen_execution")
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
@@ -128,6 +128,8 @@ def _fenced_call(name: str) -> tuple[list[str], list[str], object]:
     if name == "create_execution":
         return ["w:lease", "w:fence", "w:state", "w:running", "w:cancel"], ["5", "{}", "1", "e", "60"], [0, "", 0]
     keys = ["w:lease", "w:fence", "w:state", "w:cancel", "w:deadlines"] + [f"w:idx:{i}" for i in range(5)]
+    if name == "reopen_execution":
+        return keys, ["5", "{}", "1", "e"], [0]
     return keys, ["5", "{}", "1", "1", "e", "", "0", "0"], [0, 0]
 
 
@@ -142,7 +144,7 @@ def _put(client: redis.Redis, key: str, value: str | dict[str, str] | None) -> N
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 @pytest.mark.parametrize("name", FENCED)
 def test_every_fenced_script_refuses_a_writer_that_lost_the_fence(redis_url: str, name: str, case: str) -> None:
-    """All three scripts refuse the same way, and write nothing; the holder itself is let through."""
+    """All four scripts refuse the same way, and write nothing; the holder itself is let through."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         keys, args, refused = _fenced_call(name)
