@@ -50,6 +50,9 @@ def b(ctx: StepContext) -> Any:
     n = _count(ctx)
     if client().exists(f"plaita:test:broken:{ctx.execution_id}"):
         raise NonRetryableError("our bug")
+    if n == ctx.params.get("hold_run"):  # this run of b holds until cancelled (a kill -9 target)
+        client().set(f"plaita:test:sleeping:{ctx.execution_id}", ctx.step)
+        ctx.cancel.wait(60)
     if ctx.params.get("suspend") and ctx.resume is None:
         return ctx.suspend()
     return {"b": n}

@@ -68,6 +68,29 @@ def test_retry_of_an_error_execution_reruns_only_the_failed_step_and_those_after
     assert r.zscore("plaita:executions:status:completed", "r1") is not None
 
 
+def test_kill9_during_a_restarted_step_a_new_worker_continues_it_without_rerunning_earlier_steps(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """The restart task's worker dies in step b after the reopen: its redelivery (applied already,
+    running) continues at b; a is not run again, c runs once."""
+    _broken("r9", True)
+    flows.start("fixable", {"hold_run": 2}, execution_id="r9")
+    with worker_proc(redis_url, tmp_path, "rk", *WORKER_ARGS) as a:
+        assert flows.wait("r9", 20)["status"] == "error"
+        _broken("r9", False)
+        rid = flows.retry("r9")
+        wait_for(lambda: flowdefs.client().get("plaita:test:sleeping:r9") == "b", 20, "b running again")
+        doc = flows.get("r9")
+        assert doc is not None and doc["status"] == "running" and rid in doc["applied_resumes"]
+        a.kill9()
+    with worker_proc(redis_url, tmp_path, "rl", *WORKER_ARGS) as b:
+        doc = flows.wait("r9", 30)
+        assert b.terminate() == 0
+    assert doc["status"] == "completed" and ledgers("r9", STEPS) == [1, 3, 1]
+    assert ledgers("r9", STEPS, "staged") == [1, 1, 1]
+    assert sum(e["outcome"] == "restarted" for e in doc["history"]) == 1
+
+
 def test_retry_from_a_named_earlier_step_drops_its_results_and_reruns_from_there(h: Harness) -> None:
     _broken("r2", True)
     assert h.run(start("r2", "fixable"))["status"] == "error"  # type: ignore[index]
