@@ -108,6 +108,12 @@ def test_a_sleep_in_the_last_step_completes_the_execution_when_it_wakes(h: Harne
     assert doc is not None and doc["status"] == "completed" and ledgers("s2", ["only"]) == [1]
 
 
+def test_an_operators_continue_ends_a_sleep_early(h: Harness) -> None:
+    h.run(start("s5", "napper", sleep_s=3600))
+    doc = h.run(resume("s5", "continue"))  # plaita executions resume ID --type continue
+    assert doc is not None and doc["status"] == "completed" and ledgers("s5", ["before", "after"]) == [1, 1]
+
+
 def test_a_sleeping_execution_is_cancelled_at_once(h: Harness) -> None:
     h.run(start("s3", "napper", sleep_s=60))
     h.flows.cancel("s3")
