@@ -39,6 +39,12 @@ def add_parsers(
     )
     redis_options(ex)
     sub = WithParents(ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex)), [late])
+    _add_start(sub)
+    _add_steering(sub)
+    _add_reading(sub)
+
+
+def _add_start(sub: WithParents) -> None:
     st = sub.add_parser("start", help="start an execution of FLOW")
     st.add_argument("flow", help="flow id")
     st.add_argument("--input", default="{}", help="params as a JSON object (default {})")
@@ -47,6 +53,9 @@ def add_parsers(
     st.add_argument("--wait", action="store_true", help="wait until the execution ends and print its state")
     st.add_argument("--timeout-s", type=float, default=60.0, help="longest --wait (default %(default)s)")
     st.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _add_steering(sub: WithParents) -> None:
     rs = sub.add_parser("resume", help="resume a suspended execution")
     rs.add_argument("id", help="execution id")
     rs.add_argument("--type", default="event", choices=["event", "continue", "retry", "timeout", "cancel"])
@@ -58,6 +67,9 @@ def add_parsers(
     rt.add_argument("--force", action="store_true", help="allow re-running a completed execution")
     cn = sub.add_parser("cancel", help="cancel an execution (at the next step; a suspended one at once)")
     cn.add_argument("id", help="execution id")
+
+
+def _add_reading(sub: WithParents) -> None:
     ls = sub.add_parser("list", help="executions by status, newest update first")
     ls.add_argument("--status", choices=LIST_STATUSES, action="append", help="only this status (repeatable)")
     ls.add_argument("--flow", help="only this flow")
