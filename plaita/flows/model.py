@@ -10,6 +10,8 @@ from typing import Any
 
 #: What a resume body's ``resume_type`` may be (the names producers already send).
 RESUME_TYPES = frozenset({"continue", "retry", "cancel", "timeout", "event"})
+#: The resume a child execution sends its parent when it ends (``plaita.flows.children``).
+CHILD_RESUME = "child"
 #: Terminal executions expire after this (default 7 days).
 DEFAULT_RETENTION_S = 7 * 24 * 3600
 #: A state document larger than this is refused (params at start; a step's output ends in error).

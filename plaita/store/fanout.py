@@ -1,0 +1,63 @@
+"""Redis calls of child executions (fan-out / fan-in): tasks enqueued on the execution's own
+partition stream, and cancel flags set in bulk.
+
+Each call is a non-transactional pipeline: every key it touches is one execution's (or one
+partition stream), so on Redis Cluster no call needs keys of two slots to change together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from plaita.store.keyspace import Keyspace
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
+
+#: Cancel flags outlive any execution that could still read them (as ``request_cancel``'s).
+CANCEL_TTL_S = 7 * 24 * 3600
+#: ``<prefix>{tag}:<parent>:<step>:<k>``: which children of one spawn have ended.
+DONE_PREFIX = "plaita:execution:children:"
+
+
+def enqueue_tasks(client: redis.Redis, ks: Keyspace, bodies: Sequence[dict[str, Any]]) -> None:
+    """XADD each body to the stream of its execution's partition (one pipeline)."""
+    if not bodies:
+        return
+    pipe = client.pipeline(transaction=False)
+    for body in bodies:
+        stream = ks.stream(ks.partition_of(str(body["execution_id"])))
+        pipe.xadd(stream, {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: "1"})
+    pipe.execute()
+
+
+def request_cancels(client: redis.Redis, ks: Keyspace, execution_ids: Sequence[str]) -> None:
+    """Set the cancel flag of every execution in ``execution_ids`` (one pipeline)."""
+    if not execution_ids:
+        return
+    pipe = client.pipeline(transaction=False)
+    for eid in execution_ids:
+        pipe.set(ks.cancel_key(eid), "1", ex=CANCEL_TTL_S)
+    pipe.execute()
+
+
+def done_key(ks: Keyspace, parent_id: str, prefix: str) -> str:
+    """The set of the indexes of a spawn's children that have ended: in the parent's slot."""
+    tag = ks.slot_tag(parent_id)
+    return f"{DONE_PREFIX}{tag}:{prefix}" if tag else f"{DONE_PREFIX}{prefix}"
+
+
+def mark_done(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str, index: int) -> int:
+    """Add child ``index`` to its spawn's done set (one key: a one-slot transaction); returns how
+    many of the spawn's children have ended."""
+    key = done_key(ks, parent_id, prefix)
+    pipe = client.pipeline(transaction=True)
+    pipe.sadd(key, index)
+    pipe.scard(key)
+    pipe.expire(key, CANCEL_TTL_S)
+    return int(pipe.execute()[1])
+
+
+def done_count(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str) -> int:
+    return int(client.scard(done_key(ks, parent_id, prefix)))

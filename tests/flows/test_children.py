@@ -1,0 +1,187 @@
+"""Child executions on real workers: fan-out, the join, failures, cancel, kill -9, partitions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plaita.flows import FlowRunner
+from plaita.flows.checkpoint import LeaseLostError
+from plaita.flows.client import FlowClient
+from plaita.store.client import make_client
+from plaita.store.executions import ExecutionStore
+from plaita.store.leases import LeaseManager
+from plaita.store.partitioned import keyspace_of
+from plaita.tasks import Task
+from tests.flows import fanout_flows, flowdefs
+from tests.flows.support import ledgers
+from tests.flows.test_workers import FLOW_ARGS
+from tests.support.lease_workers import QUEUE, inproc_worker, settings, wait_for, worker_proc
+
+pytestmark = pytest.mark.redis
+
+ARGS = (*FLOW_ARGS, "--flows", "tests.flows.fanout_flows", "--concurrency", "4")
+
+
+def kids(parent: str, n: int, k: int = 0) -> list[str]:
+    return [f"{parent}:spread:{k}:{i}" for i in range(n)]
+
+
+def joins(parent: str, tag: str = "") -> tuple[int, int]:
+    """(direct runs of the join branch, staged joins committed) of ``parent`` (``tag``: its
+    slot's hash tag with partitions, which a staged key carries)."""
+    c = flowdefs.client()
+    staged = f"plaita:test:joined:{parent}" + (f":{tag}" if tag else "")
+    return int(c.get(f"plaita:test:joins:{parent}") or 0), int(c.get(staged) or 0)
+
+
+def check_joined_in_order(
+    doc: dict[str, Any], parent: str, n: int, failing: frozenset[int] = frozenset(), tag: str = ""
+) -> None:
+    outcomes = doc["state"]["outcomes"]
+    assert [o[0] for o in outcomes] == kids(parent, n)
+    for i, (_, status, result, error_type) in enumerate(outcomes):
+        if i in failing:
+            assert (status, result, error_type) == ("error", None, "NonRetryableError")
+        else:
+            assert (status, result, error_type) == ("completed", {"item": i, "x2": 2 * i}, None)
+    assert doc["state"]["ok"] == n - len(failing)
+    assert joins(parent, tag) == (1, 1)
+
+
+@pytest.mark.parametrize("n", [10, 100])
+def test_fan_out_joins_once_with_every_result_in_order(
+    redis_url: str, flows: FlowClient, tmp_path: Path, n: int
+) -> None:
+    with worker_proc(redis_url, tmp_path, "fo", *ARGS) as w:
+        parent = flows.start("fan", {"n": n})
+        try:
+            doc = flows.wait(parent, 15)
+        except Exception:
+            print(w.stderr()[-6000:])
+            raise
+        assert w.terminate() == 0
+    assert doc["status"] == "completed", doc
+    check_joined_in_order(doc, parent, n)
+    # Every child ran its step once and committed once; the spawning step spawned once.
+    assert [flowdefs.ledger(k, "work", "staged") for k in kids(parent, n)] == [1] * n
+    assert [flowdefs.ledger(k, "work") for k in kids(parent, n)] == [1] * n
+    assert ledgers(parent, ["spread"], "staged") == [1]
+    assert flows.get(kids(parent, n)[0])["parent"]["id"] == parent  # type: ignore[index]
+
+
+def test_a_failing_child_is_visible_to_the_parent(redis_url: str, flows: FlowClient, tmp_path: Path) -> None:
+    with worker_proc(redis_url, tmp_path, "ff", *ARGS) as w:
+        parent = flows.start("fan", {"n": 5, "fail": [1, 3]})
+        doc = flows.wait(parent, 60)
+        assert w.terminate() == 0
+    assert doc["status"] == "completed", doc
+    check_joined_in_order(doc, parent, 5, frozenset({1, 3}))
+
+
+def test_cancel_of_the_parent_cancels_its_children(redis_url: str, flows: FlowClient, tmp_path: Path) -> None:
+    with worker_proc(redis_url, tmp_path, "fc", *ARGS) as w:
+        parent = flows.start("fan", {"n": 6, "child": {"wait": True}})
+        children = kids(parent, 6)
+
+        def all_suspended() -> bool:
+            return all((flows.get(k) or {}).get("status") == "suspended" for k in children)
+
+        wait_for(all_suspended, 30, "every child suspended")
+        assert flows.get(parent)["status"] == "suspended"  # type: ignore[index]
+        flows.cancel(parent)
+        assert flows.wait(parent, 20)["status"] == "cancelled"
+        for k in children:
+            assert flows.wait(k, 20)["status"] == "cancelled"
+        assert w.terminate() == 0
+    assert joins(parent) == (0, 0)
+
+
+def test_a_redelivered_spawning_step_starts_no_second_set(redis_url: str, flows: FlowClient) -> None:
+    """The spawning step runs, enqueues its children, and its worker dies before the checkpoint:
+    the redelivered start runs the step again, which names the same children. Each child runs
+    once; the parent joins once."""
+    s = settings(redis_url, "redeliver", eager_leases=True)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    store = ExecutionStore(client, keyspace_of(s))
+    runner = FlowRunner(fanout_flows.FLOWS, store)
+    leases = LeaseManager(client, consumer="redeliver", ttl_s=30.0)
+    parent = "p-redelivered"
+    body = {"type": "start", "flow_id": "fan", "execution_id": parent, "params": {"n": 5}}
+    real_write = runner._checkpoints.write
+    crashes = []
+
+    async def dies_at_the_suspension(task: Task, document: str, **kw: Any) -> bool:
+        if kw.get("status") == "suspended" and not crashes:
+            crashes.append(1)
+            raise LeaseLostError("the worker died here")
+        return await real_write(task, document, **kw)
+
+    runner._checkpoints.write = dies_at_the_suspension  # type: ignore[method-assign]
+    try:
+        for attempt in range(2):
+            task = Task(f"{attempt + 1}-0", body, attempt + 1)
+            lease = leases.acquire(parent)
+            task.fencing_token = lease.generation  # type: ignore[union-attr]
+            try:
+                runner(task)
+            except LeaseLostError:
+                assert attempt == 0
+            finally:
+                leases.release(lease)  # type: ignore[arg-type]
+    finally:
+        runner.close()
+    assert flows.get(parent)["status"] == "suspended"  # type: ignore[index]
+    bodies = [json.loads(fields["payload"]) for _, fields in flowdefs.client().xrange(QUEUE)]
+    child_starts = [b["execution_id"] for b in bodies if b.get("type") == "start" and b["flow_id"] == "kid"]
+    assert len(child_starts) == 10 and sorted(set(child_starts)) == sorted(kids(parent, 5))  # one set of ids
+    worker_runner = FlowRunner(fanout_flows.FLOWS, store)
+    try:
+        with inproc_worker(s, worker_runner):
+            doc = flows.wait(parent, 30)
+    finally:
+        worker_runner.close()
+        client.close()
+    assert doc["status"] == "completed"
+    check_joined_in_order(doc, parent, 5)
+    assert [flowdefs.ledger(k, "work") for k in kids(parent, 5)] == [1] * 5
+    assert ledgers(parent, ["spread"]) == [2] and ledgers(parent, ["spread"], "staged") == [1]
+
+
+def test_kill9_mid_fan_out_every_child_once_and_one_join(redis_url: str, flows: FlowClient, tmp_path: Path) -> None:
+    n = 40
+    with worker_proc(redis_url, tmp_path, "ka", *ARGS) as a:
+        parent = flows.start("fan", {"n": n, "child": {"sleep_s": 0.15}})
+        children = kids(parent, n)
+
+        def some_done() -> bool:
+            return sum(flowdefs.ledger(k, "work", "staged") for k in children) >= 8
+
+        wait_for(some_done, 30, "a few children done")
+        a.kill9()
+    assert flows.get(parent)["status"] == "suspended"  # type: ignore[index]
+    with worker_proc(redis_url, tmp_path, "kb", *ARGS) as b:
+        doc = flows.wait(parent, 90)
+        assert b.terminate() == 0
+    assert doc["status"] == "completed", doc
+    check_joined_in_order(doc, parent, n)
+    assert [flowdefs.ledger(k, "work", "staged") for k in children] == [1] * n  # exactly once per step
+    assert all(flowdefs.ledger(k, "work") in (1, 2) for k in children)  # killed mid-step: run again
+    assert ledgers(parent, ["spread"], "staged") == [1]
+
+
+def test_fan_out_across_partitions(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with FlowClient.from_url(redis_url, queue_name=QUEUE, partitions=4, socket_timeout_s=5.0) as flows:
+        with worker_proc(redis_url, tmp_path, "fp", *ARGS, "--partitions", "4") as w:
+            parent = flows.start("fan", {"n": 20})
+            doc = flows.wait(parent, 60)
+            assert w.terminate() == 0
+        ks = flows.queue.keyspace
+        homes = {ks.partition_of(k) for k in kids(parent, 20)}
+        assert len(homes) == 4 and ks.partition_of(parent) in homes  # children on other partitions
+        assert doc["status"] == "completed", doc
+        check_joined_in_order(doc, parent, 20, tag=ks.slot_tag(parent))
