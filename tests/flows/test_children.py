@@ -59,9 +59,9 @@ def test_fan_out_joins_once_with_every_result_in_order(
     with worker_proc(redis_url, tmp_path, "fo", *ARGS) as w:
         parent = flows.start("fan", {"n": n})
         try:
-            doc = flows.wait(parent, 15)
+            doc = flows.wait(parent, 60)
         except Exception:
-            print(w.stderr()[-6000:])
+            print(w.stderr()[-6000:])  # what the worker said, for the failure report
             raise
         assert w.terminate() == 0
     assert doc["status"] == "completed", doc
@@ -185,3 +185,83 @@ def test_fan_out_across_partitions(redis_url: str, tmp_path: Path, monkeypatch: 
         assert len(homes) == 4 and ks.partition_of(parent) in homes  # children on other partitions
         assert doc["status"] == "completed", doc
         check_joined_in_order(doc, parent, 20, tag=ks.slot_tag(parent))
+
+
+def _run_task(runner: FlowRunner, leases: LeaseManager, body: dict[str, Any], message_id: str) -> None:
+    task = Task(message_id, body, 1)
+    lease = leases.acquire(task.execution_id)
+    task.fencing_token = lease.generation  # type: ignore[union-attr]
+    try:
+        runner(task)
+    finally:
+        leases.release(lease)  # type: ignore[arg-type]
+
+
+def test_a_child_killed_after_its_end_tells_its_parent_on_redelivery(redis_url: str, flows: FlowClient) -> None:
+    """The last child's worker dies between its terminal checkpoint and the notification: the
+    redelivered start (a no-op for the ended child) notifies the parent, which joins once."""
+    s = settings(redis_url, "renotify", eager_leases=True)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    store = ExecutionStore(client, keyspace_of(s))
+    runner = FlowRunner(fanout_flows.FLOWS, store)
+    leases = LeaseManager(client, consumer="renotify", ttl_s=30.0)
+    parent = "p-renotify"
+    c0, c1 = kids(parent, 2)
+    try:
+        _run_task(
+            runner, leases, {"type": "start", "flow_id": "fan", "execution_id": parent, "params": {"n": 2}}, "1-0"
+        )
+        starts = {b["execution_id"]: b for b in (json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE))}
+        _run_task(runner, leases, starts[c0], "2-0")
+        real_ended = runner._children.ended
+        runner._children.ended = lambda ex: (_ for _ in ()).throw(ConnectionError("killed"))  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            _run_task(runner, leases, starts[c1], "3-0")
+        runner._children.ended = real_ended  # type: ignore[method-assign]
+        assert flows.get(c1)["status"] == "completed"  # type: ignore[index]
+        flowdefs.client().delete(QUEUE)  # the parent's wake-up can only come from the redelivery
+        _run_task(runner, leases, starts[c1], "3-0")  # redelivered: a no-op that notifies
+        resumes = [json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE)]
+        assert [(r["execution_id"], r["resume_type"]) for r in resumes] == [(parent, "child")]
+        _run_task(runner, leases, resumes[0], "4-0")
+        _run_task(runner, leases, resumes[0], "4-0")  # the resume redelivered: a no-op
+    finally:
+        runner.close()
+        client.close()
+    doc = flows.get(parent)
+    assert doc is not None and doc["status"] == "completed"
+    check_joined_in_order(doc, parent, 2)
+
+
+def test_children_that_end_before_the_parent_suspends_are_joined_by_the_spawning_task(
+    redis_url: str, flows: FlowClient
+) -> None:
+    """Both children run and end while the spawning task is still before its checkpoint (their
+    wake-up would find the parent's lease taken): the task joins them right after suspending."""
+    s = settings(redis_url, "early", eager_leases=True)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    store = ExecutionStore(client, keyspace_of(s))
+    runner, other = FlowRunner(fanout_flows.FLOWS, store), FlowRunner(fanout_flows.FLOWS, store)
+    leases = LeaseManager(client, consumer="early", ttl_s=30.0)
+    parent = "p-early"
+    real_write = runner._checkpoints.write
+
+    async def children_first(task: Task, document: str, **kw: Any) -> bool:
+        if kw.get("status") == "suspended":
+            bodies = [json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE)]
+            for i, b in enumerate(bodies):
+                _run_task(other, leases, b, f"{10 + i}-0")
+        return await real_write(task, document, **kw)
+
+    runner._checkpoints.write = children_first  # type: ignore[method-assign]
+    try:
+        _run_task(
+            runner, leases, {"type": "start", "flow_id": "fan", "execution_id": parent, "params": {"n": 2}}, "1-0"
+        )
+    finally:
+        runner.close()
+        other.close()
+        client.close()
+    doc = flows.get(parent)
+    assert doc is not None and doc["status"] == "completed"  # joined within the spawning task
+    check_joined_in_order(doc, parent, 2)
