@@ -36,7 +36,7 @@ from typing import Any
 from plaita.flows import model
 from plaita.flows.admit import Run
 from plaita.flows.context import Spawn
-from plaita.flows.execution import Execution
+from plaita.flows.execution import BadExecution, Execution
 from plaita.store.executions import TERMINAL, ExecutionStore, UnreadableExecution
 from plaita.store.fanout import done_count, enqueue_tasks, mark_done, request_cancels
 
@@ -190,5 +190,10 @@ class Children:
             return
         if doc is None or doc.get("status") not in TERMINAL:
             return
-        if isinstance(doc.get(PARENT_FIELD), dict) or "children" in (doc.get("suspension") or {}):
-            self.ended(Execution.decode(doc))
+        if not isinstance(doc.get(PARENT_FIELD), dict) and "children" not in (doc.get("suspension") or {}):
+            return
+        try:
+            ended = Execution.decode(doc)
+        except BadExecution:  # left for an operator, as admission leaves it
+            return
+        self.ended(ended)

@@ -226,6 +226,9 @@ class FlowRunner:
             return
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
         if isinstance(value, Spawn) and run.execution.status == "suspended":
+            if run.cancel:  # cancelled while it spawned: end now, which cancels the children
+                await self._commit(run, run.execution.ended("cancelled", self._clock()))
+                return
             joined = await call_io(run.offload, self._children.settled, run)  # all ended meanwhile?
             if joined is not None:
                 await self._commit(run, joined)

@@ -265,3 +265,35 @@ def test_children_that_end_before_the_parent_suspends_are_joined_by_the_spawning
     doc = flows.get(parent)
     assert doc is not None and doc["status"] == "completed"  # joined within the spawning task
     check_joined_in_order(doc, parent, 2)
+
+
+def test_a_parent_cancelled_while_it_spawns_cancels_the_children_it_started(redis_url: str, flows: FlowClient) -> None:
+    s = settings(redis_url, "cancel-spawn", eager_leases=True)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    store = ExecutionStore(client, keyspace_of(s))
+    runner = FlowRunner(fanout_flows.FLOWS, store)
+    leases = LeaseManager(client, consumer="cancel-spawn", ttl_s=30.0)
+    parent = "p-cancel-spawn"
+    real_write = runner._checkpoints.write
+
+    async def cancelled_meanwhile(task: Task, document: str, **kw: Any) -> bool:
+        if kw.get("status") == "suspended":
+            store.request_cancel(parent)  # `plaita executions cancel` while the step ran
+        return await real_write(task, document, **kw)
+
+    runner._checkpoints.write = cancelled_meanwhile  # type: ignore[method-assign]
+    try:
+        _run_task(
+            runner, leases, {"type": "start", "flow_id": "fan", "execution_id": parent, "params": {"n": 3}}, "1-0"
+        )
+        assert flows.get(parent)["status"] == "cancelled"  # type: ignore[index]
+        runner._checkpoints.write = real_write  # type: ignore[method-assign]
+        starts = [json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE)]
+        assert sorted(b["execution_id"] for b in starts) == kids(parent, 3)
+        for i, b in enumerate(starts):
+            _run_task(runner, leases, b, f"{2 + i}-0")
+    finally:
+        runner.close()
+        client.close()
+    assert [flows.get(k)["status"] for k in kids(parent, 3)] == ["cancelled"] * 3  # type: ignore[index]
+    assert [flowdefs.ledger(k, "work") for k in kids(parent, 3)] == [0] * 3  # never ran their step
