@@ -151,25 +151,34 @@ def test_a_redelivered_spawning_step_starts_no_second_set(redis_url: str, flows:
     assert ledgers(parent, ["spread"]) == [2] and ledgers(parent, ["spread"], "staged") == [1]
 
 
-def test_kill9_mid_fan_out_every_child_once_and_one_join(redis_url: str, flows: FlowClient, tmp_path: Path) -> None:
-    n = 40
-    with worker_proc(redis_url, tmp_path, "ka", *ARGS) as a:
-        parent = flows.start("fan", {"n": n, "child": {"sleep_s": 0.15}})
-        children = kids(parent, n)
+def test_kill9_of_two_workers_mid_fan_out_every_child_once_and_one_join(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """100 children; two workers killed (-9) one after the other mid-run, a third finishes:
+    every child's step committed exactly once, the parent spawned once and joined once."""
+    n = 100
+    parent = flows.start("fan", {"n": n, "child": {"sleep_s": 0.2}})
+    children = kids(parent, n)
 
-        def some_done() -> bool:
-            return sum(flowdefs.ledger(k, "work", "staged") for k in children) >= 8
+    def done_at_least(count: int) -> bool:
+        staged = flowdefs.client().mget([f"plaita:test:staged:{k}:work" for k in children])
+        return sum(int(v or 0) for v in staged) >= count
 
-        wait_for(some_done, 30, "a few children done")
+    with worker_proc(redis_url, tmp_path, "ka", *ARGS) as a, worker_proc(redis_url, tmp_path, "kb", *ARGS) as b:
+        wait_for(lambda: done_at_least(15), 60, "15 children done")
         a.kill9()
+        wait_for(lambda: done_at_least(40), 60, "40 children done")
+        b.kill9()
     assert flows.get(parent)["status"] == "suspended"  # type: ignore[index]
-    with worker_proc(redis_url, tmp_path, "kb", *ARGS) as b:
-        doc = flows.wait(parent, 90)
-        assert b.terminate() == 0
+    with worker_proc(redis_url, tmp_path, "kc", *ARGS) as c:
+        doc = flows.wait(parent, 120)
+        assert c.terminate() == 0
     assert doc["status"] == "completed", doc
     check_joined_in_order(doc, parent, n)
     assert [flowdefs.ledger(k, "work", "staged") for k in children] == [1] * n  # exactly once per step
-    assert all(flowdefs.ledger(k, "work") in (1, 2) for k in children)  # killed mid-step: run again
+    runs = [flowdefs.ledger(k, "work") for k in children]
+    assert set(runs) <= {1, 2}  # a child killed mid-step ran again, once
+    assert runs.count(2) >= 1, "no child was killed mid-step: the test did not test the kill"
     assert ledgers(parent, ["spread"], "staged") == [1]
 
 
