@@ -10,8 +10,8 @@ indexes known to have ended). Starts are enqueued before the checkpoint, so a cr
 two re-runs the step, which finds them; a start delivered twice is a no-op (the child's id).
 
 Fan-in. A child's terminal checkpoint is followed by adding its index to its spawn's done set
-(``plaita:execution:children:…``, a set in the parent's slot: one key, so a one-slot
-transaction; a repeated add is a no-op, with no cap like ``applied_resumes``' 100). The child
+(``plaita:execution:children:…``, a set in the parent's slot: one key, one script; a
+repeated add is a no-op, with no cap like ``applied_resumes``' 100). The child
 whose add completes the set enqueues one ``resume`` of the parent, type ``child``; a later no-op
 delivery of one of its tasks does both again, so a crash between its checkpoint and the enqueue
 loses nothing. Children never queue on the parent's lease: only that one resume does. The

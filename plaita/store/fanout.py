@@ -12,11 +12,13 @@ from typing import Any
 
 import redis
 
+from plaita.store import scripts
 from plaita.store.keyspace import Keyspace
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: Cancel flags outlive any execution that could still read them (as ``request_cancel``'s).
 CANCEL_TTL_S = 7 * 24 * 3600
+MARK_DONE = scripts.script("mark_child_done")
 #: ``<prefix>{tag}:<parent>:<step>:<k>``: which children of one spawn have ended.
 DONE_PREFIX = "plaita:execution:children:"
 
@@ -49,14 +51,9 @@ def done_key(ks: Keyspace, parent_id: str, prefix: str) -> str:
 
 
 def mark_done(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str, index: int) -> int:
-    """Add child ``index`` to its spawn's done set (one key: a one-slot transaction); returns how
-    many of the spawn's children have ended."""
-    key = done_key(ks, parent_id, prefix)
-    pipe = client.pipeline(transaction=True)
-    pipe.sadd(key, index)
-    pipe.scard(key)
-    pipe.expire(key, CANCEL_TTL_S)
-    return int(pipe.execute()[1])
+    """Add child ``index`` to its spawn's done set (one key, one script: a one-slot call on a
+    cluster too); returns how many of the spawn's children have ended."""
+    return int(MARK_DONE(client, [done_key(ks, parent_id, prefix)], [index, CANCEL_TTL_S]))
 
 
 def done_count(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str) -> int:
