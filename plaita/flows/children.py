@@ -10,18 +10,18 @@ indexes known to have ended). Starts are enqueued before the checkpoint, so a cr
 two re-runs the step, which finds them; a start delivered twice is a no-op (the child's id).
 
 Fan-in. A child's terminal checkpoint is followed by adding its index to its spawn's done set
-(``plaita:execution:children:…``, a set in the parent's slot: one key, one script; a
-repeated add is a no-op, with no cap like ``applied_resumes``' 100). The child
-whose add completes the set enqueues one ``resume`` of the parent, type ``child``; a later no-op
-delivery of one of its tasks does both again, so a crash between its checkpoint and the enqueue
-loses nothing. Children never queue on the parent's lease: only that one resume does. The
-parent's task reads every child (GETs, no transaction: an ended child stays ended) and the step
-runs again with their outcomes in ``ctx.resume`` (type ``child``: ``ctx.children``); the
-resume is a no-op when the parent is no longer waiting on that spawn. Right after its
-suspension checkpoint the spawning task looks at the done set once more, so children that all
-ended before it suspended are joined at once. A notification reaching a parent that is still
-``running`` (its worker died before it suspended) continues it: the step runs again and its
-spawn sees the children that already ended.
+(``plaita:execution:children:…``, a set in the parent's slot, kept while the parent waits and
+turned into an expiring marker when it joins: one key, one script; a repeated add is a no-op,
+with no cap like ``applied_resumes``' 100). The child whose add completes the set enqueues one
+``resume`` of the parent, type ``child``; a later no-op delivery of one of its tasks does both
+again, so a crash between its checkpoint and the enqueue loses nothing. Children never queue on
+the parent's lease: only that one resume does. The parent's task reads every child (GETs, no
+transaction: an ended child stays ended) and the step runs again with their outcomes in
+``ctx.resume`` (type ``child``: ``ctx.children``); the resume is a no-op when the parent is no
+longer waiting on that spawn. Right after its suspension checkpoint the spawning task looks at
+the done set once more, so children that all ended before it suspended are joined at once. A
+notification reaching a parent that is still ``running`` (its worker died before it suspended)
+continues it: the step runs again and its spawn sees the children that already ended.
 
 Cancel. A parent that ends ``cancelled`` while waiting sets each child's cancel flag and sends a
 ``cancel`` resume to each (a suspended child is cancelled at once).
@@ -38,7 +38,7 @@ from plaita.flows.admit import Run
 from plaita.flows.context import Spawn
 from plaita.flows.execution import BadExecution, Execution
 from plaita.store.executions import TERMINAL, ExecutionStore, UnreadableExecution
-from plaita.store.fanout import done_count, enqueue_tasks, mark_done, request_cancels
+from plaita.store.fanout import close_spawn, done_count, enqueue_tasks, mark_done, request_cancels
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Children:
         docs = self.store.read_many(ids)
         outcomes = [_outcome(e, d) for e, d in zip(ids, docs, strict=True)]
         if all(o is not None for o in outcomes):
-            return self._joined(suspended, step, outcomes, prefix)
+            return self._joined(suspended, step, prefix, outcomes, prefix)
         link = {"id": parent, "flow_id": run.flow.flow_id, "prefix": prefix, "count": len(ids)}
         bodies = []
         for i, (eid, doc) in enumerate(zip(ids, docs, strict=True)):
@@ -91,10 +91,12 @@ class Children:
         logger.info("execution %s: step %r started %d children (%s:*)", parent, step, len(bodies), prefix)
         return replace(suspended, suspension={**(suspended.suspension or {}), "children": waiting})
 
-    @staticmethod
-    def _joined(ex: Execution, step: str, outcomes: list[Any], resume_id: str) -> Execution:
+    def _joined(self, ex: Execution, step: str, prefix: str, outcomes: list[Any], resume_id: str) -> Execution:
         """``ex`` (suspended on children) running again, the outcomes its step will see; the
-        step's join count moves on, so a later spawn of the same step names new children."""
+        step's join count moves on, so a later spawn of the same step names new children. Its
+        done set is closed first: were the checkpoint lost, the join is redone from the
+        children's own documents, never from the set."""
+        close_spawn(self.store.client, self.store.ks, ex.execution_id, prefix)
         joins = dict(ex.extra.get(JOINS_FIELD) or {})
         joins[step] = int(joins.get(step, 0)) + 1
         resumed = replace(ex, extra={**ex.extra, JOINS_FIELD: joins})
@@ -108,7 +110,9 @@ class Children:
         if not isinstance(waiting, dict):
             return None
         count = done_count(self.store.client, self.store.ks, run.task.execution_id, str(waiting["prefix"]))
-        return self._join(run.execution, waiting, str(waiting["prefix"])) if count >= int(waiting["count"]) else None
+        if count < int(waiting["count"]) and count != -1:
+            return None
+        return self._join(run.execution, waiting, str(waiting["prefix"]))
 
     # -- fan-in (the parent's task) ----------------------------------------------------------
     def noted(self, run: Run) -> Run | None:
@@ -140,7 +144,7 @@ class Children:
             return None
         step = str((ex.suspension or {}).get("step") or ex.step)
         logger.info("execution %s: %d children joined", ex.execution_id, len(ids))
-        return self._joined(ex, step, outcomes, resume_id)
+        return self._joined(ex, step, str(waiting["prefix"]), outcomes, resume_id)
 
     # -- after an execution ended ------------------------------------------------------------
     def ended(self, ex: Execution) -> None:
@@ -156,10 +160,9 @@ class Children:
         if not ex.terminal or not isinstance(link, dict) or not link.get("id") or not link.get("prefix"):
             return
         parent, prefix = str(link["id"]), str(link["prefix"])
-        if mark_done(self.store.client, self.store.ks, parent, prefix, int(link.get("index") or 0)) < int(
-            link.get("count") or 0
-        ):
-            return  # not the last: the one that completes the set wakes the parent
+        ended = mark_done(self.store.client, self.store.ks, parent, prefix, int(link.get("index") or 0))
+        if ended < int(link.get("count") or 0):
+            return  # not the last (the one that completes the set wakes the parent), or joined already
         body = model.resume_body(
             str(link["id"]),
             model.CHILD_RESUME,

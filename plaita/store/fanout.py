@@ -52,9 +52,20 @@ def done_key(ks: Keyspace, parent_id: str, prefix: str) -> str:
 
 def mark_done(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str, index: int) -> int:
     """Add child ``index`` to its spawn's done set (one key, one script: a one-slot call on a
-    cluster too); returns how many of the spawn's children have ended."""
-    return int(MARK_DONE(client, [done_key(ks, parent_id, prefix)], [index, CANCEL_TTL_S]))
+    cluster too); returns how many of the spawn's children have ended, -1 once the parent joined.
+    The set has no expiry while the parent waits (children may take weeks)."""
+    return int(MARK_DONE(client, [done_key(ks, parent_id, prefix)], [index]))
 
 
 def done_count(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str) -> int:
-    return int(client.scard(done_key(ks, parent_id, prefix)))
+    """How many of the spawn's children have ended; -1 once the parent joined them."""
+    key = done_key(ks, parent_id, prefix)
+    if client.type(key) in (b"string", "string"):
+        return -1
+    return int(client.scard(key))
+
+
+def close_spawn(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str) -> None:
+    """The parent joined: its done set becomes a marker that expires like an ended execution,
+    so a late notification neither recreates the set nor wakes the parent again."""
+    client.set(done_key(ks, parent_id, prefix), "joined", ex=CANCEL_TTL_S)

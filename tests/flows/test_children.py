@@ -232,8 +232,15 @@ def test_a_child_killed_after_its_end_tells_its_parent_on_redelivery(redis_url: 
         _run_task(runner, leases, starts[c1], "3-0")  # redelivered: a no-op that notifies
         resumes = [json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE)]
         assert [(r["execution_id"], r["resume_type"]) for r in resumes] == [(parent, "child")]
+        done = f"plaita:execution:children:{parent}:spread:0"
+        assert flowdefs.client().ttl(done) == -1  # no expiry while the parent waits
         _run_task(runner, leases, resumes[0], "4-0")
         _run_task(runner, leases, resumes[0], "4-0")  # the resume redelivered: a no-op
+        assert flowdefs.client().get(done) == "joined" and flowdefs.client().ttl(done) > 0
+        flowdefs.client().delete(QUEUE)
+        _run_task(runner, leases, starts[c0], "5-0")  # a child's start redelivered after the join
+        assert flowdefs.client().xlen(QUEUE) == 0  # wakes nobody
+        assert flowdefs.client().get(done) == "joined"
     finally:
         runner.close()
         client.close()
