@@ -59,3 +59,25 @@ def last(ctx: StepContext) -> None:
 
 
 FLOWS = [noop3, slow]
+
+
+# -- fan-out (``bench/fanout.py``): a parent spawning N children of one trivial step --------
+kid = Flow("bench-kid")
+
+
+@kid.step
+def kid_step(ctx: StepContext) -> dict[str, int]:
+    return {"item": int(ctx.params["item"])}
+
+
+fan = Flow("bench-fan")
+
+
+@fan.step
+def spread(ctx: StepContext) -> object:
+    if ctx.children is None:
+        return ctx.spawn("bench-kid", [{"item": i} for i in range(int(ctx.params["n"]))])
+    return {"ok": sum(1 for c in ctx.children if c.ok)}
+
+
+FLOWS += [kid, fan]

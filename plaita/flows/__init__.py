@@ -6,12 +6,13 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 
 from plaita.flows.checkpoint import LeaseLostError
 from plaita.flows.client import FlowClient, WaitTimeout
-from plaita.flows.context import Resume, Sleep, StepContext, Suspend
+from plaita.flows.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.engine import FlowRunner
 from plaita.flows.execution import Execution
 
 __all__ = [
+    "Child",
     "Execution",
     "Flow",
     "FlowClient",
@@ -22,6 +23,7 @@ __all__ = [
     "Resume",
     "RetryPolicy",
     "Sleep",
+    "Spawn",
     "Step",
     "StepContext",
     "Suspend",

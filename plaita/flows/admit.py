@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from plaita.errors import BadTaskError
@@ -68,6 +68,8 @@ class Admission:
         self.flows, self.store, self.handover = flows, store, handover
         self.max_state_bytes = max_state_bytes
         self._clock = clock
+        #: Counts a child's ``child`` resume of its parent (``plaita.flows.children``).
+        self.on_child: Callable[[Run], Run | None] | None = None
 
     async def admit(self, task: Task, offload: bool) -> Run | None:
         if task.body.get("type") == "start":
@@ -103,6 +105,8 @@ class Admission:
             raise BadTaskError(f"start 'params' must be a JSON object (got {type(params).__name__})")
         dedup = str(body["dedup_key"]) if body.get("dedup_key") not in (None, "") else None
         execution = Execution.start(eid, flow, params, dedup_key=dedup, now_s=self._clock())
+        if isinstance(body.get("parent"), dict):  # a child execution: it tells its parent when it ends
+            execution = replace(execution, extra={"parent": body["parent"]})
         require_task_json(params, "start 'params'")
         text = execution.encode()
         if len(text.encode("utf-8")) > self.max_state_bytes:
@@ -141,6 +145,8 @@ class Admission:
         rtype = body.get("resume_type", "continue")
         if rtype == model.RESTART:
             return await self._reopen(task, flow, execution, cancel, offload)
+        if rtype == model.CHILD_RESUME:
+            return await self._child(Run(task, flow, execution, cancel, offload))
         if rtype not in model.RESUME_TYPES:
             raise BadTaskError(
                 f"unknown resume_type {rtype!r} (expected one of {', '.join(sorted(model.RESUME_TYPES))})"
@@ -158,6 +164,19 @@ class Admission:
         if run is None or applied or run.ending is not None:
             return run
         return self._resumed(run, rtype, rid)
+
+    async def _child(self, run: Run) -> Run | None:
+        """A child's notification (``plaita.flows.children``): counted by ``on_child``."""
+        if run.execution.terminal:
+            return None
+        compatible = await self._compatible(run)
+        if compatible is None or compatible.ending is not None or self.on_child is None:
+            return compatible
+        if compatible.cancel:
+            compatible.ending = compatible.execution.ended("cancelled", self._clock())
+            return compatible
+        counted: Run | None = await call_io(run.offload, self.on_child, compatible)
+        return counted
 
     def _resumed(self, run: Run, rtype: str, rid: str) -> Run | None:
         """``run`` with resume ``rid`` applied: now (suspended), at the next suspension (still

@@ -63,6 +63,41 @@ class Sleep(Suspend):
         object.__setattr__(self, "until_s", float(until_s))
 
 
+@dataclass(frozen=True)
+class Spawn(Suspend):
+    """Returned by a step (``return ctx.spawn(flow, [params, ...])``): start one child execution
+    of ``flow_id`` per params and suspend until every one is terminal; the step then runs again
+    with ``ctx.children`` set (``plaita.flows.children``)."""
+
+    flow_id: str = ""
+    params: tuple[dict[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.flow_id, str) or not self.flow_id:
+            raise ValueError("spawn: the child flow id must be a non-empty string")
+        for p in self.params:
+            if not isinstance(p, dict):
+                raise ValueError(f"spawn: each child's params must be a dict (got {type(p).__name__})")
+            json.dumps(p, allow_nan=False)  # ValueError/TypeError in the step, not at the checkpoint
+
+
+@dataclass(frozen=True)
+class Child:
+    """How one child execution ended, as its parent's step sees it (``ctx.children``)."""
+
+    execution_id: str
+    status: str
+    #: The return value of its last step (completed), else None.
+    result: Any = None
+    #: Its ``error`` field (status error), else None.
+    error: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
 class StepContext:
     """One run of one step.
 
@@ -120,6 +155,28 @@ class StepContext:
         """``sleep`` until the epoch time ``epoch_s`` (a time already past wakes at once).
         ValueError unless finite and at most 10 years away."""
         return Sleep(None, until_s=epoch_s)
+
+    def spawn(self, flow_id: str, params: list[dict[str, Any]]) -> Spawn:
+        """The value to return to start one child execution of ``flow_id`` per item of
+        ``params`` and wait, holding no thread and no lease, until all are terminal. The step
+        then runs again with ``ctx.children`` (one ``Child`` per item, in order). A re-run of the
+        step (redelivered, retried, resumed) starts no second set: child ids are derived from
+        this execution's id, the step and how many joins the step has had."""
+        return Spawn(None, flow_id, tuple(params))
+
+    def start_child(self, flow_id: str, params: dict[str, Any] | None = None) -> Spawn:
+        """``spawn`` of one child."""
+        return self.spawn(flow_id, [params or {}])
+
+    @property
+    def children(self) -> list[Child] | None:
+        """After a ``spawn`` joined: each child's outcome, in the order spawned; else None."""
+        if self.resume is None or self.resume.type != "child" or not isinstance(self.resume.data, list):
+            return None
+        return [
+            Child(str(c.get("execution_id")), str(c.get("status")), c.get("result"), c.get("error"))
+            for c in self.resume.data
+        ]
 
     def goto(self, step_name: str) -> None:
         """Run ``step_name`` next instead of the following step (branches and loops)."""

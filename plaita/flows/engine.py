@@ -27,8 +27,9 @@ from typing import Any
 
 from plaita.flows import model
 from plaita.flows.admit import Admission, Run
-from plaita.flows.checkpoint import Checkpointer, LeaseLostError
-from plaita.flows.context import Resume, Sleep, StepContext, Suspend
+from plaita.flows.checkpoint import Checkpointer, LeaseLostError, call_io
+from plaita.flows.children import Children
+from plaita.flows.context import Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.execution import Execution, describe_exception, error_doc, error_from_exception, sealed
 from plaita.flows.handover import Handover, fleet_entry
@@ -76,6 +77,8 @@ class FlowRunner:
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = Handover(store.client, store.ks.queue)
         self._admission = Admission(self.flows, store, self.handover, max_state_bytes=max_state_bytes, clock=clock)
+        self._children = Children(store)
+        self._admission.on_child = self._children.noted
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
@@ -125,7 +128,8 @@ class FlowRunner:
     # -- one task --------------------------------------------------------------------------
     async def _handle(self, task: Task, *, offload: bool) -> None:
         run = await self._admission.admit(task, offload)
-        if run is None:
+        if run is None:  # a child that ended may not have told its parent yet (a crash)
+            await call_io(offload, self._children.redelivered, task.execution_id)
             return
         flow_id = run.flow.flow_id
         if run.created:
@@ -213,12 +217,24 @@ class FlowRunner:
             return
         deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
         ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s)
+        if isinstance(value, Spawn):  # start its children (plaita.flows.children), then wait on them
+            ex = await call_io(run.offload, self._children.spawn, run, step.name, value, ex)
+            if ex.status == "running":  # every child had ended already (a re-run step): joined
+                await self._commit(run, ex, step=step, staged=ctx.staged, output=True)
+                return
         pending = run.pending
         if pending is not None:  # a resume arrived before this suspension: apply it now
             await self._commit(run, ex.resumed(*pending), step=step, staged=ctx.staged, output=True)
             run.pending = None
             return
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
+        if isinstance(value, Spawn) and run.execution.status == "suspended":
+            if run.cancel:  # cancelled while it spawned: end now, which cancels the children
+                await self._commit(run, run.execution.ended("cancelled", self._clock()))
+                return
+            joined = await call_io(run.offload, self._children.settled, run)  # all ended meanwhile?
+            if joined is not None:
+                await self._commit(run, joined)
 
     async def _sleep(
         self, run: Run, step: Step, ctx: StepContext, value: Sleep, started_s: float, now_s: float
@@ -293,7 +309,9 @@ class FlowRunner:
             await self._ended(run)
 
     async def _ended(self, run: Run) -> None:
-        """Call the flow's hooks for the execution a checkpoint just ended (each guarded)."""
+        """Tell its parent (a child) and cancel its children (cancelled while waiting on them);
+        then call the flow's hooks for the execution a checkpoint just ended (each guarded)."""
+        await call_io(run.offload, self._children.ended, run.execution)
         for hook in run.flow.hooks_for(run.execution.status):
             # Called like a step (any BaseException comes back as a value): a hook's bug must not
             # fail a task whose execution is already over.

@@ -15,6 +15,8 @@ RESUME_TYPES = frozenset({"continue", "retry", "cancel", "timeout", "event"})
 RESTART = "restart"
 #: What wakes a durable sleep early or at its deadline (``timeout``: an older keeper's wake).
 WAKES = frozenset({"continue", "timeout"})
+#: The resume a child execution sends its parent when it ends (``plaita.flows.children``).
+CHILD_RESUME = "child"
 #: Terminal executions expire after this (default 7 days).
 DEFAULT_RETENTION_S = 7 * 24 * 3600
 #: A state document larger than this is refused (params at start; a step's output ends in error).

@@ -32,3 +32,15 @@ def sleep(ctx: StepContext) -> Any:
     if ctx.resume is None:
         return ctx.suspend(timeout_s=ctx.params.get("timeout_s"))
     return {"resumed_by": ctx.resume.type}
+
+
+fan = Flow("fan")
+
+
+@fan.step
+def spread(ctx: StepContext) -> Any:
+    """``params.n`` ``tally`` children (on every master's slots), joined in order."""
+    if ctx.children is None:
+        return ctx.spawn("tally", [{"n": i} for i in range(int(ctx.params["n"]))])
+    ctx.stage_incr(ctx.key(f"plaita:test:joined:{ctx.execution_id}"))
+    return {"outcomes": [[c.execution_id, c.status, c.result] for c in ctx.children]}

@@ -111,3 +111,29 @@ def test_the_keeper_times_out_suspensions_on_every_partition(clean_cluster: Clus
         assert w.terminate() == 0
     assert [d["state"]["resumed_by"] for d in docs] == ["timeout"] * len(timed)
     q.close()
+
+
+def test_a_fan_out_joins_across_masters_without_cross_slot_calls(
+    clean_cluster: ClusterServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 children of one parent land on the partitions of every master; each child's end is
+    recorded in the parent's slot (one key per call): the parent joins once, results in order."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
+    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
+    flows = FlowClient(q)
+    args = ("--partitions", PARTITIONS, "--flows", "tests.cluster.cluster_flows", "--read-block-ms", "200",
+            "--concurrency", "4")  # fmt: skip
+    with worker_proc(clean_cluster.url, tmp_path, "fan", *args) as w:
+        parent = flows.start("fan", {"n": 40})
+        doc = flows.wait(parent, 60)
+        assert w.terminate() == 0
+    assert doc["status"] == "completed", doc
+    kids = [f"{parent}:spread:0:{i}" for i in range(40)]
+    assert doc["state"]["outcomes"] == [[k, "completed", {"two": i}] for i, k in enumerate(kids)]
+    masters = {clean_cluster.master_of_key(q.keyspace.execution_key(k)).port for k in kids}
+    assert masters == {m.port for m in clean_cluster.masters()}
+    client = clean_cluster.client()
+    assert client.get(f"plaita:test:joined:{parent}:{q.keyspace.slot_tag(parent)}") == b"1"
+    for k in kids:
+        assert client.get(f"plaita:test:tally:{k}:{q.keyspace.slot_tag(k)}") == b"2"  # each step once
+    q.close()
