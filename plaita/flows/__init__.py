@@ -10,6 +10,7 @@ from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.engine import FlowRunner
 from plaita.flows.execution import Execution
+from plaita.flows.schedules import Schedule
 
 __all__ = [
     "Execution",
@@ -21,6 +22,7 @@ __all__ = [
     "NonRetryableError",
     "Resume",
     "RetryPolicy",
+    "Schedule",
     "Step",
     "StepContext",
     "Suspend",
