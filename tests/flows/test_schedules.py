@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
 
+from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, Schedule
 from plaita.flows.keeper import Keeper, KeeperSettings
@@ -18,6 +19,7 @@ from plaita.flows.scheduler import Scheduler
 from plaita.flows.schedules import execution_id_of
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
+from plaita.store.partitioned import open_queue
 from plaita.store.schedule_store import ScheduleStore, schedule_key
 from plaita.store.streams import StreamQueue
 from tests.support.lease_workers import QUEUE
@@ -144,6 +146,33 @@ def test_missed_ticks_after_a_downtime_follow_the_policy(redis_url: str, missed:
         e.client.close()
 
 
+def test_a_downtime_right_after_a_schedule_was_first_seen_counts_as_missed(redis_url: str) -> None:
+    e = Env(redis_url, [flow(missed="once")])
+    try:
+        assert e.scheduler.run_pass(T0 - 100).started == []  # seen, nothing due yet
+        assert e.scheduler.run_pass(T0 + 3720).started == [execution_id_of("sync", T0 + 3600)]
+        assert e.starts()[0]["params"]["scheduled"]["missed"] == 12  # type: ignore[index]
+    finally:
+        e.client.close()
+
+
+def test_with_partitions_each_tick_goes_to_its_own_partition_with_its_dedup_key(redis_url: str) -> None:
+    settings = Settings(redis_url=redis_url, queue_name=QUEUE, partitions=3)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    queue = open_queue(settings, client=client)
+    scheduler = Scheduler([flow("fast", cron="* * * * * *", grace_s=1.0)], queue)
+    try:
+        started = sum((scheduler.run_pass(now_s + 0.5).started for now_s in range(T0, T0 + 12)), [])
+        assert started == [execution_id_of("fast", t) for t in range(T0, T0 + 12)]
+        ks = queue.keyspace
+        assert len({ks.partition_of(eid) for eid in started}) == 3
+        for eid in started:
+            stream = [json.loads(f[b"payload"]) for _, f in client.xrange(ks.stream(ks.partition_of(eid)))]
+            assert [b for b in stream if b["execution_id"] == eid][0]["dedup_key"] == eid
+    finally:
+        client.close()
+
+
 def test_a_tick_late_by_less_than_the_grace_is_on_time_even_with_skip(env: Env) -> None:
     env.scheduler.run_pass(T0 - 1)
     assert env.scheduler.run_pass(T0 + 59).started == [execution_id_of("sync", T0)]
@@ -151,10 +180,20 @@ def test_a_tick_late_by_less_than_the_grace_is_on_time_even_with_skip(env: Env) 
 
 def test_three_keepers_racing_start_each_tick_exactly_once(redis_url: str) -> None:
     """No keeper lease: three schedulers, each its own connection, pass over the same 60 ticks
-    of a seconds schedule at once (a barrier lines them up per tick)."""
+    of a seconds schedule at once (barriers line them up per tick, and between reading the
+    schedule and claiming its ticks)."""
     f = flow("fast", cron="* * * * * *", grace_s=1.0)
     keepers = [Env(redis_url, [f]) for _ in range(3)]
     barrier = threading.Barrier(3, timeout=10)
+    read_barrier = threading.Barrier(3, timeout=10)
+    for k in keepers:
+        # Each keeper reads the schedule before any claims it: all three then claim the same ticks.
+        def read(flow_id: str, read: Callable[[str], dict[str, str]] = k.scheduler.store.read) -> dict[str, str]:
+            record = read(flow_id)
+            read_barrier.wait()
+            return record
+
+        k.scheduler.store.read = read  # type: ignore[method-assign]
     started: list[list[str]] = [[] for _ in keepers]
     errors: list[BaseException] = []
 
@@ -166,6 +205,7 @@ def test_three_keepers_racing_start_each_tick_exactly_once(redis_url: str) -> No
         except BaseException as exc:  # reported below, with the thread's own error
             errors.append(exc)
             barrier.abort()
+            read_barrier.abort()
 
     threads = [threading.Thread(target=keep, args=(i,)) for i in range(3)]
     for t in threads:
@@ -183,6 +223,27 @@ def test_three_keepers_racing_start_each_tick_exactly_once(redis_url: str) -> No
     finally:
         for k in keepers:
             k.client.close()
+
+
+def test_a_keeper_that_read_the_schedule_before_another_started_the_tick_starts_nothing(redis_url: str) -> None:
+    """A keeper paused between reading the schedule and claiming (a GC pause, a slow network)
+    while another keeper ran a whole pass: its claim compares and fails."""
+    slow, fast = Env(redis_url, [flow()]), Env(redis_url, [flow()])
+    try:
+        slow.scheduler.run_pass(T0 - 1)
+        read = slow.scheduler.store.read
+
+        def paused_read(flow_id: str) -> dict[str, str]:
+            record = read(flow_id)
+            assert fast.scheduler.run_pass(T0 + 1).started == [execution_id_of("sync", T0)]
+            return record
+
+        slow.scheduler.store.read = paused_read  # type: ignore[method-assign]
+        assert slow.scheduler.run_pass(T0 + 1).started == []
+        assert slow.started_ids() == [execution_id_of("sync", T0)]
+    finally:
+        slow.client.close()
+        fast.client.close()
 
 
 def test_ticks_claimed_by_a_keeper_that_died_before_enqueueing_are_started_by_the_next(env: Env) -> None:
