@@ -7,7 +7,7 @@ Pure: no Redis (the keeper's pass is ``plaita.flows.scheduler``). ::
 The expression is croniter's: five fields, or six with seconds last (``* * * * * */10``).
 Ticks are computed in ``tz`` (an IANA name; default UTC), so ``0 9 * * *`` in Europe/Paris is
 08:00 UTC in winter and 07:00 UTC in summer. A local time that does not exist (the hour
-skipped in spring) runs at the first time after it; one that happens twice runs once.
+skipped in spring) runs at the first time after it; one that happens twice (autumn) runs twice.
 
 A tick is *on time* if it is at most ``grace_s`` old when the keeper sees it; older ones were
 *missed* (the keeper was down) and ``missed`` decides: ``skip`` runs none of them, ``once``

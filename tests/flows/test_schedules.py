@@ -28,6 +28,10 @@ from tests.support.lease_workers import QUEUE
 T0 = int(datetime(2026, 12, 1, 12, 0, tzinfo=UTC).timestamp())
 
 
+def at(*date: int) -> float:
+    return datetime(*date, tzinfo=UTC).timestamp()  # type: ignore[misc]
+
+
 def utc(epoch_s: int) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M")
 
@@ -101,6 +105,12 @@ def test_ticks_follow_the_time_zone_across_daylight_saving_changes() -> None:
         datetime(2026, 10, 23, 12, tzinfo=UTC).timestamp(), datetime(2026, 10, 26, 12, tzinfo=UTC).timestamp()
     )
     assert [utc(t) for t in reversed(autumn)] == ["2026-10-24 07:00", "2026-10-25 08:00", "2026-10-26 08:00"]
+    # 02:30 does not exist on 2026-03-29 (runs at 03:00 CEST) and happens twice on 2026-10-25.
+    night = Schedule("30 2 * * *", tz="Europe/Paris", max_catchup=10)
+    spring, _ = night.due_ticks(at(2026, 3, 28, 12), at(2026, 3, 30, 12))
+    assert [utc(t) for t in reversed(spring)] == ["2026-03-29 01:00", "2026-03-30 00:30"]
+    autumn, _ = night.due_ticks(at(2026, 10, 24, 12), at(2026, 10, 26, 12))
+    assert [utc(t) for t in reversed(autumn)] == ["2026-10-25 00:30", "2026-10-25 01:30", "2026-10-26 01:30"]
     assert utc(Schedule("0 9 * * *").next_tick_s(T0)) == "2026-12-02 09:00"  # UTC by default
     assert utc(paris.next_tick_s(T0)) == "2026-12-02 08:00"
 

@@ -131,7 +131,7 @@ def test_schedules_list_without_any_and_with_the_module(redis_url: str) -> None:
     assert row.rstrip().endswith("-")  # never run yet: no last execution
 
 
-@pytest.mark.parametrize("command", [("keeper", "--once"), ("schedules", "list")])
+@pytest.mark.parametrize("command", [("keeper", "--once"), ("schedules", "list"), ("worker",)])
 def test_a_bad_schedule_exits_2_with_one_line(redis_url: str, command: tuple[str, ...]) -> None:
     done = plaita(redis_url, *command, "--flows", "tests.flows.schedule_bad", "--redis-url", redis_url)
     assert done.returncode == 2
