@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import pytest
+import redis
 
 from plaita.config import Settings
 from plaita.errors import ConfigError
@@ -268,6 +269,27 @@ def test_ticks_claimed_by_a_keeper_that_died_before_enqueueing_are_started_by_th
     assert env.scheduler.run_pass(T0 + 12).started == [execution_id_of("sync", T0)]
     assert env.scheduler.run_pass(T0 + 300 + 1).started == [execution_id_of("sync", T0 + 300)]
     assert env.started_ids() == [execution_id_of("sync", T0), execution_id_of("sync", T0 + 300)]
+
+
+def test_an_enqueue_that_fails_after_the_claim_is_sent_again_not_lost(env: Env) -> None:
+    env.scheduler.run_pass(T0 - 1)
+    start = env.scheduler.producer.start
+    calls = []
+
+    def failing_once(*args: object, **kw: object) -> str:
+        calls.append(args)
+        if len(calls) == 1:
+            raise redis.ConnectionError("Redis went away")
+        return start(*args, **kw)  # type: ignore[arg-type]
+
+    env.scheduler.producer.start = failing_once  # type: ignore[method-assign]
+    with pytest.raises(redis.ConnectionError):  # the keeper's loop backs off and passes again
+        env.scheduler.run_pass(T0 + 1)
+    assert env.started_ids() == [] and "pending" in ScheduleStore(env.client).read("sync")
+    assert env.scheduler.run_pass(T0 + 5).started == []  # not yet stale
+    assert env.scheduler.run_pass(T0 + 12).started == [execution_id_of("sync", T0)]
+    assert env.started_ids() == [execution_id_of("sync", T0)]
+    assert "pending" not in ScheduleStore(env.client).read("sync")
 
 
 def test_a_schedule_key_of_another_type_is_skipped_and_left(env: Env) -> None:
