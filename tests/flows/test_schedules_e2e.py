@@ -69,6 +69,7 @@ def wait_for_holder(client: redis.Redis) -> str:
     return (client.get("plaita:keeper:lease") or b"").decode()
 
 
+@pytest.mark.timeout(SOAK_S + 90)
 def test_keepers_racing_and_killed_start_every_tick_exactly_once(redis_url: str, tmp_path: Path) -> None:
     client = redis.Redis.from_url(redis_url, socket_timeout=5)
     keeper_args = ("--flows", FLOWS, "--interval-s", "0.2", "--keeper-lease-ttl-s", "1")
