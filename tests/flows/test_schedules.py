@@ -292,6 +292,18 @@ def test_an_enqueue_that_fails_after_the_claim_is_sent_again_not_lost(env: Env) 
     assert "pending" not in ScheduleStore(env.client).read("sync")
 
 
+def test_a_late_confirm_of_a_recovered_claim_leaves_the_newer_claim_pending(env: Env) -> None:
+    """Keeper A claims and stalls; B enqueues A's ticks again, confirms, claims newer ones; A's
+    late confirm must not drop B's claim (B may die before enqueueing it)."""
+    store = ScheduleStore(env.client)
+    first, second = json.dumps({"ticks": [T0], "missed": 0}), json.dumps({"ticks": [T0 + 300], "missed": 0})
+    assert store.claim("sync", "", T0, first, "1.0")
+    assert store.confirm("sync", first, "1.0", execution_id_of("sync", T0), T0)  # B's recovery
+    assert store.claim("sync", str(T0), T0 + 300, second, "2.0")
+    assert not store.confirm("sync", first, "1.0", execution_id_of("sync", T0), T0)  # A, late
+    assert store.read("sync")["pending"] == second
+
+
 def test_a_schedule_key_of_another_type_is_skipped_and_left(env: Env) -> None:
     env.client.set(schedule_key("sync"), "not a hash")
     report = env.scheduler.run_pass(T0 + 1)
