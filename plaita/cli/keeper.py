@@ -1,4 +1,5 @@
-"""``plaita keeper``: recover orphaned executions, time out suspensions, mark zombies.
+"""``plaita keeper``: recover orphaned executions, time out suspensions, mark zombies, and
+(``--flows MODULE``) start the scheduled flows' ticks.
 
 Runs until SIGTERM/SIGINT (stops within about a second, even with Redis frozen); ``--once``
 runs one pass: exit 1 (one line) if it failed or another keeper holds the lease, and the
@@ -11,11 +12,15 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from plaita.cli.options import tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
 from plaita.errors import ConfigError
+
+if TYPE_CHECKING:
+    from plaita.flows.definition import Flow
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,13 @@ def add_parser(
     k.add_argument(
         "--dry-run", action="store_true", help="log what would be done; change nothing (never takes the keeper lease)"
     )
+    k.add_argument(
+        "--flows",
+        action="append",
+        metavar="MODULE",
+        default=[],
+        help="start the scheduled flows of MODULE on their ticks (repeatable)",
+    )
     options = (
         ("--interval-s", 5.0, "seconds between passes"),
         ("--zombie-after-s", 7200.0, "running, unleased and not updated this long = error 'orphaned'"),
@@ -48,7 +60,9 @@ def add_parser(
 
 
 def run_keeper(args: argparse.Namespace) -> int:
+    from plaita.flows.definition import load_flows
     from plaita.flows.keeper import Keeper, KeeperSettings
+    from plaita.flows.scheduler import Scheduler
     from plaita.ops.service import KEEPER_SOCKET_TIMEOUT_S
     from plaita.store.client import make_client
     from plaita.store.executions import ExecutionStore
@@ -68,9 +82,11 @@ def run_keeper(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    flows: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # a bad module or schedule: exit 2, one line
     client = make_client(url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=tls_of(args))
     queue = open_queue(queue_settings, client=client)
-    keeper = Keeper(ExecutionStore(client, queue.keyspace), queue, settings)
+    store = ExecutionStore(client, queue.keyspace)
+    keeper = Keeper(store, queue, settings, scheduler=Scheduler(flows, queue, store=store))
 
     def on_signal(_signum: int, _frame: object) -> None:
         keeper.request_stop()

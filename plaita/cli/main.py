@@ -1,5 +1,5 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo``. The only place that configures logging.
+diagram | demo | executions | keeper | schedules``. The only place that configures logging.
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
 ``enqueue``), 2 bad configuration. A Redis failure inside ``worker`` is never an exit code.
@@ -17,6 +17,7 @@ from typing import Any
 from plaita.cli import dashboard as dashboard_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
+from plaita.cli import schedules as schedules_cli
 from plaita.cli.options import WithParents, add_redis_options, add_worker_options, late_redis_options, redact_text
 from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ
 from plaita.errors import ConfigError
@@ -193,6 +194,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     dashboard_cli.add_parser(add, env)
     executions_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     keeper_cli.add_parser(add, lambda p: add_redis_options(p, env))
+    schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     return parser
 
 
@@ -217,6 +219,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return executions_cli.run_executions(args)
     if args.command == "keeper":
         return keeper_cli.run_keeper(args)
+    if args.command == "schedules":
+        return schedules_cli.run_schedules(args)
     if args.command == "dashboard":
         return dashboard_cli.run_dashboard(args)
     if args.command == "demo":

@@ -10,6 +10,7 @@ from plaita.flows.context import Child, Resume, Sleep, Spawn, StepContext, Suspe
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.engine import FlowRunner
 from plaita.flows.execution import Execution
+from plaita.flows.schedules import Schedule
 
 __all__ = [
     "Child",
@@ -22,6 +23,7 @@ __all__ = [
     "NonRetryableError",
     "Resume",
     "RetryPolicy",
+    "Schedule",
     "Sleep",
     "Spawn",
     "Step",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from plaita.errors import ConfigError, PlaitaError
+from plaita.flows.schedules import Schedule, schedule_of
 
 StepFn = Callable[[Any], Any]
 #: A hook: called with the ``Execution`` (plaita.flows.execution) a terminal checkpoint wrote.
@@ -88,10 +89,13 @@ class Flow:
     steps: list[Step] = field(default_factory=list)
     #: Hooks by kind (``HOOK_KINDS``): register them with ``on_complete``, ``on_error``, ``on_end``.
     hooks: dict[str, list[Hook]] = field(default_factory=dict, repr=False, compare=False)
+    #: Started by the keeper on every tick (``Schedule``, or a cron string: UTC, missed ticks skipped).
+    schedule: Schedule | str | None = None
 
     def __post_init__(self) -> None:
         if not self.flow_id:
             raise ConfigError("a flow needs a non-empty flow_id")
+        self.schedule = schedule_of(self.schedule)
 
     # Hooks run in the worker that wrote the terminal checkpoint, right after it, at most once
     # per execution (docs/flows.md, "Hooks"); they are not part of the fingerprint.

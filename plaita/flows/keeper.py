@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from plaita.errors import ConfigError
 from plaita.flows import model
 from plaita.flows.execution import error_doc
+from plaita.flows.scheduler import Scheduler
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids
@@ -92,6 +93,8 @@ class KeeperPass:
     skipped_scan: bool = False
     #: Durable sleeps past their deadline, woken (``continue``).
     wakes: list[str] = field(default_factory=list)
+    #: Executions started for schedule ticks (plaita.flows.scheduler).
+    scheduled: list[str] = field(default_factory=list)
 
 
 class Keeper:
@@ -102,8 +105,11 @@ class Keeper:
         settings: KeeperSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.store = store
+        #: Starts the ticks of scheduled flows (the flows the keeper was given), if any.
+        self.scheduler = scheduler
         self.queue = queue
         self.settings = settings or KeeperSettings()
         self.holder = f"keeper:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -218,6 +224,8 @@ class Keeper:
             logger.info("keeper: %d sleep(s) woken %s", len(report.wakes), report.wakes[:10])
         if report.corrupt:
             logger.debug("keeper: %d unreadable execution key(s) skipped %s", len(report.corrupt), report.corrupt[:10])
+        if report.scheduled:
+            logger.info("keeper: %d scheduled execution(s) started %s", len(report.scheduled), report.scheduled[:10])
         if report.timeouts or report.retries or report.orphaned:
             logger.info(
                 "keeper: %d timeout(s) %s, %d recovery retr%s %s, %d orphaned %s",
@@ -238,6 +246,9 @@ class Keeper:
         report = KeeperPass()
         now_s = self._clock()
         self._timeouts(now_s, report)
+        if self.scheduler:
+            ticks = self.scheduler.run_pass(now_s, dry_run=s.dry_run)
+            report.scheduled, report.corrupt = ticks.started, report.corrupt + ticks.corrupt
         self._orphans(now_s, report)
         return report
 

@@ -1,0 +1,78 @@
+"""``plaita schedules list``: each flow schedule, its next tick and its newest execution.
+
+Reads only. The schedules are those of ``--flows MODULE`` (as a keeper runs them) and every
+one a keeper recorded in Redis, so it works without the flow modules too. Exit codes: 0 done,
+1 Redis failed (one line), 2 a bad ``--flows`` module or schedule (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from plaita.cli.common import json_text, redis_failed
+from plaita.cli.options import WithParents, tls_of
+from plaita.config import DEFAULT_REDIS_URL
+
+if TYPE_CHECKING:
+    from plaita.flows.definition import Flow
+
+
+def add_parsers(
+    add: Callable[..., argparse.ArgumentParser],
+    redis_options: Callable[[argparse.ArgumentParser], None],
+    late: argparse.ArgumentParser,
+) -> None:
+    sc = add("schedules", help="list flow schedules", description="list (the Redis flags may follow the action too)")
+    redis_options(sc)
+    sub = WithParents(sc.add_subparsers(dest="schedules_command", required=True, parser_class=type(sc)), [late])
+    ls = sub.add_parser("list", help="each schedule: cron, time zone, policy, next tick, last execution")
+    ls.add_argument("--flows", action="append", metavar="MODULE", default=[], help="also the schedules of MODULE")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_schedules(args: argparse.Namespace) -> int:
+    from plaita.flows.client import FlowClient
+    from plaita.flows.definition import load_flows
+    from plaita.flows.scheduler import schedule_rows
+
+    registry: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # ConfigError: exit 2, one line
+    tls = tls_of(args)
+    client = FlowClient.from_url(
+        args.redis_url or DEFAULT_REDIS_URL,
+        queue_name=args.queue_name,
+        partitions=int(args.partitions),
+        tls_ca_file=tls.ca_file,
+        tls_cert_file=tls.cert_file,
+        tls_key_file=tls.key_file,
+    )
+    try:
+        rows = schedule_rows(registry, client.store, time.time())
+    except Exception as exc:
+        return redis_failed("schedules", args.redis_url, exc)
+    finally:
+        client.close()
+    if args.json:
+        print(json_text(rows, indent=2, ensure_ascii=False))
+    else:
+        _table(rows)
+    return 0
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    from plaita.flows.schedules import utc_text
+
+    print(f"{'FLOW':16} {'CRON':16} {'TZ':16} {'MISSED':6} {'NEXT TICK (UTC)':20} LAST EXECUTION")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['flow']!s:16} {r['error']}", file=sys.stderr)
+            continue
+        last = f"{r['last_execution_id']} ({r['last_status']})" if r["last_execution_id"] else "-"
+        print(
+            f"{r['flow']!s:16} {r['cron']!s:16} {r['tz']!s:16} {r['missed']!s:6} {utc_text(r['next_tick_s']):20} {last}"
+        )
+    if not rows:
+        print("(no schedules)")
