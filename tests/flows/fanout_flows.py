@@ -8,6 +8,7 @@ each join of a parent counts in ``plaita:test:joins:{eid}`` (direct) and ``…:j
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from plaita.flows import Flow, NonRetryableError, StepContext
@@ -18,7 +19,13 @@ kid = Flow("kid")
 
 @kid.step
 def work(ctx: StepContext) -> Any:
-    _count(ctx)
+    runs = _count(ctx)
+    if ctx.params.get("hold_first") and runs == 1:
+        # Its first run stays in the step until the test releases it (bounded): a kill of its
+        # worker is then surely a kill mid-step.
+        release, deadline_s = f"plaita:test:release:{ctx.execution_id}", time.monotonic() + 60
+        while not client().exists(release) and time.monotonic() < deadline_s and not ctx.cancel.wait(0.02):
+            pass
     if ctx.params.get("wait") and ctx.resume is None:
         return ctx.suspend()  # waits for an event (or a cancel)
     if ctx.params.get("sleep_s"):
@@ -39,6 +46,8 @@ def spread(ctx: StepContext) -> Any:
         failing = set(ctx.params.get("fail", []))
         extra = ctx.params.get("child", {})
         items = [{"item": i, "fail": i in failing, **extra} for i in range(int(ctx.params["n"]))]
+        for i in ctx.params.get("hold_first", []):
+            items[i]["hold_first"] = True
         return ctx.spawn("kid", items)
     client().incr(f"plaita:test:joins:{ctx.execution_id}")
     ctx.stage_incr(ctx.key(f"plaita:test:joined:{ctx.execution_id}"))

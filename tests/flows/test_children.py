@@ -157,19 +157,21 @@ def test_kill9_of_two_workers_mid_fan_out_every_child_once_and_one_join(
     """100 children; two workers killed (-9) one after the other mid-run, a third finishes:
     every child's step committed exactly once, the parent spawned once and joined once."""
     n = 100
-    parent = flows.start("fan", {"n": n, "child": {"sleep_s": 0.2}})
+    parent = flows.start("fan", {"n": n, "child": {"sleep_s": 0.2}, "hold_first": [0]})
     children = kids(parent, n)
+    held = children[0]  # its first run waits in the step until released: surely cut by a kill
 
     def done_at_least(count: int) -> bool:
         staged = flowdefs.client().mget([f"plaita:test:staged:{k}:work" for k in children])
         return sum(int(v or 0) for v in staged) >= count
 
     with worker_proc(redis_url, tmp_path, "ka", *ARGS) as a, worker_proc(redis_url, tmp_path, "kb", *ARGS) as b:
-        wait_for(lambda: done_at_least(15), 60, "15 children done")
+        wait_for(lambda: done_at_least(15) and flowdefs.ledger(held, "work") >= 1, 60, "15 done, one held")
         a.kill9()
         wait_for(lambda: done_at_least(40), 60, "40 children done")
         b.kill9()
     assert flows.get(parent)["status"] == "suspended"  # type: ignore[index]
+    flowdefs.client().set(f"plaita:test:release:{held}", 1)
     with worker_proc(redis_url, tmp_path, "kc", *ARGS) as c:
         doc = flows.wait(parent, 120)
         assert c.terminate() == 0
@@ -177,8 +179,8 @@ def test_kill9_of_two_workers_mid_fan_out_every_child_once_and_one_join(
     check_joined_in_order(doc, parent, n)
     assert [flowdefs.ledger(k, "work", "staged") for k in children] == [1] * n  # exactly once per step
     runs = [flowdefs.ledger(k, "work") for k in children]
-    assert set(runs) <= {1, 2}  # a child killed mid-step ran again, once
-    assert runs.count(2) >= 1, "no child was killed mid-step: the test did not test the kill"
+    assert max(runs) <= 3  # each of the two kills cut a child's run at most once
+    assert runs[0] >= 2, "the held child was cut by a kill and ran again"
     assert ledgers(parent, ["spread"], "staged") == [1]
 
 
