@@ -26,11 +26,11 @@ _ids = itertools.count(1)
 class Harness:
     """A FlowRunner over the test flows, fed tasks by hand under a real lease."""
 
-    def __init__(self, url: str, **runner_options: Any) -> None:
+    def __init__(self, url: str, flows: Any = None, **runner_options: Any) -> None:
         self.client = make_client(url, socket_timeout_s=5.0)
         self.store = ExecutionStore(self.client)
         self.leases = LeaseManager(self.client, consumer=f"harness-{next(_ids)}", ttl_s=30.0)
-        self.runner = FlowRunner(flowdefs.FLOWS, self.store, **runner_options)
+        self.runner = FlowRunner(flowdefs.FLOWS if flows is None else flows, self.store, **runner_options)
         self.queue = StreamQueue(
             self.client, stream=QUEUE, group="plaita-workers", consumer="h", dlq_key="d", dlq_max_len=10
         )

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows import FlowRunner
 from plaita.flows.client import FlowClient, NotRetryable
 from plaita.flows.model import restart_body
 from tests.flows import flowdefs, sleepdefs
@@ -25,9 +24,7 @@ STEPS = ["a", "b", "c"]
 @pytest.fixture
 def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    harness = Harness(redis_url)
-    harness.runner.close()
-    harness.runner = FlowRunner([*flowdefs.FLOWS, *sleepdefs.FLOWS], harness.store)
+    harness = Harness(redis_url, flows=[*flowdefs.FLOWS, *sleepdefs.FLOWS])
     try:
         yield harness
     finally:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows import FlowRunner
 from plaita.flows.client import FlowClient
 from plaita.flows.context import Sleep, StepContext
 from plaita.flows.keeper import Keeper, KeeperSettings
@@ -34,9 +33,7 @@ WORKER_ARGS = (
 @pytest.fixture
 def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    harness = Harness(redis_url)
-    harness.runner.close()
-    harness.runner = FlowRunner([*flowdefs.FLOWS, *sleepdefs.FLOWS], harness.store)
+    harness = Harness(redis_url, flows=[*flowdefs.FLOWS, *sleepdefs.FLOWS])
     try:
         yield harness
     finally:
