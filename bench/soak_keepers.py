@@ -11,6 +11,7 @@ a keeper here still makes the other take over mid-schedule: the ticks must still
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -72,18 +73,23 @@ class Keepers:
         self._thread.join(30)
 
     def stop_all(self, timeout_s: float) -> list[dict[str, Any]]:
-        """SIGTERM each keeper (after ``stop_kills``): whether it was alive, its exit code, how long it took."""
+        """SIGTERM every keeper at once (after ``stop_kills``): whether each was alive, its exit
+        code, how long it took."""
+        procs = [(i, p) for i, p in enumerate(self.procs) if p is not None]
+        alive = {i: p.alive() for i, p in procs}
+        t0 = time.monotonic()
+        for _i, p in procs:
+            p.proc.terminate()
         out = []
-        for i, proc in enumerate(self.procs):
-            if proc is None:
-                continue
-            alive = proc.alive()
-            t0 = time.monotonic()
-            rc = proc.terminate(timeout_s)
+        for i, p in procs:
+            try:
+                rc: int | None = p.proc.wait(max(0.1, timeout_s - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                rc = None  # close() kills it; the checker reports it
             out.append(
-                {"keeper": i, "pid": proc.pid, "alive": alive, "rc": rc, "exit_s": round(time.monotonic() - t0, 3)}
+                {"keeper": i, "pid": p.pid, "alive": alive[i], "rc": rc, "exit_s": round(time.monotonic() - t0, 3)}
             )
-            self._keep_log(i, proc)
+            self._keep_log(i, p)
             self.procs[i] = None
         return out
 

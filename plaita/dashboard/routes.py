@@ -24,6 +24,7 @@ from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.core import Dashboard
 from plaita.dashboard.security import SESSION_COOKIE, Forbidden
 from plaita.store.errors import is_redis_failure
+from plaita.store.executions import UnreadableExecution
 
 T = TypeVar("T")
 
@@ -114,11 +115,19 @@ class Views:
         store = self.dash.page_executions
 
         def read() -> tuple[dict[str, Any] | None, dict[str, Any]]:
-            doc = store.get(eid)
+            try:
+                doc = store.get(eid)
+            except UnreadableExecution as exc:  # data, not an outage: say what the key holds
+                return None, {"unreadable": str(exc)}
             return doc, lineage.view(store, doc, spawn, offset) if doc else {}
 
         found, error = await _read(self.dash, read)
         doc, composed = found or (None, {})
+        if "unreadable" in composed:
+            text = str(composed["unreadable"])
+            return self.dash.render(
+                request, "message.html", active="executions", title="Unreadable execution", text=text
+            )
         if doc is None and error is None:
             return self.dash.render(
                 request, "message.html", 404, active="executions", title="No such execution", text=eid

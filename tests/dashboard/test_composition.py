@@ -126,6 +126,21 @@ class TestParentsAndChildren:
         href = page.split('id="parent-link" href="')[1].split('"')[0]
         assert "<" not in href and '"' not in href and "&" not in href
 
+    def test_an_unreadable_execution_or_child_is_named_not_a_crash(
+        self, make_dashboard: MakeDashboard, rclient: redis.Redis
+    ) -> None:
+        now = time.time()
+        waiting = {"flow_id": "kid", "prefix": "pu:s:0", "count": 2}
+        plant(rclient, "pu", "suspended", now, suspension={"seq": 1, "step": "s", "children": waiting})
+        rclient.set(DEFAULT.execution_key("pu:s:0:1"), "not json")
+        dash = make_dashboard()
+        page = dash.get("/executions/pu").text
+        assert _children(page) == {"pu:s:0:0": "not started", "pu:s:0:1": "unreadable"}
+        rclient.set(DEFAULT.execution_key("junk"), "[1, 2]")
+        junk = dash.get("/executions/junk")
+        assert junk.status_code == 200 and "Unreadable execution" in junk.text and "plaita:execution:junk" in junk.text
+        assert rclient.get(DEFAULT.execution_key("junk")) == "[1, 2]", "left as it was"
+
 
 class TestWaiting:
     def test_a_durable_sleep_shows_until_when_and_the_list_filters_what_suspensions_wait_for(
