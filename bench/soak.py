@@ -304,7 +304,6 @@ def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float
         (out / "run.json").write_text(json.dumps(data))
     finally:
         sup.restarting = False
-        keepers.stop_kills()
         keepers.close()
         for slot in sup.slots:
             if slot.proc is not None:

@@ -94,6 +94,8 @@ class Keepers:
         return out
 
     def close(self) -> None:
+        """Stop the kills and kill what is left (the soak's ``finally``)."""
+        self.stop_kills()
         for proc in self.procs:
             if proc is not None:
                 proc.close()
