@@ -70,7 +70,8 @@ class Keepers:
 
     def stop_kills(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        if self._thread.is_alive():  # never started when the soak failed before its keepers
+            self._thread.join(30)
 
     def stop_all(self, timeout_s: float) -> list[dict[str, Any]]:
         """SIGTERM every keeper at once (after ``stop_kills``): whether each was alive, its exit
