@@ -138,7 +138,8 @@ class FlowRunner:
         try:
             await self._admitted(task, offload)
         finally:  # the flow slot it took (if any), whatever happened: suspended, ended, failed
-            await call_io(offload, self._limits.leave, task)
+            if self._limits.holds(task):  # no thread hop for the tasks of unlimited flows
+                await call_io(offload, self._limits.leave, task)
 
     async def _admitted(self, task: Task, offload: bool) -> None:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
@@ -200,6 +201,8 @@ class FlowRunner:
     async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
         """Take the flow's slot (``plaita.flows.limits``); over its limit the task goes back to
         the queue (NotForThisWorker, counted here as ``throttled``)."""
+        if not self._limits.limited(flow, start=start):
+            return
         try:
             await call_io(offload, self._limits.enter, flow, task, start=start)
         except NotForThisWorker:

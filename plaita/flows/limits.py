@@ -62,13 +62,23 @@ class FlowLimits:
         self._thread: threading.Thread | None = None
 
     # -- one task -------------------------------------------------------------------------
+    @staticmethod
+    def limited(flow: Flow, *, start: bool) -> bool:
+        """True when a task of ``flow`` (a start, or not) has a limit to pass."""
+        return flow.max_concurrent is not None or (start and flow.max_starts_per_s is not None)
+
+    def holds(self, task: Task) -> bool:
+        """True while ``task`` holds a slot (``leave`` gives it back)."""
+        with self._lock:
+            return id(task) in self._held
+
     def enter(self, flow: Flow, task: Task, *, start: bool) -> None:
         """Take ``flow``'s slot (and, for a start, a start token) for ``task``; returns at once
         for an unlimited flow. Raises NotForThisWorker (a delayed hand-back) when refused."""
+        if not self.limited(flow, start=start):
+            return
         limit = flow.max_concurrent or 0
         rate = flow.max_starts_per_s if start and flow.max_starts_per_s else 0.0
-        if limit == 0 and rate == 0.0:
-            return
         token = uuid.uuid4().hex
         admit = self.store.acquire(
             flow.flow_id,

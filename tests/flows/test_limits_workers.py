@@ -4,6 +4,7 @@ neither dead-lettered nor charged a delivery."""
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -13,10 +14,12 @@ from plaita.flows.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.flow_limits import limit_keys
 from plaita.store.keyspace import Keyspace
+from plaita.store.streams import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.limitdefs import max_key, running_key, starts_key
 from tests.flows.support import dlq, ledgers
 from tests.support.lease_workers import QUEUE, WorkerProc, wait_for, worker_proc
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -36,7 +39,7 @@ def args(lease_ttl_s: int, claim_min_idle_ms: int, *extra: str) -> tuple[str, ..
 def workers(stack: ExitStack, url: str, tmp_path: Path, n: int, *argv: str) -> list[WorkerProc]:
     procs = [stack.enter_context(worker_proc(url, tmp_path, f"lim{i}", *argv)) for i in range(n)]
     for p in procs:
-        p.wait_reading()
+        p.wait_reading(60.0)  # a loaded machine starts four interpreters slowly
     return procs
 
 
@@ -73,10 +76,10 @@ def test_a_killed_workers_slot_comes_back_within_the_lease_ttl(
     with ExitStack() as stack:
         (a,) = workers(stack, redis_url, tmp_path, 1, *argv)
         victim = flows.start("solo", {"block_first": True})
-        wait_for(lambda: flowdefs.client().get(f"plaita:test:blocked:{victim}") == "1", 15, "the victim's step")
+        wait_for(lambda: flowdefs.client().get(f"plaita:test:blocked:{victim}") == "1", 60, "the victim's step")
         waiting = [flows.start("solo", {"hold_s": 0.1}) for _ in range(3)]
         b = stack.enter_context(worker_proc(redis_url, tmp_path, "limb", *argv))
-        b.wait_reading()
+        b.wait_reading(60.0)
         client = make_client(redis_url, socket_timeout_s=5.0)
         slots, _, _ = limit_keys(Keyspace(QUEUE), "solo")
         expiry_ms = float(client.zscore(slots, victim) or 0)
@@ -109,3 +112,37 @@ def test_the_start_rate_holds_across_workers(redis_url: str, flows: FlowClient, 
     assert len(starts) == 16
     assert starts[-1] - starts[0] >= 3.0 - 1.5
     assert dlq(c) == []
+
+
+def test_a_redis_freeze_and_restart_lose_no_waiting_task(
+    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis frozen past the lease TTL, then killed and restarted (with its data), while
+    executions of a two-slot flow run and wait: both workers ride it out (BACKOFF, no exit),
+    and every execution completes, none dead-lettered."""
+    url = private_redis.url
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", url)
+    flowdefs._clients.clear()
+    client = make_client(url, socket_timeout_s=5.0)
+    flows = FlowClient(
+        StreamQueue(client, stream=QUEUE, group="plaita-workers", consumer="p", dlq_key="", dlq_max_len=10)
+    )
+    try:
+        with ExitStack() as stack:
+            procs = workers(stack, url, tmp_path, 2, *args(2, 500))
+            eids = [flows.start("pair", {"hold_s": 0.5}) for _ in range(12)]
+            wait_for(lambda: handed_back(procs) > 0, 60, "tasks waiting for a slot")
+            private_redis.freeze()
+            time.sleep(3.0)  # the fault's length: longer than the 2 s lease TTL
+            private_redis.thaw()
+            private_redis.restart()
+            docs = [flows.wait(eid, 60) for eid in eids]
+            assert all(p.alive() for p in procs)
+            assert all(p.terminate() == 0 for p in procs)
+    finally:
+        if private_redis.frozen:
+            private_redis.thaw()
+        client.close()
+        flowdefs._clients.clear()
+    assert [d["status"] for d in docs] == ["completed"] * 12
+    assert dlq(private_redis.client()) == []
