@@ -7,7 +7,10 @@ a worker killed during step k leaves the checkpoint of step k-1, and whoever run
 execution next starts at step k.
 
 One task, in this file's order: ``plaita.flows.admit`` turns it into a ``Run`` (or a no-op:
-every task is safe to deliver twice); ``_advance`` runs steps while the execution is running.
+every task is safe to deliver twice); a flow with fleet-wide limits first takes one of its slots
+(``plaita.flows.limits``: a start before admission, a resume after, given back when the task
+ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
+execution is running.
 One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
 its outcome means (``_succeeded``, ``_suspended``, ``_failed``), and ``_commit`` it: seal it
 (the ``error`` execution replaces one that cannot be written), write it (``checkpoint``), make
