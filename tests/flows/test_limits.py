@@ -66,6 +66,7 @@ def test_a_suspended_execution_holds_no_slot(h: Harness) -> None:
 def test_a_full_flow_hands_the_start_back_before_creating_anything(h: Harness) -> None:
     """Over the limit a start raises a delayed hand-back (no DLQ, no delivery) and writes nothing."""
     assert take(h, "gate", "elsewhere", "other-worker") == TAKEN
+    assert take(h, "gate", "another", "third-worker") == FULL
     delays = []
     for _ in range(8):
         with pytest.raises(NotForThisWorker) as caught:
@@ -101,11 +102,21 @@ def test_a_dead_holders_slot_of_the_same_execution_is_taken_over(h: Harness) -> 
     assert limits(h).holders("gate") == 1
 
 
-def test_an_expired_slot_comes_back(h: Harness) -> None:
-    assert take(h, "gate", "crashed", "gone", ttl_s=0.2) == TAKEN
-    assert take(h, "gate", "other", "t") == FULL
-    wait_for(lambda: limits(h).holders("gate") == 0, 10, "the crashed holder's slot to expire")
+def test_an_expired_slot_comes_back(h: Harness, rclient: redis.Redis) -> None:
+    """A holder that stopped renewing (killed) leaves a slot whose expiry has passed: the next
+    acquire prunes it (and its owner entry) and takes the slot."""
+    assert take(h, "gate", "crashed", "gone") == TAKEN
+    slots, owners, _ = limit_keys(h.store.ks, "gate")
+    rclient.zadd(slots, {"crashed": 1})  # its expiry long past, as if not renewed since 1970
+    assert limits(h).holders("gate") == 0
     assert h.run(start("g7", "gate"))["status"] == "suspended"  # type: ignore[index]
+    assert rclient.hget(owners, "crashed") is None
+
+
+def test_a_short_lived_slot_expires_on_its_own(h: Harness) -> None:
+    assert take(h, "gate", "crashed", "gone", ttl_s=0.2) == TAKEN
+    wait_for(lambda: limits(h).holders("gate") == 0, 10, "the crashed holder's slot to expire")
+    assert take(h, "gate", "next", "t") == TAKEN
 
 
 def test_the_start_rate_counts_starts_only(h: Harness) -> None:
