@@ -257,3 +257,11 @@ def test_configuration_errors_raise_before_anything_runs(redis_url: str) -> None
     thread.join(STOP_BOUND_S)
     assert failure and "signals=False" in str(failure[0])
     assert _service_threads() == []
+
+
+def test_flow_limits_are_options_of_flow() -> None:
+    """``Flow(max_concurrent=, max_starts_per_s=)`` (docs/flows.md, "Fleet-wide limits")."""
+    flow = Flow("limited", max_concurrent=2, max_starts_per_s=5)
+    assert (flow.max_concurrent, flow.max_starts_per_s, flow.start_burst) == (2, 5, 5.0)
+    with pytest.raises(ConfigError):
+        Flow("limited", max_concurrent=0)

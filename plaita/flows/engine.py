@@ -7,7 +7,10 @@ a worker killed during step k leaves the checkpoint of step k-1, and whoever run
 execution next starts at step k.
 
 One task, in this file's order: ``plaita.flows.admit`` turns it into a ``Run`` (or a no-op:
-every task is safe to deliver twice); ``_advance`` runs steps while the execution is running.
+every task is safe to deliver twice); a flow with fleet-wide limits first takes one of its slots
+(``plaita.flows.limits``: a start before admission, a resume after, given back when the task
+ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
+execution is running.
 One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
 its outcome means (``_succeeded``, ``_suspended``, ``_failed``), and ``_commit`` it: seal it
 (the ``error`` execution replaces one that cannot be written), write it (``checkpoint``), make
@@ -25,6 +28,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from plaita.config import DEFAULT_LEASE_TTL_S
+from plaita.errors import NotForThisWorker
 from plaita.flows import model
 from plaita.flows.admit import Admission, Run
 from plaita.flows.checkpoint import Checkpointer, LeaseLostError, call_io
@@ -34,10 +39,12 @@ from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.execution import Execution, describe_exception, error_doc, error_from_exception, sealed
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
+from plaita.flows.limits import FlowLimits
 from plaita.flows.validate import StepOutputError
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
 from plaita.store.executions import ExecutionStore, Staged
+from plaita.store.flow_limits import FlowLimitStore
 from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)
@@ -65,6 +72,7 @@ class FlowRunner:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         observer: ExecutionObserver | None = None,
+        slot_ttl_s: float = DEFAULT_LEASE_TTL_S,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
         self.store = store
@@ -78,6 +86,8 @@ class FlowRunner:
         self.handover = Handover(store.client, store.ks.queue)
         self._admission = Admission(self.flows, store, self.handover, max_state_bytes=max_state_bytes, clock=clock)
         self._children = Children(store)
+        #: Flow limits (``max_concurrent``, ``max_starts_per_s``); slots live as long as leases.
+        self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), ttl_s=slot_ttl_s, rng=self._rng)
         self._admission.on_child = self._children.noted
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
@@ -119,6 +129,7 @@ class FlowRunner:
     def close(self) -> None:
         """Stop the cancel watcher and close the per-thread loops (call once no task runs)."""
         self._watch.stop()
+        self._limits.close()
         with self._loops_lock:
             loops, self._loops = self._loops, []
         for loop in loops:
@@ -127,6 +138,16 @@ class FlowRunner:
 
     # -- one task --------------------------------------------------------------------------
     async def _handle(self, task: Task, *, offload: bool) -> None:
+        try:
+            await self._admitted(task, offload)
+        finally:  # the flow slot it took (if any), whatever happened: suspended, ended, failed
+            if self._limits.holds(task):  # no thread hop for the tasks of unlimited flows
+                await call_io(offload, self._limits.leave, task)
+
+    async def _admitted(self, task: Task, offload: bool) -> None:
+        start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
+        if start_flow is not None:  # a start waits for its flow's limits before it creates anything
+            await self._enter(start_flow, task, offload, start=True)
         run = await self._admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
             await call_io(offload, self._children.redelivered, task.execution_id)
@@ -137,6 +158,8 @@ class FlowRunner:
         if run.ending is not None:
             await self._commit(run, run.ending)
             return
+        if start_flow is None:  # a resume with work to do
+            await self._enter(run.flow, task, offload, start=False)
         self._tell("run_began", flow_id)
         try:
             await self._advance(run)
@@ -177,6 +200,17 @@ class FlowRunner:
             await self._succeeded(run, step, ctx, value, started_s)
         except StepOutputError as exc:  # nothing was written: a failed attempt of the step
             await self._failed(run, step, ctx.attempt, exc, started_s)
+
+    async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
+        """Take the flow's slot (``plaita.flows.limits``); over its limit the task goes back to
+        the queue (NotForThisWorker, counted here as ``throttled``)."""
+        if not self._limits.limited(flow, start=start):
+            return
+        try:
+            await call_io(offload, self._limits.enter, flow, task, start=start)
+        except NotForThisWorker:
+            self._tell("execution_event", flow.flow_id, "throttled")
+            raise
 
     def _context(self, run: Run, step: Step) -> StepContext:
         ex = run.execution
