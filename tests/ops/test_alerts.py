@@ -8,6 +8,7 @@ import hmac
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -31,13 +32,19 @@ def hook() -> Iterator[Webhook]:
         yield h
 
 
-def sender(url: str, **kw: object) -> AlertSender:
-    counted: list[tuple[str, str]] = []
-    s = AlertSender(
-        url, identity={"source": "worker", "consumer": "h:0"}, on_count=lambda o, e: counted.append((o, e)), **kw
-    )  # type: ignore[arg-type]
-    s.counted = counted  # type: ignore[attr-defined]
-    return s.start()
+class Counted(AlertSender):
+    """A sender that also keeps every (outcome, event) its count hook was told."""
+
+    def __init__(self, url: str, **kw: Any) -> None:
+        self.counted: list[tuple[str, str]] = []
+        identity = {"source": "worker", "consumer": "h:0"}
+        super().__init__(url, identity=identity, on_count=lambda o, e: self.counted.append((o, e)), **kw)
+
+
+def sender(url: str, **kw: Any) -> Counted:
+    s = Counted(url, **kw)
+    s.start()
+    return s
 
 
 def closes_promptly(s: AlertSender) -> None:
@@ -62,7 +69,7 @@ def test_event_is_delivered_signed_and_counted(hook: Webhook) -> None:
     assert got.headers["x-plaita-signature"] == expected
     assert got.headers["x-plaita-event"] == "dead_letter"
     assert got.headers["content-type"] == "application/json"
-    assert s.counted == [("sent", "dead_letter")]  # type: ignore[attr-defined]
+    assert s.counted == [("sent", "dead_letter")]
     closes_promptly(s)
 
 
@@ -79,7 +86,7 @@ def test_webhook_down_counts_failed_and_raises_nothing() -> None:
     assert s.emit("dead_letter", {"message_id": "1-0"})
     wait_until(lambda: s.counts["failed"] == 1, 10, "failed counted")
     assert s.counts == {"sent": 0, "failed": 1, "dropped": 0}
-    assert s.counted == [("failed", "dead_letter")]  # type: ignore[attr-defined]
+    assert s.counted == [("failed", "dead_letter")]
     closes_promptly(s)
 
 
@@ -134,7 +141,7 @@ def test_full_queue_drops_and_counts(hook: Webhook) -> None:
     assert s.emit("dead_letter", {"message_id": "0-2"}) and s.emit("dead_letter", {"message_id": "0-3"})
     assert [s.emit("dead_letter", {"message_id": f"1-{i}"}) for i in range(3)] == [False] * 3
     assert s.counts["dropped"] == 3
-    assert s.counted == [("dropped", "dead_letter")] * 3  # type: ignore[attr-defined]
+    assert s.counted == [("dropped", "dead_letter")] * 3
     closes_promptly(s)
 
 
