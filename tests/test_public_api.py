@@ -257,3 +257,23 @@ def test_configuration_errors_raise_before_anything_runs(redis_url: str) -> None
     thread.join(STOP_BOUND_S)
     assert failure and "signals=False" in str(failure[0])
     assert _service_threads() == []
+
+
+def test_alert_webhook_from_settings_posts_a_dead_letter(redis_url: str) -> None:
+    from tests.support.webhook import webhook
+
+    def reject(task: Task) -> None:
+        raise plaita.BadTaskError("not for us")
+
+    with pytest.raises(ConfigError, match="--alert-webhook"):
+        _settings(redis_url, "pub:alerts", alert_webhook="ftp://hooks.example.com/x")
+    with webhook() as hook:
+        settings = _settings(redis_url, "pub:alerts", alert_webhook=hook.url, alert_webhook_secret="k")
+        with start_worker(settings, handler=reject) as service:
+            with FlowClient.from_url(redis_url, queue_name="pub:alerts") as producer:
+                producer.queue.enqueue({"type": "start", "execution_id": "pa1"})
+            (got,) = hook.wait_for(1, 20)
+            service.request_stop()
+            assert service.join(STOP_BOUND_S)
+    assert got.doc["event"] == "dead_letter" and got.doc["execution_id"] == "pa1"
+    assert got.headers["x-plaita-signature"].startswith("sha256=")

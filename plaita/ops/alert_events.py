@@ -88,6 +88,9 @@ class WorkerAlerts:
     def start(self) -> None:
         self.sender.start()
 
+    def begin_close(self) -> None:
+        self.sender.begin_close()
+
     def close(self) -> None:
         self.sender.close()
 

@@ -43,8 +43,9 @@ REQUEST_TIMEOUT_S = 2.0
 #: Tries per event (the first one included), with a doubling wait from RETRY_BASE_S between.
 MAX_ATTEMPTS = 3
 RETRY_BASE_S = 0.5
-#: The longest a stop waits for queued events (nothing is retried once stopping).
-CLOSE_TIMEOUT_S = 0.25
+#: The longest a stop waits for queued events (nothing is retried once stopping): a webhook
+#: that answers in milliseconds gets the last events; a hanging one costs a stop this much.
+CLOSE_TIMEOUT_S = 0.1
 #: HMAC-SHA256 of the exact body with the shared secret: ``sha256=<hex>``.
 SIGNATURE_HEADER = "X-Plaita-Signature"
 #: HTTP statuses worth another try (the rest of 4xx is a configuration problem: no retry).
@@ -176,15 +177,23 @@ class AlertSender:
             return False
         return True
 
-    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Stop: what is queued gets ``timeout_s`` to go out (one try each), the rest is dropped.
-        Returns within ``timeout_s`` however the webhook behaves."""
+    def begin_close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Start stopping: what is queued gets until ``timeout_s`` from now to go out (one try
+        each, no retry waits), the rest is dropped. Returns at once (``close`` waits)."""
+        if self._closing.is_set():
+            return
         self._close_deadline_s = time.monotonic() + timeout_s
         self._closing.set()
         if self._thread.ident is not None:
             with contextlib.suppress(queue.Full):  # full: the thread ends by itself once it sees _closing
                 self._queue.put_nowait(_STOP)
-            self._thread.join(timeout_s)
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """``begin_close`` (unless begun already) and wait for the thread until its deadline:
+        returns within ``timeout_s`` however the webhook behaves."""
+        self.begin_close(timeout_s)
+        if self._thread.ident is not None:
+            self._thread.join(max(0.0, self._close_deadline_s - time.monotonic()))
         with self._lock:
             counts = dict(self.counts)
         if any(counts.values()):

@@ -128,12 +128,14 @@ class Operations:
         """Unregister and stop every thread (best effort, bounded)."""
         sdnotify.notify("STOPPING=1")
         self._stop.set()
+        if self.alerts is not None:
+            self.alerts.begin_close()  # the last events go out while the rest stops
         if self.control is not None:
             self.control.stop()
         if self.registry is not None:
             self.registry.stop()
         if self.alerts is not None:
-            self.alerts.close()  # bounded (alerts.CLOSE_TIMEOUT_S) however the webhook behaves
+            self.alerts.close()  # what is left of alerts.CLOSE_TIMEOUT_S, however the webhook behaves
         if self.http is not None:
             self.http.stop()
         self.metrics.up.set(0)
