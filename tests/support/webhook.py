@@ -28,11 +28,13 @@ class Received:
 
 class Webhook:
     """``mode``: ``ok`` (204), ``status`` (answer ``status``), ``hang`` (never answer until
-    ``release``), ``redirect`` (302 to another path). Change it at any time."""
+    ``release``), ``redirect`` (302 to another path). Change it at any time. ``fail_first``:
+    the first that many requests answer ``status`` whatever the mode."""
 
     def __init__(self) -> None:
         self.mode = "ok"
         self.status = 500
+        self.fail_first = 0
         self.received: list[Received] = []
         self._cond = threading.Condition()
         self._released = threading.Event()
@@ -57,7 +59,7 @@ class Webhook:
         with self._cond:
             self.received.append(Received(req.path, {k.lower(): v for k, v in req.headers.items()}, body))
             self._cond.notify_all()
-        mode = self.mode
+            mode = "status" if len(self.received) <= self.fail_first else self.mode
         if mode == "hang":
             self._released.wait(60)  # bounded: a test that forgets to release still ends
             return
