@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from plaita.config import Settings
 from plaita.flows.client import FlowClient
+from plaita.ops.service import start_worker
 from plaita.store.client import make_client
 from plaita.store.streams import StreamQueue
 from tests.flows.support import harness
@@ -128,3 +130,18 @@ def test_keeper_posts_zombie_reaped(hook: Webhook, redis_url: str, monkeypatch: 
     assert doc["event"] == "zombie_reaped" and doc["source"] == "keeper" and doc["execution_id"] == "z-alert"
     assert doc["queue"] == LEASE_QUEUE and doc["instance_id"].startswith("keeper:") and "orphaned" in doc["reason"]
     assert "x-plaita-signature" not in got.headers
+
+
+def test_embedded_keeper_posts_through_the_workers_sender(
+    hook: Webhook, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with harness(redis_url) as h:
+        make_orphan(h, "z-embedded", age_s=8000)  # past the embedded keeper's default 7200 s
+    settings = Settings(redis_url=redis_url, queue_name=LEASE_QUEUE, consumer_name="emb:0", alert_webhook=hook.url)
+    with start_worker(settings, flows=["tests.flows.flowdefs"], keeper=True) as service:
+        wait_until(lambda: hook.events("zombie_reaped"), 20, "zombie_reaped posted")
+        service.request_stop()
+        assert service.join(10)
+    (doc,) = hook.events("zombie_reaped")
+    assert doc["execution_id"] == "z-embedded" and doc["source"] == "keeper" and doc["consumer"] == "emb:0"
