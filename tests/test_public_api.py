@@ -265,3 +265,23 @@ def test_flow_limits_are_options_of_flow() -> None:
     assert (flow.max_concurrent, flow.max_starts_per_s, flow.start_burst) == (2, 5, 5.0)
     with pytest.raises(ConfigError):
         Flow("limited", max_concurrent=0)
+
+
+def test_alert_webhook_from_settings_posts_a_dead_letter(redis_url: str) -> None:
+    from tests.support.webhook import webhook
+
+    def reject(task: Task) -> None:
+        raise plaita.BadTaskError("not for us")
+
+    with pytest.raises(ConfigError, match="--alert-webhook"):
+        _settings(redis_url, "pub:alerts", alert_webhook="ftp://hooks.example.com/x")
+    with webhook() as hook:
+        settings = _settings(redis_url, "pub:alerts", alert_webhook=hook.url, alert_webhook_secret="k")
+        with start_worker(settings, handler=reject) as service:
+            with FlowClient.from_url(redis_url, queue_name="pub:alerts") as producer:
+                producer.queue.enqueue({"type": "start", "execution_id": "pa1"})
+            (got,) = hook.wait_for(1, 20)
+            service.request_stop()
+            assert service.join(STOP_BOUND_S)
+    assert got.doc["event"] == "dead_letter" and got.doc["execution_id"] == "pa1"
+    assert got.headers["x-plaita-signature"].startswith("sha256=")

@@ -339,6 +339,8 @@ class FlowRunner:
         event = _STATUS_EVENTS.get(written.status)
         if event is not None:
             self._tell("execution_event", run.flow.flow_id, event)
+        if written.status == "error":  # alert webhooks: the ids and the error, never the state
+            self._tell("execution_failed", run.flow.flow_id, run.task.execution_id, written.error)
         if written.terminal:
             await self._ended(run)
 

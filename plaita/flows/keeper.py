@@ -106,8 +106,11 @@ class Keeper:
         *,
         clock: Callable[[], float] = time.time,
         scheduler: Scheduler | None = None,
+        on_orphaned: Callable[[str, str, float], None] | None = None,
     ) -> None:
         self.store = store
+        #: Told (execution id, reason, last update) of each execution marked orphaned (alerts).
+        self.on_orphaned = on_orphaned
         #: Starts the ticks of scheduled flows (the flows the keeper was given), if any.
         self.scheduler = scheduler
         self.queue = queue
@@ -350,3 +353,8 @@ class Keeper:
             eid, updated_at_s, error_doc(None, "Orphaned", message), now_s, s.retention_s
         ):
             report.orphaned.append(eid)
+            if not s.dry_run and self.on_orphaned is not None:
+                try:
+                    self.on_orphaned(eid, message, updated_at_s)
+                except Exception:  # an alert must never fail a pass
+                    logger.exception("keeper: orphan hook failed for %s", eid)
