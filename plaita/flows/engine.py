@@ -274,6 +274,8 @@ class FlowRunner:
             "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
         )
         await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
+        if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
+            delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
         await self._pause(run, delay_s)
 
     # -- the checkpoint and what follows it ------------------------------------------------

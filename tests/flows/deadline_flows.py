@@ -89,4 +89,14 @@ def tick(ctx: StepContext) -> dict[str, Any]:
     return {"released": released}
 
 
-FLOWS = [long_step, waiter, dozer, ticker]
+stubborn = Flow("stubborn")
+
+
+@stubborn.step(max_attempts=5, base_s=60, cap_s=60)
+def insist(ctx: StepContext) -> None:
+    """Fails with a minute between attempts: a deadline must not wait that out."""
+    _count(ctx)
+    raise RuntimeError("not yet")
+
+
+FLOWS = [long_step, waiter, dozer, ticker, stubborn]

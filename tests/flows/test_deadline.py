@@ -84,6 +84,15 @@ def test_a_long_step_is_told_and_the_execution_ends_at_the_step_boundary(h: Harn
     assert doc["step"] == "after" and ledgers("d2", ["grind", "after"]) == [1, 0]
 
 
+def test_a_retry_backoff_does_not_wait_past_the_deadline(h: Harness) -> None:
+    """The step's next attempt is a minute away; the deadline, 0.3 s: cancelled at the deadline."""
+    doc = h.run(with_deadline(start("d11", "stubborn"), time.time() + 0.3))
+    assert_deadline_cancelled(doc)
+    # The pause is measured on the monotonic clock, the deadline on the wall clock: were the wall
+    # clock a hair behind when the pause ends, one more attempt runs (and then waits for nothing).
+    assert ledgers("d11", ["insist"])[0] in (1, 2)
+
+
 def test_a_suspended_execution_is_cancelled_by_the_keeper(h: Harness, clock: Clock) -> None:
     deadline_at = time.time() + 60
     doc = h.run(with_deadline(start("d3", "waiter"), deadline_at))
