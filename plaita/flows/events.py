@@ -27,8 +27,6 @@ MAX_EVENTS = 100
 MAX_EVENT_BYTES = 64 * 1024
 #: Longest name, in characters.
 MAX_EVENT_NAME_CHARS = 200
-#: The name ``ctx.set_progress`` publishes under.
-PROGRESS = "progress"
 
 #: What a step's context calls: (name, value) -> None, or raises.
 Publisher = Callable[[str, Any], None]
