@@ -70,6 +70,7 @@ def _two_step_flow(flow_id: str) -> Flow:
 
     @flow.step
     def double(ctx: StepContext) -> dict[str, Any]:
+        ctx.set_progress({"doubling": ctx.params["n"]})  # readable at once (FlowClient.get_event)
         return {"n": ctx.params["n"] * 2}
 
     @flow.step
@@ -113,8 +114,10 @@ def test_a_flow_runs_end_to_end_through_the_public_api(redis_url: str) -> None:
     service = start_worker(_settings(redis_url, "pub:flows", concurrency=2), flows=[flow])
     try:
         with FlowClient.from_url(redis_url, queue_name="pub:flows") as flows:
-            ids = [flows.start("public-api", {"n": n}) for n in (1, 2, 3)]
+            ids = [flows.start("public-api", {"n": n}, deadline_s=600) for n in (1, 2, 3)]
             docs = [flows.wait(eid, timeout_s=20) for eid in ids]
+            progress = [flows.get_event(eid, "progress") for eid in ids]
+            events = flows.events(ids[0])
     finally:
         started_s = time.monotonic()
         stopped = service.stop(timeout_s=STOP_BOUND_S)
@@ -122,6 +125,8 @@ def test_a_flow_runs_end_to_end_through_the_public_api(redis_url: str) -> None:
     assert [d["status"] for d in docs] == ["completed"] * 3
     want = [{"n": 2 * n, "text": f"{eid}: {2 * n}"} for n, eid in zip((1, 2, 3), ids, strict=True)]
     assert [d["state"] for d in docs] == want
+    assert progress == [{"doubling": n} for n in (1, 2, 3)] and events == {"progress": {"doubling": 1}}
+    assert all(isinstance(d["deadline_at"], float) for d in docs)
     assert stopped and stop_s < STOP_BOUND_S, stop_s
     assert _service_threads() == []
 

@@ -36,6 +36,7 @@ from plaita.flows.checkpoint import Checkpointer, LeaseLostError, call_io
 from plaita.flows.children import Children
 from plaita.flows.context import Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
+from plaita.flows.events import publisher
 from plaita.flows.execution import Execution, describe_exception, error_doc, error_from_exception, sealed
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
@@ -172,8 +173,9 @@ class FlowRunner:
         while run.execution.status == "running":
             if run.task.cancelled.is_set():
                 raise LeaseLostError(f"lease of execution {run.task.execution_id} lost")
-            if run.cancel:
-                await self._commit(run, run.execution.ended("cancelled", self._clock()))
+            now_s = self._clock()
+            if run.cancel or run.execution.past_deadline(now_s):  # a cancel, or its deadline passed
+                await self._commit(run, run.execution.cancelled(now_s))
                 return
             await self._run_step(run, run.flow.steps[run.execution.step_index])
         if run.pending is not None:
@@ -225,6 +227,8 @@ class FlowRunner:
             resume=Resume(resume.get("type", "continue"), resume.get("data")) if resume is not None else None,
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
+            deadline_at=ex.deadline_at,
+            publisher=publisher(self.store, run.task, step.name, self._clock),
             slot_tag=self.store.ks.slot_tag(run.task.execution_id),
         )
 
@@ -263,8 +267,8 @@ class FlowRunner:
             return
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
         if isinstance(value, Spawn) and run.execution.status == "suspended":
-            if run.cancel:  # cancelled while it spawned: end now, which cancels the children
-                await self._commit(run, run.execution.ended("cancelled", self._clock()))
+            if run.cancel or run.execution.past_deadline(self._clock()):  # end now: cancels the children
+                await self._commit(run, run.execution.cancelled(self._clock()))
                 return
             joined = await call_io(run.offload, self._children.settled, run)  # all ended meanwhile?
             if joined is not None:
@@ -304,6 +308,8 @@ class FlowRunner:
             "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
         )
         await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
+        if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
+            delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
         await self._pause(run, delay_s)
 
     # -- the checkpoint and what follows it ------------------------------------------------
@@ -325,6 +331,9 @@ class FlowRunner:
         if written.status != wanted.status:  # replaced: none of the step's writes, no deadline
             logger.error("execution %s: %s", run.task.execution_id, (written.error or {}).get("message"))
             staged, deadline_s = None, None
+        if written.status == "suspended" and written.deadline_at is not None:
+            # The keeper finds a suspension past the whole execution's deadline by the same index.
+            deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
         cancel = await self._checkpoints.write(
             run.task,
             text,

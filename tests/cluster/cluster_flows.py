@@ -13,6 +13,7 @@ tally = Flow("tally")
 
 def _tally(ctx: StepContext) -> dict[str, Any]:
     ctx.stage_incr(ctx.key(f"plaita:test:tally:{ctx.execution_id}"))
+    ctx.publish(f"ran_{ctx.step}", ctx.params.get("n"))  # one fenced script in the execution's slot
     return {ctx.step: ctx.params.get("n")}
 
 
