@@ -67,6 +67,8 @@ class Children:
 
     def __init__(self, store: ExecutionStore) -> None:
         self.store = store
+        #: Children are executions of their parent's tenant (every task of theirs says so).
+        self.tenant = store.ks.tenant
 
     # -- fan-out -----------------------------------------------------------------------
     def spawn(self, run: Run, step: str, spawn: Spawn, suspended: Execution) -> Execution:
@@ -84,7 +86,7 @@ class Children:
         bodies = []
         for i, (eid, doc) in enumerate(zip(ids, docs, strict=True)):
             if doc is None:  # an existing child has (had) its task: starting it again is a no-op
-                body = model.start_body(spawn.flow_id, spawn.params[i], eid)
+                body = model.start_body(spawn.flow_id, spawn.params[i], eid, tenant_id=self.tenant)
                 bodies.append({**body, PARENT_FIELD: {**link, "index": i}})
         enqueue_tasks(self.store.client, self.store.ks, bodies)
         waiting = {"flow_id": spawn.flow_id, "prefix": prefix, "count": len(ids)}
@@ -169,6 +171,7 @@ class Children:
             flow_id=link.get("flow_id"),
             data={"prefix": prefix},
             resume_id=f"children:{prefix}",
+            tenant_id=self.tenant,
         )
         enqueue_tasks(self.store.client, self.store.ks, [body])
 
@@ -177,7 +180,7 @@ class Children:
         request_cancels(self.store.client, self.store.ks, ids)
         docs = self.store.read_many(ids)
         bodies = [
-            model.resume_body(eid, "cancel", flow_id=doc.get("flow_id"))
+            model.resume_body(eid, "cancel", flow_id=doc.get("flow_id"), tenant_id=self.tenant)
             for eid, doc in zip(ids, docs, strict=True)
             if isinstance(doc, dict) and doc.get("status") == "suspended"
         ]
