@@ -309,9 +309,8 @@ class Keeper:
     def _orphans(
         self, store: ExecutionStore, now_s: float, report: KeeperPass, in_stream: set[str] | None
     ) -> set[str] | None:
-        """One tenant's orphans; returns the stream's execution ids once read (None: not needed yet).
-        The ids are not per tenant: an id queued in any tenant holds back a retry in each (a
-        delay of one pass at worst, never a duplicate)."""
+        """One tenant's orphans; returns the stream's execution ids (``_label``s) once read (None:
+        not needed yet)."""
         s = self.settings
         unleased = self._unleased(store, now_s - s.orphan_grace_s, report)
         if not unleased or report.skipped_scan:
@@ -322,7 +321,7 @@ class Keeper:
                 logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
                 report.skipped_scan = True
                 return in_stream
-        unqueued = [(eid, at) for eid, at in unleased if eid not in in_stream]
+        unqueued = [(eid, at) for eid, at in unleased if _label(store, eid) not in in_stream]
         # Read again after the scan: an execution that moved on meanwhile is not an orphan.
         now_scores = store.still_running([eid for eid, _ in unqueued])
         for (eid, at), score in zip(unqueued, now_scores, strict=True):

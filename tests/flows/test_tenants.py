@@ -224,16 +224,21 @@ def test_the_keeper_keeps_every_tenant(redis_url: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
     with harness(redis_url) as h:
         t1 = h.store.for_tenant("t1")
-        _orphan(h, h.store, "o1")
-        _orphan(h, t1, "o1")
+        for store in (h.store, t1):
+            _orphan(h, store, "o1")
+            _orphan(h, store, "o2")
+        queued = {"type": "resume", "execution_id": "o2", "resume_type": "event", "tenant_id": "t1"}
+        h.queue.enqueue(queued)  # t1's o2 has a task waiting: no retry for it, but one for the default's o2
         settings_ = KeeperSettings(interval_s=0.1, orphan_grace_s=0.0, lease_ttl_s=2.0, retry_cooldown_s=60)
         offset_s = [0.0]
         keeper = Keeper(h.store, h.queue, settings_, clock=lambda: time.time() + offset_s[0])
         report = keeper.run_once()
-        assert report.retries == ["o1", "t1/o1"]
+        assert report.retries == ["o1", "o2", "t1/o1"]
         bodies = [json.loads(f[b"payload"]) for _, f in h.client.xrange(QUEUE)]  # type: ignore[union-attr]
         assert [(b["execution_id"], b["resume_type"], b.get("tenant_id")) for b in bodies] == [
+            ("o2", "event", "t1"),
             ("o1", "retry", None),
+            ("o2", "retry", None),
             ("o1", "retry", "t1"),
         ]
         assert h.client.exists("plaita:execution:keeper-retry:o1", "plaita:t1:execution:keeper-retry:o1") == 2
