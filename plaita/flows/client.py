@@ -92,7 +92,8 @@ class FlowClient:
         tenant_id: str | None = None,
     ) -> FlowClient:
         """A client over the queue at ``url`` (``redis://``, ``rediss://``, ``redis+sentinel://``,
-        ``redis+cluster://``); ``queue_name`` and ``partitions`` must be the workers'. Connects
+        ``redis+cluster://``); ``queue_name`` and ``partitions`` must be the workers'; ``tenant_id``
+        as in the constructor (``for_tenant`` gives the other tenants' clients on the same connections). Connects
         lazily (never raises for Redis down); ConfigError for a bad URL or an unreadable TLS file."""
         settings = Settings(
             redis_url=url,

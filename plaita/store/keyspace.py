@@ -184,6 +184,19 @@ class Keyspace:
         return self.tags[self.partition_of(execution_id)] if self.tagged else ""
 
 
+def tenant_prefix(prefix: str, tenant: bytes) -> bytes:
+    """``prefix`` (a default-tenant ``plaita:…`` prefix, say a partition's lease prefix) in the ns of
+    ``tenant``, a body's raw ``tenant_id``. An invalid one keeps the default prefix: its task never
+    takes a lease (the worker dead-letters it), so its entry is claimed and goes to the DLQ."""
+    try:
+        ns = tenant_ns(bytes(tenant).decode("utf-8")) if tenant else DEFAULT_NS
+    except (UnicodeDecodeError, ValueError):
+        ns = DEFAULT_NS
+    if ns == DEFAULT_NS or not prefix.startswith(DEFAULT_NS + ":"):
+        return prefix.encode()
+    return (ns + prefix[len(DEFAULT_NS) :]).encode()
+
+
 @functools.lru_cache(maxsize=4096)
 def _for_tenant(ks: Keyspace, ns: str) -> Keyspace:
     # Cached: the worker asks once per task; a keyspace is frozen (hashable) and small.

@@ -21,17 +21,9 @@ from plaita.store import scripts
 from plaita.store.client import bounded_clone, clients_for, interrupt, node_client
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
 from plaita.store.errors import error_code
-from plaita.store.keyspace import LEASE_PREFIX, Keyspace
+from plaita.store.keyspace import LEASE_PREFIX, Keyspace, tenant_prefix
 from plaita.store.leases import RELEASE_MANY
-from plaita.tasks import (
-    DEFAULT_NS,
-    PAYLOAD_FIELD,
-    SCHEMA_FIELD,
-    decode_fields,
-    encode_body,
-    field_name_bytes,
-    tenant_ns,
-)
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body, field_name_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -284,9 +276,10 @@ class StreamQueue:
         found: list[Any] = _SCAN_CLAIMABLE(self.owner, [self.stream], [self.group, min_idle_ms, cursor, scan])
         if not found:
             return "0-0", [], 0
-        own = self.id_prefix.encode()
+        own, prefix = self.id_prefix.encode(), self.lease_prefix
         # Keys stay bytes: an execution id that is not valid UTF-8 still names exactly its lease.
-        lease_keys = [self._lease_prefix_of(t) + (bytes(e) if e else own + bytes(mid)) for mid, e, t in found]
+        # A tenant's lease is in its namespace (the body's tenant_id, see plaita.store.keyspace).
+        lease_keys = [tenant_prefix(prefix, t) + (bytes(e) if e else own + bytes(mid)) for mid, e, t in found]
         ids = [mid for mid, _, _ in found]
         reply: list[Any] = _CLAIM_UNLEASED(
             self.owner,
@@ -298,18 +291,6 @@ class StreamQueue:
             fields, problems = decode_fields(list(flat))
             entries.append(Entry(as_text(mid), fields, int(times_delivered), tuple(problems)))
         return as_text(reply[0]), entries, int(reply[2])
-
-    def _lease_prefix_of(self, tenant: bytes) -> bytes:
-        """The lease prefix of an entry of ``tenant`` (its body's ``tenant_id``): the tenant's
-        namespace (``plaita:<tenant>:execution:lease:…``). An invalid tenant id never gets a lease
-        (the worker dead-letters its task): the default prefix, so the entry is claimed and goes."""
-        try:
-            ns = tenant_ns(bytes(tenant).decode("utf-8")) if tenant else DEFAULT_NS
-        except (UnicodeDecodeError, ValueError):
-            ns = DEFAULT_NS
-        if ns == DEFAULT_NS or not self.lease_prefix.startswith(DEFAULT_NS + ":"):
-            return self.lease_prefix.encode()
-        return (ns + self.lease_prefix[len(DEFAULT_NS) :]).encode()
 
     def renew_pending(self, ids: list[str]) -> list[str]:
         """Reset the idle time of our own pending entries (XCLAIM … JUSTID to ourselves).

@@ -21,7 +21,7 @@ from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.fanout import done_key
-from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, hash_tag
+from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, hash_tag, tenant_prefix
 from plaita.store.leases import Lease
 from plaita.store.streams import StreamQueue
 from plaita.tasks import CancelFlag, Task, validate_body
@@ -72,6 +72,11 @@ def test_a_tenants_keys_follow_the_original_layout_in_the_same_slot() -> None:
     assert tagged.lease_key("ID") == f"plaita:t1:execution:lease:{t}:ID"
     # Every key of a tenant's execution is in the execution's partition slot, as the default's.
     assert {hash_tag(tagged.lease_key("ID")), hash_tag(tagged.status_key(tagged.partition_of("ID"), "x"))} == {t}
+    # The reclaim's lease prefix of an entry, from its body's raw tenant_id.
+    prefix = f"plaita:execution:lease:{t}:"
+    assert tenant_prefix(prefix, b"t1") == tagged.lease_prefix(tagged.partition_of("ID")).encode()
+    for default in (b"", b"default", b"a:b", b"{p0}", b"\xff"):
+        assert tenant_prefix(prefix, default) == prefix.encode()
 
 
 @pytest.mark.parametrize(
