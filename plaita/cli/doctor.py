@@ -56,7 +56,12 @@ def run_doctor(args: argparse.Namespace) -> int:
     # No --partitions (nor its variable): the count the registered workers use.
     partitions = None if isinstance(args.partitions, Unset) else int(args.partitions)
     # Checks the URL, the queue name and the partition count the way a worker would (ConfigError: exit 2).
-    Settings(redis_url=url, queue_name=args.queue_name, consumer_group=args.consumer_group, partitions=partitions or 1)
+    Settings(
+        redis_url=url,
+        queue_name=args.queue_name,
+        consumer_group=args.consumer_group,
+        partitions=1 if partitions is None else partitions,
+    )
     client = make_client(url, socket_timeout_s=DOCTOR_SOCKET_TIMEOUT_S, tls=tls_of(args))
     try:
         findings = diagnose(client, url=url, queue=args.queue_name, group=args.consumer_group, partitions=partitions)
