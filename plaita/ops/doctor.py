@@ -5,8 +5,9 @@ master of a cluster) and the fleet's registry, and turns findings into an exit c
 info, 1 for a warning, 3 for an error (2 stays "bad flags", as for every command). A Redis failure
 is one ``connect`` finding, never a raise.
 
-A worker runs the server checks once, after its first successful read, and logs every warning
-and error finding as one WARNING line; it never refuses to start over one.
+A worker runs the server checks once, after its first successful read, from INFO alone (its ACL user
+has no CONFIG), and logs every warning and error finding as one WARNING line; it never refuses to
+start over one.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ def server_findings(servers: list[ServerFacts], *, url: str, partitions: int) ->
     return out
 
 
-def read_findings(client: Client, *, url: str, partitions: int) -> list[Finding]:
-    """The server checks of what ``client`` talks to; a Redis failure is one finding, not a raise."""
+def read_findings(client: Client, *, url: str, partitions: int, ask_config: bool = True) -> list[Finding]:
+    """The server checks of what ``client`` talks to (``ask_config``: CONFIG GET too); a Redis failure
+    is one finding, not a raise."""
     try:
-        servers = read_servers(client)
+        servers = read_servers(client, ask_config=ask_config)
     except NotAClusterError as exc:
         return [Finding(Severity.ERROR, "cluster", str(exc))]
     except Exception as exc:
@@ -96,8 +98,10 @@ def diagnose(client: Client, *, url: str, queue: str, group: str, partitions: in
 
 
 def startup_warnings(client: Client, *, url: str, partitions: int) -> list[Finding]:
-    """The server checks a worker logs once: warnings and errors only (its fleet check is separate)."""
-    return [f for f in read_findings(client, url=url, partitions=partitions) if f.severity >= Severity.WARN]
+    """The server checks a worker logs once: warnings and errors only (its fleet check is separate).
+    INFO only: a worker's ACL user has no CONFIG, and a denied call would be an ACL LOG entry."""
+    found = read_findings(client, url=url, partitions=partitions, ask_config=False)
+    return [f for f in found if f.severity >= Severity.WARN]
 
 
 def describe(findings: list[Finding]) -> str:

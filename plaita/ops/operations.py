@@ -198,6 +198,8 @@ class Operations:
     def _check_server(self) -> None:
         """Log each warning and error of the server checks once, as a WARNING (never stops the worker)."""
         self._server_check_due = False
+        if self._server_checked:  # a READING that came while the check ran asked again
+            return
         settings = self.worker.settings
         try:
             found = startup_warnings(self.worker.queue.client, url=settings.redis_url, partitions=settings.partitions)

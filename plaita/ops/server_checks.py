@@ -200,10 +200,14 @@ def check_persistence(f: ServerFacts) -> list[Finding]:
         return [Finding(Severity.OK, "persistence", f"AOF on{rdb}", f.node), *check_fsync(f)]
     if aof is None:
         return [_unreadable(f, "persistence", "appendonly", "without AOF a crash loses recent enqueues and acks")]
-    if save is None:
+    if save is None:  # AOF off: at best RDB snapshots, at worst nothing at all
         return [
-            _unreadable(
-                f, "persistence", "save", "AOF is off; if RDB snapshots are off too, a restart loses the whole queue"
+            Finding(
+                Severity.WARN,
+                "persistence",
+                f"appendonly no, and save is unknown ({_why(f, 'save')}): a crash loses every write since "
+                "the last RDB snapshot, or the whole queue if snapshots are off too; set appendonly yes",
+                f.node,
             )
         ]
     if not save.strip():
@@ -286,12 +290,12 @@ def check_memory(f: ServerFacts) -> list[Finding]:
     ratio = used / against
     if limit:
         text = f"{_human(used)} used of maxmemory {_human(limit)} ({ratio:.0%})"
-        full = "writes are refused (OOM): enqueues fail, workers back off"
+        full = "Redis refuses writes: enqueues fail, workers back off"
     else:
         text = f"{_human(used)} used, no maxmemory ({ratio:.0%} of the machine's {_human(against)})"
-        full = "the kernel's OOM killer ends Redis"
+        full = "the kernel's out-of-memory killer ends Redis"
     if ratio >= MEMORY_ERROR_RATIO:
-        return [Finding(Severity.ERROR, "memory", f"{text}: at the limit {full}; add memory or trim data", f.node)]
+        return [Finding(Severity.ERROR, "memory", f"{text}: at the limit, {full}; add memory or trim data", f.node)]
     if ratio >= MEMORY_WARN_RATIO:
         return [Finding(Severity.WARN, "memory", f"{text}: close to the limit; add memory or trim data", f.node)]
     return [Finding(Severity.OK, "memory", text, f.node)]

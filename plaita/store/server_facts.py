@@ -19,6 +19,9 @@ from plaita.store.client import LazyCluster, is_cluster
 #: The configuration the checks need. INFO already shows ``maxmemory``, its policy and whether AOF
 #: is on, so those are judged even without CONFIG; ``save`` and ``appendfsync`` are CONFIG only.
 CONFIG_PARAMS = ("maxmemory-policy", "maxmemory", "appendonly", "appendfsync", "save")
+#: Why a worker has no CONFIG values: it never asks, since its minimal ACL user may not (and a
+#: denied command, even one plaita would shrug off, is an entry in the server's ACL LOG).
+NOT_ASKED = "a worker reads INFO only; plaita doctor reads CONFIG"
 #: Longest reason kept for a refused read (a server's error text can be long).
 REASON_MAX_CHARS = 160
 
@@ -48,9 +51,9 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def read_node(client: redis.Redis, node: str) -> ServerFacts:
-    """INFO and ``CONFIG_PARAMS`` of the server behind ``client`` (one parameter per CONFIG GET:
-    several in one call needs Redis 7, and the doctor must still say so to an older server)."""
+def read_node(client: redis.Redis, node: str, *, ask_config: bool = True) -> ServerFacts:
+    """INFO and (``ask_config``) ``CONFIG_PARAMS`` of the server behind ``client`` (one parameter per
+    CONFIG GET: several in one call needs Redis 7, and the doctor must still say so to an older server)."""
     info: dict[str, Any] = {}
     config: dict[str, str] = {}
     refused: dict[str, str] = {}
@@ -59,6 +62,9 @@ def read_node(client: redis.Redis, node: str) -> ServerFacts:
     except redis.ResponseError as exc:
         refused["INFO"] = _reason(exc)
     for param in CONFIG_PARAMS:
+        if not ask_config:
+            refused[param] = NOT_ASKED
+            continue
         try:
             reply = cast(dict[Any, Any], client.config_get(param))
         except redis.ResponseError as exc:
@@ -70,14 +76,14 @@ def read_node(client: redis.Redis, node: str) -> ServerFacts:
     return ServerFacts(node, info, config, refused)
 
 
-def read_servers(client: redis.Redis) -> list[ServerFacts]:
+def read_servers(client: redis.Redis, *, ask_config: bool = True) -> list[ServerFacts]:
     """The facts of the server ``client`` talks to, or of every master of its cluster (named
     ``host:port``; a single server's node name is empty). A ``redis+cluster://`` client on a
     server that is no cluster raises ``redis.RedisError`` saying so."""
     if not is_cluster(client):
-        return [read_node(client, "")]
+        return [read_node(client, "", ask_config=ask_config)]
     cluster = cast(RedisCluster, client.cluster() if isinstance(client, LazyCluster) else client)
     out = []
     for node in cluster.get_primaries():  # type: ignore[no-untyped-call]
-        out.append(read_node(cluster.get_redis_connection(node), f"{node.host}:{node.port}"))
+        out.append(read_node(cluster.get_redis_connection(node), f"{node.host}:{node.port}", ask_config=ask_config))
     return out
