@@ -97,7 +97,7 @@ class HandlerPool(PoolBase):
         ]
         self._lock = threading.Lock()
         self._queued = 0
-        self._running: set[str] = set()
+        self._running = 0
         self._chunks: list[collections.deque[Task]] = []  # every chunk not yet worked through
 
     def start(self) -> None:
@@ -120,7 +120,7 @@ class HandlerPool(PoolBase):
     def busy(self) -> int:
         """Tasks queued or running."""
         with self._lock:
-            return self._queued + len(self._running)
+            return self._queued + self._running
 
     def take_unstarted(self) -> list[Task]:
         """Remove and return every task no handler has started, in stream order."""
@@ -142,29 +142,41 @@ class HandlerPool(PoolBase):
             chunk = self._work.get()
             if chunk is None:
                 return
-            done: list[Done] = []
-            while True:
-                with self._lock:
-                    if not chunk:
-                        # By identity: deques compare equal by content, and empty ones are all equal.
-                        self._chunks = [c for c in self._chunks if c is not chunk]
-                        break
-                    task = chunk.popleft()
-                    self._queued -= 1
-                    self._running.add(task.message_id)
-                started = time.monotonic()
-                outcome = self._call(task)
-                duration = time.monotonic() - started
-                with self._lock:
-                    self._running.discard(task.message_id)
-                    self._note_duration(duration)
-                done.append((task, outcome, duration))
-                if duration > _REPORT_EVERY_S:
-                    # A slow task reports at once: its ack must not wait for the rest of the chunk.
-                    self._on_done(done)
-                    done = []
-            if done:
-                self._on_done(done)
+            self._work_through(chunk)
+
+    def _work_through(self, chunk: collections.deque[Task]) -> None:
+        """Run a chunk's tasks in order, one lock round per task. A finished task counts as
+        running until it is reported, so the drain never sees an idle pool with an outcome
+        still on its way to the settler."""
+        done: list[Done] = []
+        while True:
+            with self._lock:
+                if not chunk:
+                    # By identity: deques compare equal by content, and empty ones are all equal.
+                    self._chunks = [c for c in self._chunks if c is not chunk]
+                    break
+                task = chunk.popleft()
+                self._queued -= 1
+                self._running += 1
+            started = time.monotonic()
+            outcome = self._call(task)
+            duration_s = time.monotonic() - started
+            done.append((task, outcome, duration_s))
+            if duration_s > _REPORT_EVERY_S:
+                # A slow task reports at once: its ack must not wait for the rest of the chunk.
+                self._report(done)
+                done = []
+        if done:
+            self._report(done)
+
+    def _report(self, done: list[Done]) -> None:
+        try:
+            self._on_done(done)
+        finally:
+            with self._lock:
+                self._running -= len(done)
+                for _, _, duration_s in done:
+                    self._note_duration(duration_s)
 
     def _call(self, task: Task) -> Outcome:
         """Run the handler and say what to do with its message (see ``judge``)."""

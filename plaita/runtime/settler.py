@@ -91,13 +91,20 @@ class Settler:
                     logger.warning(
                         "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
                     )
-            now = time.monotonic()
-            latest_s = now + self.max_defer_s
-            wanted = [o if o.not_before_s <= latest_s else replace(o, not_before_s=latest_s) for o in wanted]
-            self._deferred += [o for o in wanted if o.not_before_s > now]
-            self._pending.extend(o for o in wanted if o.not_before_s <= now)
+            if any(o.not_before_s for o in wanted):
+                self._defer(wanted)
+            else:  # no hand-back waits: every outcome goes to the next batch
+                self._pending.extend(wanted)
             if self._phase is not Phase.SENDING:  # wake it only when it may sleep: a notify per task is costly
                 self._cond.notify_all()
+
+    def _defer(self, wanted: list[Outcome]) -> None:
+        """Queue ``wanted``, holding those whose ``not_before_s`` is still ahead (lock held)."""
+        now = time.monotonic()
+        latest_s = now + self.max_defer_s
+        wanted = [o if o.not_before_s <= latest_s else replace(o, not_before_s=latest_s) for o in wanted]
+        self._deferred += [o for o in wanted if o.not_before_s > now]
+        self._pending.extend(o for o in wanted if o.not_before_s <= now)
 
     def unsettled_ids(self) -> set[str]:
         """Ids whose outcome is queued or being sent right now."""
