@@ -54,6 +54,8 @@ class Intake:
         #: (at most 2/3 of it); with a threshold this short, take every lease eagerly instead.
         self.eager_leases = settings.eager_leases or settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
         self._bad_keys_seen: set[str] = set()
+        #: The last read filled all it asked for: the stream has a backlog (see ``free_slots``).
+        self.backlog_seen = False
 
     def ours(self) -> set[str]:
         """Ids of work still running here or awaiting its ack. Take it *before* reading: an id
@@ -68,10 +70,10 @@ class Intake:
             prefetch = DEFAULT_MAX_PREFETCH if mean is not None and mean < FAST_HANDLER_S else 0
         concurrency, in_flight = self.settings.concurrency, len(self.inflight)
         free = min(READ_BATCH_MAX, concurrency + prefetch - in_flight)
-        if prefetch and free < MIN_READ_AHEAD and in_flight >= 2 * concurrency:
-            # Reading as soon as a few slots free up fetches a handful of entries per round trip
-            # (each read also costs a hand-off per handler thread): while every handler still has a
-            # task queued, wait for a fair batch instead.
+        if prefetch and self.backlog_seen and free < MIN_READ_AHEAD and in_flight >= 2 * concurrency:
+            # With a backlog, reading as soon as a few slots free up fetches a handful of entries
+            # per round trip (and each read costs a hand-off per handler thread): while every
+            # handler still has a task queued, wait for a fair batch instead.
             return 0
         return free
 

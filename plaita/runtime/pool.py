@@ -40,6 +40,36 @@ class Pool(Protocol):
     def stop(self) -> None: ...
 
 
+class AckSlots(Protocol):
+    """The ack window a pool takes a slot of before each task (the settler; see its module)."""
+
+    def take(self, n: int, *, block: bool = True) -> int: ...
+    def give_back(self, n: int) -> None: ...
+    def on_room(self, listener: Callable[[], None]) -> None: ...
+
+
+class _Unbounded:
+    """No window (a pool built without a settler, as in tests): every slot is free."""
+
+    def take(self, n: int, *, block: bool = True) -> int:
+        return n
+
+    def give_back(self, n: int) -> None:
+        pass
+
+    def on_room(self, listener: Callable[[], None]) -> None:
+        pass
+
+
+UNBOUNDED: AckSlots = _Unbounded()
+
+
+def grant_size(window: int, concurrency: int) -> int:
+    """Slots a handler thread takes at once: a few, so the window's lock is not taken per task,
+    and few enough that threads each holding a grant leave most of the window free."""
+    return max(1, min(32, window // (4 * concurrency)))
+
+
 class PoolBase:
     """What both pools share: the drain's wait and the handlers' mean duration."""
 
@@ -86,11 +116,15 @@ class HandlerPool(PoolBase):
         concurrency: int,
         max_deliveries: int,
         on_done: Callable[[list[Done]], None],
+        slots: AckSlots = UNBOUNDED,
+        window: int = 0,
     ) -> None:
         self._handler = handler
         self._max_deliveries = max_deliveries
         self._on_done = on_done
         self._concurrency = concurrency
+        self._slots = slots
+        self._grant = grant_size(window, concurrency) if window else 32
         self._work: queue.SimpleQueue[collections.deque[Task] | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"plaita-handler-{i}", daemon=True) for i in range(concurrency)
@@ -149,7 +183,13 @@ class HandlerPool(PoolBase):
         running until it is reported, so the drain never sees an idle pool with an outcome
         still on its way to the settler."""
         done: list[Done] = []
+        slots = 0  # ack-window slots this thread holds, one per task it may still start
         while True:
+            if not slots:
+                if done:  # routed first: their acks are what frees the window
+                    self._report(done)
+                    done = []
+                slots = self._slots.take(self._grant)
             with self._lock:
                 if not chunk:
                     # By identity: deques compare equal by content, and empty ones are all equal.
@@ -158,6 +198,7 @@ class HandlerPool(PoolBase):
                 task = chunk.popleft()
                 self._queued -= 1
                 self._running += 1
+            slots -= 1
             started = time.monotonic()
             outcome = self._call(task)
             duration_s = time.monotonic() - started
@@ -168,8 +209,11 @@ class HandlerPool(PoolBase):
                 done = []
         if done:
             self._report(done)
+        self._slots.give_back(slots)
 
     def _report(self, done: list[Done]) -> None:
+        """Route finished tasks; their window slots come back (the settler holds one for each
+        outcome it queued)."""
         try:
             self._on_done(done)
         finally:
@@ -177,6 +221,7 @@ class HandlerPool(PoolBase):
                 self._running -= len(done)
                 for _, _, duration_s in done:
                     self._note_duration(duration_s)
+            self._slots.give_back(len(done))
 
     def _call(self, task: Task) -> Outcome:
         """Run the handler and say what to do with its message (see ``judge``)."""
