@@ -18,6 +18,7 @@ from plaita.fsm import ErrorKind, State
 from plaita.ops import sdnotify
 from plaita.ops.control import ControlListener
 from plaita.ops.fleetcheck import FleetCheck
+from plaita.ops.histogram import observe_many
 from plaita.ops.metrics import HealthServer, Metrics
 from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
@@ -147,9 +148,7 @@ class Operations:
         child.inc(n)
 
     def tasks_finished(self, durations_s: list[float]) -> None:
-        histogram = self.metrics.handler_seconds
-        for duration_s in durations_s:
-            histogram.observe(duration_s)
+        observe_many(self.metrics.handler_seconds, durations_s)
 
     def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
         self.metrics.redis_errors.labels(kind=kind.value, error=error_name).inc()

@@ -24,9 +24,11 @@ logger = logging.getLogger(__name__)
 ACK, DEAD, RETRY, HANDBACK = "ack", "dead", "retry", "handback"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outcome:
-    """What to do with a message once its handler returned.
+    """What to do with a message once its handler returned. Treat it as immutable (change a copy
+    with ``dataclasses.replace``): it is not frozen only because a frozen dataclass costs 1 µs
+    more to build, per task.
 
     ``ack``: done, XACK + XDEL. ``dead``: move to the DLQ. ``retry``: the handler failed; leave
     it pending for redelivery. ``handback``: not for this worker; give it back to the group
