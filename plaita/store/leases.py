@@ -87,10 +87,11 @@ class LeaseManager:
         for i, execution_id in enumerate(execution_ids):
             groups.setdefault(ks.partition_of(execution_id), []).append(i)
         args = [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
+        lease_keys = [ks.lease_key(execution_id) for execution_id in execution_ids]  # built once per task
 
         def build(pipe: Pipeline) -> None:
             for members in groups.values():
-                keys = [k for i in members for k in (ks.lease_key(execution_ids[i]), ks.fence_key(execution_ids[i]))]
+                keys = [k for i in members for k in (lease_keys[i], ks.fence_key(execution_ids[i]))]
                 ACQUIRE_MANY.queue(pipe, keys, args)
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
@@ -98,7 +99,7 @@ class LeaseManager:
         out: list[Lease | str] = [""] * len(execution_ids)
         for members, flat in zip(groups.values(), replies, strict=True):
             for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
-                out[i] = self._lease_or_holder(execution_ids[i], ok, value)
+                out[i] = self._lease_or_holder(execution_ids[i], ok, value, lease_keys[i])
         return out
 
     def ours(self, execution_id: str, value: str) -> Lease | None:
@@ -109,11 +110,10 @@ class LeaseManager:
             return None
         return Lease(execution_id, self.keyspace.lease_key(execution_id), value, int(value[len(own) :]))
 
-    def _lease_or_holder(self, execution_id: str, ok: object, value: object) -> Lease | str:
+    def _lease_or_holder(self, execution_id: str, ok: object, value: object, key: str) -> Lease | str:
         if int(ok) != 1:  # type: ignore[call-overload]
             return value.decode() if isinstance(value, bytes) else str(value)
         generation = int(value)  # type: ignore[call-overload]
-        key = self.keyspace.lease_key(execution_id)
         return Lease(execution_id, key, f"{self.holder}:{generation}", generation)
 
     def renew_many(self, leases: list[Lease]) -> list[bool | None]:
