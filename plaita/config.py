@@ -1,5 +1,7 @@
-"""Settings: every knob of the worker, under the names and defaults deployments already set
-(a promise: they do not change).
+"""Settings: every knob of the worker, under the names deployments already set (a promise: they
+do not change). The delivery defaults (lease TTL, claim idle time, reclaim interval) are the
+original's divided down so that a worker killed and replaced under another consumer name has
+its work running elsewhere within ~15 s; set the flags to keep the old, slower ones.
 
 Environment variables are read here and in ``cli.py`` only, never at import time.
 """
@@ -25,8 +27,11 @@ DEFAULT_QUEUE_NAME = "plaita:flow:queue"
 DEFAULT_CONSUMER_GROUP = "plaita-workers"
 #: XREADGROUP BLOCK: bounded so a stop is noticed within half a second.
 DEFAULT_READ_BLOCK_MS = 500
-#: Entries idle longer than this may be claimed by RECLAIMING.
-DEFAULT_CLAIM_MIN_IDLE_MS = 60_000
+#: Entries idle longer than this may be claimed by RECLAIMING (and only when their lease is
+#: gone too). A live worker resets its entries' idle time every renewal interval (a third of the
+#: smaller of this and the lease TTL), so this bounds how late a dead worker's work is found,
+#: never whether live work is taken. The original's 60 s made that minutes.
+DEFAULT_CLAIM_MIN_IDLE_MS = 10_000
 #: A task delivered this many times without success goes to the DLQ.
 DEFAULT_MAX_DELIVERIES = 5
 #: Exact XTRIM MAXLEN of the DLQ after every add.
@@ -35,10 +40,12 @@ DEFAULT_DLQ_MAX_LEN = 1000
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 #: Payloads larger than this go to the DLQ unparsed.
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-#: RECLAIMING is re-entered this often while reading.
-DEFAULT_RECLAIM_INTERVAL_S = 5.0
-#: Execution lease TTL; renewed every ttl/3 while a task runs.
-DEFAULT_LEASE_TTL_S = 120.0
+#: RECLAIMING is re-entered this often while reading (one Lua call when nothing is idle enough).
+DEFAULT_RECLAIM_INTERVAL_S = 2.0
+#: Execution lease TTL; renewed every ttl/3 while a task runs. A dead holder's work is reclaimed
+#: within about max(TTL, claim idle) + reclaim interval = 12 s; a Redis outage longer than the TTL
+#: cancels the tasks running meanwhile (their leases may be gone): raise it for long failovers.
+DEFAULT_LEASE_TTL_S = 10.0
 #: Highest task ``schema_version`` this build understands.
 TASK_SCHEMA_VERSION = 1
 #: Most tasks read ahead of free handler threads when handlers are fast (see ``prefetch``).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -17,6 +18,9 @@ def run_worker(args: argparse.Namespace) -> int:
     from plaita.ops.service import run_worker as run
 
     settings = settings_from_args(args)
+    # Everything imported so far lives as long as the process: frozen, the cyclic collector
+    # stops re-scanning it every few thousand tasks (a full collection walks every object).
+    gc.freeze()
     return run(settings, handler=args.handler, flows=args.flows or (), keeper=args.keeper)
 
 
