@@ -18,6 +18,7 @@ from typing import Any
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
+from plaita.flows.tracing import producing
 from plaita.flows.validate import require_json
 from plaita.store.client import make_client
 from plaita.store.executions import TERMINAL, ExecutionStore
@@ -136,7 +137,8 @@ class FlowClient:
             if earlier is not None:
                 return earlier
         eid = execution_id or self._new_id(dedup_key)
-        self.queue.enqueue(model.start_body(flow_id, params or {}, eid, dedup_key=dedup_key, version=version))
+        body = model.start_body(flow_id, params or {}, eid, dedup_key=dedup_key, version=version)
+        self._enqueue(body)
         return eid
 
     def resume(
@@ -151,7 +153,7 @@ class FlowClient:
         require_json(data, "data")
         doc = self._require(execution_id)
         body = model.resume_body(execution_id, resume_type, flow_id=doc.get("flow_id"), data=data, resume_id=resume_id)
-        return self.queue.enqueue(body)
+        return self._enqueue(body)
 
     def retry(
         self,
@@ -183,7 +185,7 @@ class FlowClient:
         body = model.restart_body(
             execution_id, flow_id=doc.get("flow_id"), from_step=from_step, force=force, by=who, resume_id=rid
         )
-        self.queue.enqueue(body)
+        self._enqueue(body)
         return rid
 
     def cancel(self, execution_id: str) -> dict[str, Any]:
@@ -194,7 +196,7 @@ class FlowClient:
             return doc
         self.store.request_cancel(execution_id)
         if doc.get("status") == "suspended":
-            self.queue.enqueue(model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id")))
+            self._enqueue(model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id")))
         return doc
 
     def get(self, execution_id: str) -> dict[str, Any] | None:
@@ -213,6 +215,11 @@ class FlowClient:
                 status = doc.get("status") if doc else "not started"
                 raise WaitTimeout(f"execution {execution_id} still {status} after {timeout_s} s")
             time.sleep(min(poll_s, left_s))
+
+    def _enqueue(self, body: dict[str, Any]) -> str:
+        """Enqueue ``body`` with the caller's trace context (``plaita.flows.tracing``), if any."""
+        with producing([body], self.queue.keyspace.queue):
+            return self.queue.enqueue(body)
 
     def _new_id(self, dedup_key: str | None) -> str:
         """A fresh execution id; with a dedup key and partitions, one in the dedup key's partition

@@ -34,6 +34,7 @@ from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.execution import Execution, describe_exception, error_doc, error_from_exception, sealed
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
+from plaita.flows.tracing import TaskTrace, Tracing, parse_traceparent
 from plaita.flows.validate import StepOutputError
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
@@ -65,6 +66,7 @@ class FlowRunner:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         observer: ExecutionObserver | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
         self.store = store
@@ -74,6 +76,8 @@ class FlowRunner:
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
+        #: Spans of tasks and steps: ``tracer_provider`` (OpenTelemetry), else the global one, if any.
+        self._tracing = Tracing(tracer_provider)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = Handover(store.client, store.ks.queue)
         self._admission = Admission(self.flows, store, self.handover, max_state_bytes=max_state_bytes, clock=clock)
@@ -127,21 +131,50 @@ class FlowRunner:
 
     # -- one task --------------------------------------------------------------------------
     async def _handle(self, task: Task, *, offload: bool) -> None:
+        tracer = self._tracing.active()
+        if tracer is None:  # tracing off: one check, nothing else (bench/tracing.py)
+            await self._task(task, offload, None)
+            return
+        trace = TaskTrace(tracer, task, self.store.ks.queue)
+        try:
+            run = await self._task(task, offload, trace)
+        except BaseException as exc:
+            trace.close(exc)
+            raise
+        trace.outcome = run.execution.status if run is not None else "noop"
+        trace.close()
+
+    async def _task(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
         run = await self._admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
             await call_io(offload, self._children.redelivered, task.execution_id)
-            return
+            return None
+        self._traced(run, trace)
         flow_id = run.flow.flow_id
         if run.created:
             self._tell("execution_event", flow_id, "started")
         if run.ending is not None:
             await self._commit(run, run.ending)
-            return
+            return run
         self._tell("run_began", flow_id)
         try:
             await self._advance(run)
         finally:
             self._tell("run_ended", flow_id)
+        return run
+
+    @staticmethod
+    def _traced(run: Run, trace: TaskTrace | None) -> None:
+        """Open the task's span under the execution's trace; an execution without one takes the
+        body's ``traceparent`` (else this task's span) as its origin, written by the next checkpoint."""
+        ex = run.execution
+        if trace is not None:
+            trace.open(ex.traceparent, run.flow.flow_id)
+            run.trace = trace
+        if ex.traceparent is None:
+            origin = trace.origin() if trace is not None else parse_traceparent(run.task.body.get(model.TRACEPARENT))
+            if origin is not None:
+                run.execution = ex.traced(origin)
 
     async def _advance(self, run: Run) -> None:
         # Every step ends in a checkpoint; the status it wrote (not the step's wish: a state
@@ -160,6 +193,16 @@ class FlowRunner:
 
     # -- one step: context, run, transition, checkpoint ------------------------------------
     async def _run_step(self, run: Run, step: Step) -> None:
+        if run.trace is None:
+            delay_s = await self._attempt(run, step)
+        else:
+            with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
+                delay_s = await self._attempt(run, step)
+        if delay_s is not None:  # a failed attempt to retry: wait outside the step's span
+            await self._pause(run, delay_s)
+
+    async def _attempt(self, run: Run, step: Step) -> float | None:
+        """One run of ``step`` and its checkpoint; the delay before its retry, if it is retried."""
         ctx = self._context(run, step)
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)
@@ -168,15 +211,17 @@ class FlowRunner:
         finally:
             self._watch.remove(ctx)
         if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/invoke.py)
-            self._step_finished(run, step, "failed", began_s)
-            await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
-            return
+            self._step_finished(run, step, "failed", began_s, attempt.raised)
+            return await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
         value = attempt.value
         self._step_finished(run, step, "suspended" if isinstance(value, Suspend) else "ok", began_s)
         try:
             await self._succeeded(run, step, ctx, value, started_s)
         except StepOutputError as exc:  # nothing was written: a failed attempt of the step
-            await self._failed(run, step, ctx.attempt, exc, started_s)
+            if run.trace is not None:
+                run.trace.step_finished("failed", exc)
+            return await self._failed(run, step, ctx.attempt, exc, started_s)
+        return None
 
     def _context(self, run: Run, step: Step) -> StepContext:
         ex = run.execution
@@ -252,7 +297,10 @@ class FlowRunner:
         ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
 
-    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> None:
+    async def _failed(
+        self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float
+    ) -> float | None:
+        """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""
         if run.task.cancelled.is_set():
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
         now_s, policy, problem = self._clock(), step.retry, describe_exception(exc)
@@ -264,13 +312,13 @@ class FlowRunner:
             await self._commit(
                 run, run.execution.failed(step.name, attempt, started_s, now_s, problem, error), step=step
             )
-            return
+            return None
         delay_s = policy.delay_s(attempt, self._rng)
         logger.info(
             "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
         )
         await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
-        await self._pause(run, delay_s)
+        return delay_s
 
     # -- the checkpoint and what follows it ------------------------------------------------
     async def _commit(
@@ -335,7 +383,11 @@ class FlowRunner:
             except Exception:  # metrics must never fail a step
                 logger.exception("execution observer %s.%s failed", type(observer).__name__, name)
 
-    def _step_finished(self, run: Run, step: Step, outcome: str, began_s: float) -> None:
+    def _step_finished(
+        self, run: Run, step: Step, outcome: str, began_s: float, raised: BaseException | None = None
+    ) -> None:
+        if run.trace is not None:
+            run.trace.step_finished(outcome, raised)
         self._tell("step_finished", run.flow.flow_id, step.name, outcome, time.monotonic() - began_s)
 
     async def _pause(self, run: Run, delay_s: float) -> None:
