@@ -19,6 +19,7 @@ from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
 from plaita.cli import schedules as schedules_cli
 from plaita.cli.options import WithParents, add_redis_options, add_worker_options, late_redis_options, redact_text
+from plaita.cli.tracing import add_otel_option
 from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ
 from plaita.errors import ConfigError
 from plaita.version import __version__
@@ -57,6 +58,7 @@ def _add_worker(add: Any, env: Mapping[str, str]) -> None:
     )
     add_redis_options(w, env)
     add_worker_options(w, env)
+    add_otel_option(w, env)
 
 
 def _add_enqueue(add: Any, env: Mapping[str, str]) -> None:
@@ -75,6 +77,7 @@ def _add_enqueue(add: Any, env: Mapping[str, str]) -> None:
         "without it a failover can lose tasks the old master had not replicated yet (default 0)",
     )
     e.add_argument("--wait-timeout-ms", type=int, default=1000, help="how long --wait-replicas waits (default 1000)")
+    add_otel_option(e, env)
 
 
 def _admin(add: Any, env: Mapping[str, str], name: str, text: str, description: str) -> argparse.ArgumentParser:

@@ -208,15 +208,17 @@ class TaskTrace:
         span = self._tracer.start_span(f"plaita.step {step}", attributes=attributes)
         self._step, self._step_outcome = span, None
         try:
-            with api.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+            with api.use_span(span, record_exception=False, set_status_on_exception=False):
                 yield
         except BaseException as exc:  # a lost lease or a refused checkpoint: the step ended with it
             span.set_attribute("plaita.outcome", self._step_outcome or "lease_lost")
             self._failed(span, exc)
             raise
+        else:
+            span.set_attribute("plaita.outcome", self._step_outcome or "ok")
         finally:
             self._step = None
-        span.set_attribute("plaita.outcome", self._step_outcome or "ok")
+            span.end()
 
     def step_finished(self, outcome: str, raised: BaseException | None) -> None:
         """The step returned (``ok``, ``suspended``) or raised (``failed``)."""
