@@ -96,12 +96,20 @@ def current_traceparent() -> str | None:
 
 
 class Tracing:
-    """Where spans come from: ``provider`` (an SDK ``TracerProvider``), else the global one."""
+    """Where spans come from: ``provider`` (an SDK ``TracerProvider``), else the global one.
 
-    __slots__ = ("_provider", "tracer")
+    Asking the API for the global provider costs microseconds (it looks up an environment
+    variable), so an unconfigured one is asked again only every ``RECHECK_S``: a provider set
+    while the worker runs is used from then on."""
+
+    #: How long "no tracer provider" is believed before the API is asked again.
+    RECHECK_S = 1.0
+
+    __slots__ = ("_provider", "_recheck_at_s", "tracer")
 
     def __init__(self, provider: Any = None) -> None:
         self._provider = provider
+        self._recheck_at_s = 0.0
         #: Set once a real provider is seen (a global provider is set once, never unset).
         self.tracer: Any = None
 
@@ -109,11 +117,20 @@ class Tracing:
         """The tracer to make spans with, or None: tracing is off, the caller does nothing."""
         if self.tracer is not None:
             return self.tracer
+        if _api is False:
+            return None  # not installed: known for good
+        now_s = time.monotonic()
+        if now_s < self._recheck_at_s:
+            return None
+        self._recheck_at_s = now_s + self.RECHECK_S
+        return self._resolve()
+
+    def _resolve(self) -> Any | None:
         api = otel_api()
         if api is None:
             return None
         provider = self._provider if self._provider is not None else api.get_tracer_provider()
-        if isinstance(provider, api.ProxyTracerProvider | api.NoOpTracerProvider):
+        if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
             return None  # nothing configured: the API would hand out non-recording spans
         tracer = provider.get_tracer("plaita", __version__)
         if isinstance(tracer, api.NoOpTracer):  # OTEL_SDK_DISABLED
