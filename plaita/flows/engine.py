@@ -297,9 +297,7 @@ class FlowRunner:
         ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
 
-    async def _failed(
-        self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float
-    ) -> float | None:
+    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> float | None:
         """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""
         if run.task.cancelled.is_set():
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")

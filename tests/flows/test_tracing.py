@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from plaita.errors import BadTaskError
 from plaita.flows import tracing
 from plaita.flows.tracing import parse_traceparent
 from tests.flows import fanout_flows, flowdefs
@@ -302,3 +303,17 @@ def test_without_configuration_nothing_is_traced_and_the_origin_is_kept(
     finally:
         h.close()
     assert [s.name for s in web.spans()] == ["POST /orders"]  # the runner made none
+
+
+def test_a_refused_task_ends_its_span_in_error(workers: list[tuple[Harness, Recorder]]) -> None:
+    (h, rec), _ = workers
+    task, lease = h.task({**start("t10", "no-such-flow"), "traceparent": TP})
+    try:
+        with pytest.raises(BadTaskError):
+            h.runner(task)
+    finally:
+        h.leases.release(lease)
+    span = rec.one("plaita.task")
+    assert span.attributes["plaita.outcome"] == "refused"  # type: ignore[index]
+    assert span.status.status_code is StatusCode.ERROR and [e.name for e in span.events] == ["exception"]
+    assert f"{span.context.trace_id:032x}" == TID and "plaita.flow" not in span.attributes  # type: ignore[operator]

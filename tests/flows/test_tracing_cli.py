@@ -29,7 +29,8 @@ def _test_redis(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def enqueue(url: str, body: dict[str, Any], *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "plaita", "enqueue", "--redis-url", url, "--queue-name", QUEUE, *args, json.dumps(body)]
+    cmd = [sys.executable, "-m", "plaita", "enqueue", "--redis-url", url, "--queue-name", QUEUE, *args]
+    cmd.append(json.dumps(body))
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
 
 
