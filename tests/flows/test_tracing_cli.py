@@ -101,6 +101,66 @@ def test_a_bad_otel_flag_exits_2(redis_url: str, flag: str, message: str) -> Non
     assert flowdefs.client().xlen(QUEUE) == 0
 
 
+PUBLIC_API = """
+import sys
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)  # the program's own SDK setup, before the worker starts
+
+from plaita import Flow, FlowClient, Settings, start_worker
+
+flow = Flow("traced")
+
+@flow.step
+def charge(ctx):
+    with trace.get_tracer("app").start_as_current_span("POST gateway/charge"):
+        return {"charged": True}
+
+@flow.step
+async def mail(ctx):
+    return {"mailed": True}
+
+url, queue = sys.argv[1], sys.argv[2]
+with start_worker(Settings(redis_url=url, queue_name=queue, consumer_name="traced-c"), flows=[flow]):
+    with FlowClient.from_url(url, queue_name=queue) as client:
+        with trace.get_tracer("web").start_as_current_span("POST /orders") as request:
+            eid = client.start("traced")
+        assert client.wait(eid, timeout_s=20)["status"] == "completed"
+spans = {s.name: s for s in exporter.get_finished_spans()}
+assert sorted(spans) == [
+    "POST /orders", "POST gateway/charge", "plaita.enqueue", "plaita.step charge", "plaita.step mail", "plaita.task"
+], sorted(spans)
+assert {s.context.trace_id for s in spans.values()} == {request.get_span_context().trace_id}
+def parent(name):
+    return spans[name].parent.span_id
+assert parent("plaita.enqueue") == request.get_span_context().span_id
+assert parent("plaita.task") == spans["plaita.enqueue"].context.span_id
+assert parent("plaita.step mail") == spans["plaita.task"].context.span_id
+assert parent("POST gateway/charge") == spans["plaita.step charge"].context.span_id
+print("ok")
+"""
+
+
+def test_a_program_with_its_own_sdk_traces_through_the_public_api(redis_url: str) -> None:
+    # A subprocess: the global tracer provider can be set once per process.
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PUBLIC_API), redis_url, "plaita:test:traced"],
+        cwd=ROOT,
+        env=worker_env(redis_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 NO_OTEL = """
 import sys
 
