@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import tempfile
@@ -28,7 +29,8 @@ import redis
 
 from bench import soak_checker
 from bench.common import client_for, exit_on_sigterm
-from bench.soak_flows import HISTORY_KEY, STAGED_PREFIX
+from bench.soak_flows import CHILDREN, HISTORY_KEY, STAGED_PREFIX
+from bench.soak_keepers import Keepers
 from bench.soak_nemesis import Nemesis, Supervisor, schedule
 from plaita.flows import model
 from tests.support.redis_server import RedisServer
@@ -40,7 +42,6 @@ LEASE_TTL_S = 10.0
 WORKER_ARGS = [
     "--flows",
     "bench.soak_flows",
-    "--keeper",
     "--concurrency",
     "4",
     "--lease-ttl-s",
@@ -55,7 +56,20 @@ WORKER_ARGS = [
     "50",
 ]
 #: Mix of what the producer starts (weights).
-MIX = {"soak-plain": 60, "soak-multi": 15, "soak-suspend": 10, "soak-retry": 10, "cancel": 5}
+MIX = {
+    "soak-plain": 50,
+    "soak-multi": 15,
+    "soak-suspend": 10,
+    "soak-retry": 10,
+    "cancel": 5,
+    "soak-fanout": 5,
+    "soak-sleep": 5,
+}
+#: Durable sleeps last this long (uniform), so that most wake during the fault phase.
+NAP_S = (0.5, 3.0)
+#: The schedule's ticks the checker expects, each run exactly once: from the first one started
+#: until this long before the producer stopped (a keeper passes every 5 s).
+TICK_SLACK_S = 10
 RESUME_AFTER_S = 2.0
 CANCEL_AFTER_S = 0.3
 #: After the nemesis stops, the producer goes on this long (recovery is measured here); a
@@ -106,6 +120,8 @@ class Producer:
         eid = f"soak-{self.n:06d}"
         self.n += 1
         params = {"sleep_s": round(self.rng.uniform(0.3, 0.8) if kind == "cancel" else self.rng.uniform(0.01, 0.1), 3)}
+        if kind == "soak-sleep":
+            params["nap_s"] = round(self.rng.uniform(*NAP_S), 3)
         body = model.start_body(flow, params, eid)
         fields = {"payload": json.dumps(body, separators=(",", ":")), "schema_version": "1"}
         rec: dict[str, Any] = {"op": "start", "id": eid, "flow": flow, "intent": kind, "t": time.time()}
@@ -155,8 +171,11 @@ class Producer:
         return True
 
 
-def _final_state(server: RedisServer, history: redis.Redis, ids: list[str]) -> dict[str, Any]:
-    """What the checker needs from both servers, read once everything stopped."""
+def _final_state(server: RedisServer, history: redis.Redis, owed: list[str]) -> dict[str, Any]:
+    """What the checker needs from both servers, read once everything stopped: the executions
+    started, owed (``owed``) or seen in the history (children, schedule ticks)."""
+    lines = [json.loads(x) for x in history.lrange(HISTORY_KEY, 0, -1)]
+    ids = sorted({*owed, *(r["id"] for r in lines)})
     c = server.client()
     try:
         docs: dict[str, Any] = {}
@@ -173,7 +192,6 @@ def _final_state(server: RedisServer, history: redis.Redis, ids: list[str]) -> d
         stream_len = int(c.xlen(QUEUE)) if c.exists(QUEUE) else 0
     finally:
         c.close()
-    lines = [json.loads(x) for x in history.lrange(HISTORY_KEY, 0, -1)]
     return {"executions": docs, "staged": staged, "dlq": dlq, "stream_len": stream_len, "history": lines}
 
 
@@ -196,10 +214,43 @@ def _settle(server: RedisServer, ids: list[str]) -> float:
     return time.monotonic() - t0
 
 
-def _drive(sup: Supervisor, producer: Producer, nemesis: Nemesis, server: RedisServer, times: dict[str, Any]) -> None:
+def owed_ids(log: list[dict[str, Any]], times: dict[str, Any]) -> list[str]:
+    """Executions that must end: the acknowledged starts, the children of the fan-out parents
+    (their ids are derived: ``{parent}:{step}:{join}:{index}``) and the schedule's ticks from
+    the soak's start to ``tick_until_s``."""
+    starts = [r for r in log if r["op"] == "start" and "mid" in r]
+    ids = [r["id"] for r in starts]
+    for r in starts:
+        if r["flow"] == "soak-fanout":
+            ids += [f"{r['id']}:spawn:0:{i}" for i in range(CHILDREN)]
+    ticks = range(times["tick_from_s"], times["tick_until_s"] + 1)
+    return ids + [tick_id(t) for t in ticks]
+
+
+def tick_id(tick_s: int) -> str:
+    return f"schedule:soak-tick:{tick_s}"
+
+
+def _first_tick(server: RedisServer, times: dict[str, Any]) -> int:
+    """The first tick the keepers started (from a little before the soak: the first keeper pass
+    starts the ticks of the schedule's grace period), or the start of the soak when none was."""
+    lo = math.floor(times["t_start"]) - TICK_SLACK_S
+    ticks = list(range(lo, times["tick_until_s"] + 1))
+    c = server.client()
+    try:
+        found = c.mget([f"plaita:execution:{tick_id(t)}" for t in ticks]) if ticks else []
+    finally:
+        c.close()
+    return next((t for t, raw in zip(ticks, found, strict=True) if raw is not None), math.ceil(times["t_start"]))
+
+
+def _drive(
+    sup: Supervisor, keepers: Keepers, producer: Producer, nemesis: Nemesis, server: RedisServer, times: dict[str, Any]
+) -> None:
     """The phases: start-up, faults with load, quiet load, settle, final SIGTERM (times noted)."""
     duration_s = times["duration_s"]
     sup.start()
+    keepers.start()
     time.sleep(3.0)  # python start-up of the workers (not a synchronisation: faults may hit them anyway)
     times["t_start"] = time.time()
     producer.start()
@@ -210,11 +261,14 @@ def _drive(sup: Supervisor, producer: Producer, nemesis: Nemesis, server: RedisS
     if rest_s > 0:
         time.sleep(rest_s)  # the fault phase lasts its full length even when the last fault ended early
     times["t_nemesis_end"] = time.time()
+    keepers.stop_kills()
     time.sleep(min(QUIET_MAX_S, max(QUIET_MIN_S, duration_s / 6)))
     producer.stop()
     times["t_producer_end"] = time.time()
-    ids = [r["id"] for r in producer.log if r["op"] == "start" and "mid" in r]
-    times["settle_s"] = round(_settle(server, ids), 2)
+    times["tick_until_s"] = int(times["t_producer_end"]) - TICK_SLACK_S
+    times["tick_from_s"] = _first_tick(server, times)
+    times["settle_s"] = round(_settle(server, owed_ids(producer.log, times)), 2)
+    times["keepers"] = keepers.stop_all(DRAIN_TIMEOUT_S)
     times["shutdown"] = sup.stop_all(DRAIN_TIMEOUT_S)
     times["t_end"] = time.time()
 
@@ -226,6 +280,7 @@ def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float
     history_server = RedisServer(persist=False).start()
     history = history_server.client()
     sup = Supervisor(queue_server, history_server.url, workers, WORKER_ARGS, out)
+    keepers = Keepers(queue_server.url, history_server.url, seed, out)
     producer = Producer(queue_server.url, rate_per_s, seed)
     nemesis = Nemesis(faults, queue_server, sup, QUEUE, GROUP)
     times: dict[str, Any] = {
@@ -237,17 +292,19 @@ def run(duration_s: float, seed: int, workers: int, out: Path, rate_per_s: float
         "lease_ttl_s": LEASE_TTL_S,
     }
     try:
-        _drive(sup, producer, nemesis, queue_server, times)
+        _drive(sup, keepers, producer, nemesis, queue_server, times)
         data = {
             "meta": times,
             "faults": nemesis.log,
             "producer": producer.log,
             "supervisor": sup.events,
-            **_final_state(queue_server, history, sorted({r["id"] for r in producer.log if r["op"] == "start"})),
+            "keepers": keepers.events,
+            **_final_state(queue_server, history, [r["id"] for r in producer.log if r["op"] == "start"]),
         }
         (out / "run.json").write_text(json.dumps(data))
     finally:
         sup.restarting = False
+        keepers.close()
         for slot in sup.slots:
             if slot.proc is not None:
                 slot.proc.close()

@@ -1,5 +1,5 @@
 """The soak's independent checker: reads only ``run.json`` (history, producer log, nemesis and
-supervisor logs, final Redis state) and judges guarantees 1-7. Imports nothing from plaita.
+supervisor logs, final Redis state) and judges guarantees 1-10. Imports nothing from plaita.
 
     python -m bench.soak_checker OUT_DIR        # exit 1 when any guarantee fails
 
@@ -16,11 +16,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench.soak_checks import brief, check_fanout, check_sleeps, check_ticks, result
+
 STEPS = {
     "soak-plain": ["run"],
     "soak-multi": ["m1", "m2", "m3", "m4"],
     "soak-suspend": ["before", "wait_event", "after"],
     "soak-retry": ["r1", "flaky", "r3"],
+    "soak-fanout": ["spawn", "after_join"],
+    "soak-child": ["work"],
+    "soak-sleep": ["nap", "wake"],
+    "soak-tick": ["tick"],
 }
 #: Guarantee 6: a plain task's re-run is explained when its previous run ended at most this
 #: long before its process died (one ack round trip, generously, on a loaded 2-core machine).
@@ -31,7 +37,6 @@ RECOVERY_BOUND_S = 30.0
 PROMPT_S = 2.0
 #: Guarantee 7: slack over --drain-timeout-s for a worker's exit after SIGTERM (python exit).
 DRAIN_SLACK_S = 3.0
-MAX_EXAMPLES = 5
 
 
 def runs(history: list[dict[str, Any]], deaths: dict[int, float], t_end: float) -> dict[str, list[dict[str, Any]]]:
@@ -55,16 +60,6 @@ def runs(history: list[dict[str, Any]], deaths: dict[int, float], t_end: float) 
     return out
 
 
-def _result(name: str, examples: list[Any], note: str) -> dict[str, Any]:
-    return {
-        "guarantee": name,
-        "ok": not examples,
-        "count": len(examples),
-        "examples": examples[:MAX_EXAMPLES],
-        "note": note,
-    }
-
-
 def check_enqueues(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     acked = [r for r in d["producer"] if "mid" in r]
     bad = []
@@ -75,7 +70,7 @@ def check_enqueues(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) ->
         status = d["executions"].get(r["id"], {}).get("status")
         if r["op"] == "resume" and status != "cancelled" and not any(x["step"] == "wait_event" for x in rs):
             bad.append({"id": r["id"], "mid": r["mid"], "why": "resume acknowledged, resumed step never ran"})
-    return _result("1 no acknowledged enqueue lost", bad, f"{len(acked)} acknowledged XADDs")
+    return result("1 no acknowledged enqueue lost", bad, f"{len(acked)} acknowledged XADDs")
 
 
 def check_overlap(by_id: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -86,12 +81,8 @@ def check_overlap(by_id: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 if b["t"] >= a["end"]:
                     continue
                 if a["pid"] != b["pid"] or a["step"] == b["step"]:
-                    bad.append({"id": eid, "a": _brief(a), "b": _brief(b)})
-    return _result("2 no two runs of one execution overlap", bad, "run = step start .. its end (or its process' death)")
-
-
-def _brief(r: dict[str, Any]) -> dict[str, Any]:
-    return {k: r.get(k) for k in ("step", "attempt", "pid", "worker", "gen", "t", "end", "cut", "outcome")}
+                    bad.append({"id": eid, "a": brief(a), "b": brief(b)})
+    return result("2 no two runs of one execution overlap", bad, "run = step start .. its end (or its process' death)")
 
 
 def check_steps(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -105,13 +96,13 @@ def check_steps(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> di
         for k, step in enumerate(order[:-1]):
             nxt = first_start.get(order[k + 1])
             late = [r for r in rs if r["step"] == step and nxt is not None and r["t"] > nxt]
-            bad += [{"id": eid, "why": f"{step} ran after {order[k + 1]} began", "run": _brief(r)} for r in late]
+            bad += [{"id": eid, "why": f"{step} ran after {order[k + 1]} began", "run": brief(r)} for r in late]
         status = d["executions"].get(eid, {}).get("status")
         for step in order:
             n = d["staged"].get(f"{eid}:{step}", 0)
             if n > 1 or (status == "completed" and n != 1):
                 bad.append({"id": eid, "why": f"staged INCR of {step} applied {n} times", "status": status})
-    return _result("3 completed steps never re-run; staged writes exactly once", bad, "")
+    return result("3 completed steps never re-run; staged writes exactly once", bad, "")
 
 
 def check_terminal(d: dict[str, Any]) -> dict[str, Any]:
@@ -134,15 +125,26 @@ def check_terminal(d: dict[str, Any]) -> dict[str, Any]:
                 }
             )
     n = sum(1 for r in d["producer"] if r["op"] == "start" and "mid" in r)
-    return _result(
+    return result(
         "4 every execution ends as its script intends", bad, f"{n} executions; settle {d['meta']['settle_s']} s"
     )
 
 
 def check_exits(d: dict[str, Any]) -> dict[str, Any]:
+    """Workers exit only when the nemesis made them; keepers only when killed, and at the final
+    SIGTERM each is still alive and exits 0 promptly."""
     bad = [e for e in d["supervisor"] if e["event"] == "exit" and not e["expected"]]
     n = sum(1 for e in d["supervisor"] if e["event"] == "exit")
-    return _result("5 no worker exited unless the nemesis made it", bad, f"{n} exits during the soak, all restarted")
+    bad += [{"why": "a keeper died by itself", **e} for e in d.get("keepers", []) if e["event"] == "died"]
+    bound = d["meta"]["drain_timeout_s"] + DRAIN_SLACK_S
+    for k in d["meta"].get("keepers", []):
+        if not k["alive"] or k["rc"] != 0 or k["exit_s"] > bound:
+            bad.append(
+                {"why": f"keeper at the final SIGTERM: alive {k['alive']}, exit {k['rc']} after {k['exit_s']} s", **k}
+            )
+    kills = sum(1 for e in d.get("keepers", []) if e["event"] == "kill9")
+    note = f"{n} worker exits during the soak, all restarted; {kills} keeper kill -9s, each restarted"
+    return result("5 no worker or keeper exited unless the nemesis made it", bad, note)
 
 
 def deaths_of(d: dict[str, Any]) -> dict[int, float]:
@@ -185,8 +187,8 @@ def check_duplicates(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) 
                 bad.append(
                     {
                         "id": eid,
-                        "first": _brief(prev),
-                        "again": _brief(again),
+                        "first": brief(prev),
+                        "again": brief(again),
                         "first_pid_died": deaths.get(prev["pid"]),
                     }
                 )
@@ -197,7 +199,7 @@ def check_duplicates(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) 
         f" a worker's death, or ended within {ACK_ROUND_TRIP_S:g} s (one round trip) of that death or of a fault"
         " on its path to Redis"
     )
-    return _result("6 plain-task duplicates only around kills", bad, note)
+    return result("6 plain-task duplicates only around kills", bad, note)
 
 
 def recovery_s(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> float | None:
@@ -231,7 +233,7 @@ def check_recovery(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) ->
             bad.append({"why": f"final SIGTERM: exit {s['rc']} after {s['exit_s']} s (bound {bound} s)", **s})
     worst = max((s["exit_s"] for s in d["meta"]["shutdown"]), default=0.0)
     note = f"recovery {rec if rec is None else round(rec, 2)} s (bound {RECOVERY_BOUND_S:g}); final drain max {worst} s"
-    return _result("7 recovery and drain after the nemesis", bad, note)
+    return result("7 recovery and drain after the nemesis", bad, note)
 
 
 def check(d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -244,6 +246,9 @@ def check(d: dict[str, Any]) -> list[dict[str, Any]]:
         check_exits(d),
         check_duplicates(d, by_id),
         check_recovery(d, by_id),
+        check_fanout(d, by_id),
+        check_sleeps(d, by_id),
+        check_ticks(d, by_id),
     ]
 
 

@@ -7,6 +7,10 @@ object: kind (S start, E end), execution id, flow, step, attempt, worker (pid an
 consumer), lease generation (read from the queue's Redis, None when that read failed),
 wall time. Steps stage one INCR each (``soak:staged:{id}:{step}``): the checker reads those
 counters to prove staged writes were applied exactly once.
+
+Composition is in the mix too: a parent that fans out to ``CHILDREN`` children and joins them
+(its join run records the outcomes it saw), a durable sleep (the sleeping step records its
+deadline), and a schedule ticking every second (each tick's run records its tick).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import redis
 
-from plaita.flows import Flow, StepContext
+from plaita.flows import Flow, Schedule, StepContext
 
 HISTORY_KEY = "soak:history"
 STAGED_PREFIX = "soak:staged:"
@@ -71,9 +75,9 @@ def record(ctx: StepContext, kind: str, **extra: Any) -> None:
             time.sleep(0.05)
 
 
-def _work(ctx: StepContext, *, fail_attempts: int = 0) -> None:
-    """The body of every step: record, work a while (cancel-aware), stage one INCR, record."""
-    record(ctx, "S", gen=_generation(ctx.execution_id))
+def _work(ctx: StepContext, *, fail_attempts: int = 0, **extra: Any) -> None:
+    """The body of every step: record (with ``extra``), work a while (cancel-aware), stage one INCR, record."""
+    record(ctx, "S", gen=_generation(ctx.execution_id), **extra)
     sleep_s = float(ctx.params.get("sleep_s", 0.05))
     ctx.cancel.wait(sleep_s)
     if ctx.attempt <= fail_attempts:
@@ -158,11 +162,69 @@ def r3(ctx: StepContext) -> None:
     _work(ctx)
 
 
-FLOWS = [plain, multi, suspending, retrying]
+# -- fan-out: a parent starts CHILDREN children, waits for all, then goes on -----------------
+CHILDREN = 3
+fanout = Flow("soak-fanout")
+child = Flow("soak-child")
+
+
+@fanout.step
+def spawn(ctx: StepContext) -> Any:
+    if ctx.children is None:
+        record(ctx, "P")  # parked on its children, no work done
+        sleep_s = ctx.params.get("sleep_s", 0.05)
+        return ctx.spawn("soak-child", [{"sleep_s": sleep_s, "index": i} for i in range(CHILDREN)])
+    _work(ctx, children=[[c.execution_id, c.status] for c in ctx.children])
+    return None
+
+
+@fanout.step
+def after_join(ctx: StepContext) -> None:
+    _work(ctx)
+
+
+@child.step
+def work(ctx: StepContext) -> None:
+    _work(ctx)
+
+
+# -- a durable sleep between two steps ----------------------------------------------------
+sleeping = Flow("soak-sleep")
+
+
+@sleeping.step
+def nap(ctx: StepContext) -> Any:
+    until_s = time.time() + float(ctx.params.get("nap_s", 1.0))
+    _work(ctx, until=until_s)  # its staged INCR commits with the sleep's checkpoint
+    return ctx.sleep_until(until_s)
+
+
+@sleeping.step
+def wake(ctx: StepContext) -> None:
+    _work(ctx)
+
+
+# -- a schedule ticking every second (started by the workers' keepers) ---------------------
+#: ``missed="all"``: a tick a Redis outage or a keeper handover delayed is still started (the
+#: checker expects every tick); ``grace_s`` short so the first pass does not start a minute of
+#: ticks from before the soak.
+ticking = Flow("soak-tick", schedule=Schedule("* * * * * *", missed="all", grace_s=5.0))
+
+
+@ticking.step
+def tick(ctx: StepContext) -> None:
+    _work(ctx, tick_s=ctx.params["scheduled"]["tick_s"])
+
+
+FLOWS = [plain, multi, suspending, retrying, fanout, child, sleeping, ticking]
 #: Steps that stage an INCR when they end well (checked for exactly-once), per flow.
 STAGED_STEPS = {
     "soak-plain": ["run"],
     "soak-multi": ["m1", "m2", "m3", "m4"],
     "soak-suspend": ["before", "wait_event", "after"],
     "soak-retry": ["r1", "flaky", "r3"],
+    "soak-fanout": ["spawn", "after_join"],
+    "soak-child": ["work"],
+    "soak-sleep": ["nap", "wake"],
+    "soak-tick": ["tick"],
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Mapping
@@ -66,6 +67,16 @@ def redact_url(url: str) -> str:
     # message for exactly that URL must still be redacted.
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+#: ``scheme://user:password@`` in any text; the password is everything up to the last ``@``
+#: of the word (a password may contain ``@`` and ``:``).
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s'\"]*@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:***@", text)
 
 
 #: Most partitions a queue may have (a worker makes one read per partition per pass).
@@ -163,6 +174,19 @@ def validate_redis_url(url: str) -> None:
         raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: database must be a number")
 
 
+def validate_webhook_url(url: str, flag: str = "--alert-webhook") -> None:
+    """Raise ConfigError unless ``url`` is an http(s) URL with a host. The message names the
+    scheme and host only: a webhook's path or query is often its token (Slack's are)."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError on a non-numeric port
+    except ValueError as exc:
+        raise ConfigError(f"invalid {flag}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = f"{parts.scheme}://{parts.hostname or ''}" if parts.scheme else "a URL without a scheme"
+        raise ConfigError(f"invalid {flag} ({shown}): expected http://HOST/... or https://HOST/...")
+
+
 def default_consumer_name(slot: int = 0) -> str:
     """Stable per host and slot, so a restarted worker resumes its own pending entries."""
     return f"{socket.gethostname()}:{slot}"
@@ -254,9 +278,18 @@ class Settings:
     partitions: int = 1
     #: The partitions this worker reads and reclaims; None = all of them.
     partitions_assigned: tuple[int, ...] | None = None
+    #: POST JSON alert events to this http(s) URL (``plaita.ops.alerts``); None = off.
+    alert_webhook: str | None = None
+    #: HMAC-SHA256 key of the ``X-Plaita-Signature`` header (the CLI reads it from the environment
+    #: only: a flag would show in ``ps``). Kept out of the repr.
+    alert_webhook_secret: str | None = field(default=None, repr=False)
+    #: An outage (BACKOFF and its retries) lasting longer than this sends one ``backoff_stuck``.
+    alert_backoff_s: float = 30.0
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)
+        if self.alert_webhook is not None:
+            validate_webhook_url(self.alert_webhook)
         _check_finite(self)
         for flag, path in (
             ("--tls-ca-file", self.tls_ca_file),
@@ -306,6 +339,7 @@ class Settings:
                 or (bool(self.partitions_assigned) and all(0 <= p < self.partitions for p in self.partitions_assigned)),
                 f"--partitions-assigned must list partitions within 0..{self.partitions - 1}",
             ),
+            (1 <= self.alert_backoff_s <= week, f"--alert-backoff-s must be within 1..{week:.0f}"),
         ]
 
     @property
@@ -354,6 +388,7 @@ _FLOAT_FLAGS = {
     "housekeeping_interval_s": "housekeeping interval",
     "registry_ttl_s": "--registry-ttl",
     "heartbeat_interval_s": "--heartbeat-interval",
+    "alert_backoff_s": "--alert-backoff-s",
 }
 
 

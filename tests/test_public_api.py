@@ -70,6 +70,7 @@ def _two_step_flow(flow_id: str) -> Flow:
 
     @flow.step
     def double(ctx: StepContext) -> dict[str, Any]:
+        ctx.set_progress({"doubling": ctx.params["n"]})  # readable at once (FlowClient.get_event)
         return {"n": ctx.params["n"] * 2}
 
     @flow.step
@@ -113,8 +114,10 @@ def test_a_flow_runs_end_to_end_through_the_public_api(redis_url: str) -> None:
     service = start_worker(_settings(redis_url, "pub:flows", concurrency=2), flows=[flow])
     try:
         with FlowClient.from_url(redis_url, queue_name="pub:flows") as flows:
-            ids = [flows.start("public-api", {"n": n}) for n in (1, 2, 3)]
+            ids = [flows.start("public-api", {"n": n}, deadline_s=600) for n in (1, 2, 3)]
             docs = [flows.wait(eid, timeout_s=20) for eid in ids]
+            progress = [flows.get_event(eid, "progress") for eid in ids]
+            events = flows.events(ids[0])
     finally:
         started_s = time.monotonic()
         stopped = service.stop(timeout_s=STOP_BOUND_S)
@@ -122,6 +125,8 @@ def test_a_flow_runs_end_to_end_through_the_public_api(redis_url: str) -> None:
     assert [d["status"] for d in docs] == ["completed"] * 3
     want = [{"n": 2 * n, "text": f"{eid}: {2 * n}"} for n, eid in zip((1, 2, 3), ids, strict=True)]
     assert [d["state"] for d in docs] == want
+    assert progress == [{"doubling": n} for n in (1, 2, 3)] and events == {"progress": {"doubling": 1}}
+    assert all(isinstance(d["deadline_at"], float) for d in docs)
     assert stopped and stop_s < STOP_BOUND_S, stop_s
     assert _service_threads() == []
 
@@ -257,3 +262,31 @@ def test_configuration_errors_raise_before_anything_runs(redis_url: str) -> None
     thread.join(STOP_BOUND_S)
     assert failure and "signals=False" in str(failure[0])
     assert _service_threads() == []
+
+
+def test_flow_limits_are_options_of_flow() -> None:
+    """``Flow(max_concurrent=, max_starts_per_s=)`` (docs/flows.md, "Fleet-wide limits")."""
+    flow = Flow("limited", max_concurrent=2, max_starts_per_s=5)
+    assert (flow.max_concurrent, flow.max_starts_per_s, flow.start_burst) == (2, 5, 5.0)
+    with pytest.raises(ConfigError):
+        Flow("limited", max_concurrent=0)
+
+
+def test_alert_webhook_from_settings_posts_a_dead_letter(redis_url: str) -> None:
+    from tests.support.webhook import webhook
+
+    def reject(task: Task) -> None:
+        raise plaita.BadTaskError("not for us")
+
+    with pytest.raises(ConfigError, match="--alert-webhook"):
+        _settings(redis_url, "pub:alerts", alert_webhook="ftp://hooks.example.com/x")
+    with webhook() as hook:
+        settings = _settings(redis_url, "pub:alerts", alert_webhook=hook.url, alert_webhook_secret="k")
+        with start_worker(settings, handler=reject) as service:
+            with FlowClient.from_url(redis_url, queue_name="pub:alerts") as producer:
+                producer.queue.enqueue({"type": "start", "execution_id": "pa1"})
+            (got,) = hook.wait_for(1, 20)
+            service.request_stop()
+            assert service.join(STOP_BOUND_S)
+    assert got.doc["event"] == "dead_letter" and got.doc["execution_id"] == "pa1"
+    assert got.headers["x-plaita-signature"].startswith("sha256=")

@@ -52,6 +52,9 @@ def _add_start(sub: WithParents) -> None:
     st.add_argument("--dedup-key", help="start at most one execution per key")
     st.add_argument("--wait", action="store_true", help="wait until the execution ends and print its state")
     st.add_argument("--timeout-s", type=float, default=60.0, help="longest --wait (default %(default)s)")
+    st.add_argument(
+        "--deadline-s", type=float, help="cancel the whole execution (its children too) if not ended by then"
+    )
     st.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -109,6 +112,13 @@ def run_executions(args: argparse.Namespace) -> int:
         params = _json_arg(args.input, "--input")
         if not isinstance(params, dict):
             raise ConfigError("--input must be a JSON object")
+        if args.deadline_s is not None:
+            from plaita.flows.validate import check_deadline_s
+
+            try:
+                check_deadline_s(args.deadline_s)
+            except ValueError as exc:
+                raise ConfigError(f"--deadline-s: {exc}") from None
     flows = _client(args)
     try:
         return _COMMANDS[args.executions_command](flows, args)
@@ -123,7 +133,9 @@ def run_executions(args: argparse.Namespace) -> int:
 
 def _start(flows: Any, args: argparse.Namespace) -> int:
     params = json.loads(args.input)
-    eid = flows.start(args.flow, params, execution_id=args.execution_id, dedup_key=args.dedup_key)
+    eid = flows.start(
+        args.flow, params, execution_id=args.execution_id, dedup_key=args.dedup_key, deadline_s=args.deadline_s
+    )
     if not args.wait:
         print(json.dumps({"execution_id": eid}) if args.json else eid)
         return 0
@@ -199,8 +211,23 @@ def _show(flows: Any, args: argparse.Namespace) -> int:
     if doc is None:
         print(f"plaita executions show: no execution {args.id!r}", file=sys.stderr)
         return 1
-    _print_doc(doc, as_json=args.json)
+    events = flows.store.events(args.id)
+    if args.json:
+        print(json_text({**doc, "events": events}, indent=2, ensure_ascii=False))
+        return 0
+    _print_doc(doc, as_json=False)
+    _print_events(events)
     return 0
+
+
+def _print_events(events: dict[str, Any]) -> None:
+    """What the steps published (``ctx.publish``), newest value of each name."""
+    if not events:
+        return
+    print("events:")
+    for name, record in events.items():
+        value = json.dumps(record.get("value"), ensure_ascii=False)[:200]
+        print(f"  {name!s:18} {value}  (step {record.get('step')}, {_when(record.get('at'))})")
 
 
 def _summary(d: dict[str, Any]) -> dict[str, Any]:
@@ -236,9 +263,13 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
             f"{what} {suspension.get('step')} since {_when(suspension.get('since'))}, "
             f"{'until' if suspension.get('kind') == 'sleep' else 'deadline'} {_when(suspension.get('deadline'))}"
         )
+    if doc.get("deadline_at") is not None:
+        print(f"deadline {_when(doc.get('deadline_at'))}")
     error = doc.get("error")
     if isinstance(error, dict):
-        print(f"error in {error.get('step')}: {error.get('type')}: {error.get('message')}")
+        # A cancel with a reason (its deadline passed) is no failure: say which it is.
+        what = "cancelled" if doc.get("status") == "cancelled" else "error"
+        print(f"{what} in {error.get('step')}: {error.get('type')}: {error.get('message')}")
     print(f"state {json.dumps(doc.get('state'), ensure_ascii=False)[:500]}")
     print("timeline:")
     history = doc.get("history")

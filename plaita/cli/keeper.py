@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from plaita.cli.options import tls_of
-from plaita.config import DEFAULT_REDIS_URL, Settings
+from plaita.config import DEFAULT_REDIS_URL, Settings, validate_webhook_url
 from plaita.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -26,7 +26,10 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(
-    add: Callable[..., argparse.ArgumentParser], redis_options: Callable[[argparse.ArgumentParser], None]
+    add: Callable[..., argparse.ArgumentParser],
+    redis_options: Callable[[argparse.ArgumentParser], None],
+    *,
+    alert_options: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:
     k = add(
         "keeper",
@@ -34,6 +37,8 @@ def add_parser(
         description="Any number may run; one acts at a time (lease plaita:keeper:lease).",
     )
     redis_options(k)
+    if alert_options is not None:
+        alert_options(k)
     k.add_argument(
         "--once", action="store_true", help="one pass, then exit (1 if it failed or another keeper holds the lease)"
     )
@@ -63,6 +68,8 @@ def run_keeper(args: argparse.Namespace) -> int:
     from plaita.flows.definition import load_flows
     from plaita.flows.keeper import Keeper, KeeperSettings
     from plaita.flows.scheduler import Scheduler
+    from plaita.ops.alert_events import keeper_sender, orphan_alert
+    from plaita.ops.alerts import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S
     from plaita.ops.service import KEEPER_SOCKET_TIMEOUT_S
     from plaita.store.client import make_client
     from plaita.store.executions import ExecutionStore
@@ -82,11 +89,19 @@ def run_keeper(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    webhook = getattr(args, "alert_webhook", None)
+    if webhook:
+        validate_webhook_url(webhook)
     flows: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # a bad module or schedule: exit 2, one line
     client = make_client(url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=tls_of(args))
     queue = open_queue(queue_settings, client=client)
     store = ExecutionStore(client, queue.keyspace)
     keeper = Keeper(store, queue, settings, scheduler=Scheduler(flows, queue, store=store))
+    alerts = None
+    if webhook:
+        secret = getattr(args, "alert_webhook_secret", None)
+        alerts = keeper_sender(webhook, secret, holder=keeper.holder, queue=queue.stream).start()
+        keeper.on_orphaned = orphan_alert(alerts)
 
     def on_signal(_signum: int, _frame: object) -> None:
         keeper.request_stop()
@@ -97,5 +112,9 @@ def run_keeper(args: argparse.Namespace) -> int:
     try:
         return keeper.run(once=args.once)
     finally:
+        if alerts is not None:
+            # Bounded: a hanging webhook never holds a stop; --once gives the last pass's events
+            # one request's time to go out.
+            alerts.close(REQUEST_TIMEOUT_S if args.once else CLOSE_TIMEOUT_S)
         client.close()
         logger.info("plaita keeper stopped")

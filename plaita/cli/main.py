@@ -18,9 +18,15 @@ from plaita.cli import dashboard as dashboard_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
 from plaita.cli import schedules as schedules_cli
-from plaita.cli.options import WithParents, add_redis_options, add_worker_options, late_redis_options, redact_text
+from plaita.cli.options import (
+    WithParents,
+    add_alert_options,
+    add_redis_options,
+    add_worker_options,
+    late_redis_options,
+)
 from plaita.cli.tracing import add_otel_option
-from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ
+from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ, redact_text
 from plaita.errors import ConfigError
 from plaita.version import __version__
 
@@ -196,7 +202,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_tools(add)
     dashboard_cli.add_parser(add, env)
     executions_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
-    keeper_cli.add_parser(add, lambda p: add_redis_options(p, env))
+    keeper_cli.add_parser(
+        add, lambda p: add_redis_options(p, env), alert_options=lambda p: add_alert_options(p, env, worker=False)
+    )
     schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     return parser
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -182,6 +181,39 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
     ),
 )
 
+#: The alert webhook: ``plaita worker`` and ``plaita keeper`` (its secret: ``ALERT_SECRET_ENV``).
+ALERT_OPTIONS: tuple[Opt, ...] = (
+    Opt(
+        "--alert-webhook",
+        "alert_webhook",
+        str,
+        ("PLAITA_ALERT_WEBHOOK",),
+        "POST JSON alert events (dead_letter, execution_error, zombie_reaped, backoff_stuck, "
+        "backoff_recovered) to this http(s) URL; with PLAITA_ALERT_WEBHOOK_SECRET set, each is "
+        "signed in X-Plaita-Signature (see docs/operations.md)",
+        shown="off",
+    ),
+)
+#: Worker only: when an outage is worth an alert.
+ALERT_WORKER_OPTIONS: tuple[Opt, ...] = (
+    Opt(
+        "--alert-backoff-s",
+        "alert_backoff_s",
+        float,
+        ("PLAITA_ALERT_BACKOFF_S",),
+        "send one backoff_stuck alert when an outage (BACKOFF and its retries) lasts longer than this",
+    ),
+)
+#: The webhook's HMAC secret comes from the environment only: a flag would show in ``ps``.
+ALERT_SECRET_ENV = "PLAITA_ALERT_WEBHOOK_SECRET"
+
+
+def add_alert_options(p: argparse.ArgumentParser, env: Mapping[str, str], *, worker: bool = True) -> None:
+    """``--alert-webhook`` (and for a worker ``--alert-backoff-s``); the secret from the environment."""
+    add_options(p, env, ALERT_OPTIONS + (ALERT_WORKER_OPTIONS if worker else ()))
+    p.set_defaults(alert_webhook_secret=env_first(env, ALERT_SECRET_ENV))
+
+
 #: TLS files for a ``rediss://`` URL: accepted by every command that talks to Redis.
 TLS_OPTIONS: tuple[Opt, ...] = (
     Opt(
@@ -300,16 +332,6 @@ class WithParents:
         return parser
 
 
-#: ``scheme://user:password@`` in any text; the password is everything up to the last ``@``
-#: of the word (a password may contain ``@`` and ``:``).
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s'\"]*@")
-
-
-def redact_text(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``."""
-    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:***@", text)
-
-
 def tls_of(args: argparse.Namespace) -> TlsFiles:
     """The TLS files the command was given (checked readable; never printed)."""
     files = TlsFiles(
@@ -329,15 +351,18 @@ def add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> No
     p.add_argument("--no-registry", action="store_true", help="no registry heartbeat and no remote control listener")
     p.add_argument("--flows", action="append", metavar="MODULE", help="run the flows of MODULE (repeatable)")
     p.add_argument("--keeper", action="store_true", help="also run a keeper in this worker (needs --flows)")
+    add_alert_options(p, env)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """Settings from parsed ``worker`` arguments; ConfigError on any invalid value."""
     values: dict[str, Any] = {
         opt.field: getattr(args, opt.flag.removeprefix("--").replace("-", "_"))
-        for opt in (*WORKER_OPTIONS, *TLS_OPTIONS)
+        for opt in (*WORKER_OPTIONS, *TLS_OPTIONS, *ALERT_OPTIONS, *ALERT_WORKER_OPTIONS)
         if opt.field is not None
     }
+    values["alert_webhook"] = values["alert_webhook"] or None
+    values["alert_webhook_secret"] = getattr(args, "alert_webhook_secret", None)
     values["consumer_name"] = values["consumer_name"] or default_consumer_name(args.slot)
     # The flag's 0 is "off" (as its --help says); Settings' 0 is "any free port", which a program
     # asks for (tests), never an operator.

@@ -49,6 +49,7 @@ TABS = [
     ("workers", "/workers", "Workers"),
     ("dlq", "/dlq", "DLQ"),
     ("executions", "/executions", "Executions"),
+    ("schedules", "/schedules", "Schedules"),
 ]
 #: Host headers accepted when bound to loopback (a DNS-rebinding page sends its own name).
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -129,12 +130,20 @@ def _clock(epoch_s: Any) -> str:
         return "-"
 
 
+def _stamp(epoch_s: Any) -> str:
+    """A full UTC time (a sleep or a tick may be days away, where ``clock`` shows only the hour)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(epoch_s)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "-"
+
+
 def _templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,  # every payload, reason and error from Redis is untrusted text
     )
-    env.filters.update(age=_age, clock=_clock)
+    env.filters.update(age=_age, clock=_clock, stamp=_stamp)
     env.globals.update(lifecycle_svg=lifecycle_svg, throughput_svg=throughput_svg, tabs=TABS)
     return Jinja2Templates(env=env)
 

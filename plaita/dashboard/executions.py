@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.dashboard.actions import ActionError, Outcome
+from plaita.dashboard.lineage import WAITING_KINDS, waits_as
 from plaita.flows import model
 from plaita.flows.client import ExecutionNotFound, FlowClient
 from plaita.store.executions import STATUSES, TERMINAL, ExecutionStore
@@ -31,24 +32,34 @@ MAX_DATA_BYTES = 64 * 1024
 RESUME_TYPES = ("event", *sorted(model.RESUME_TYPES - {"event"}))
 
 
-def _newest_of(store: ExecutionStore, status: str, flow: str, limit: int) -> list[dict[str, Any]]:
-    """Up to ``limit`` executions with ``status`` (and ``flow``, when given), newest update first."""
+def _newest_of(store: ExecutionStore, status: str, flow: str, limit: int, waiting: str = "") -> list[dict[str, Any]]:
+    """Up to ``limit`` executions with ``status`` (and ``flow``, and waiting for ``waiting``,
+    when given), newest update first."""
     found: list[dict[str, Any]] = []
     for offset in range(0, MAX_SCANNED, SCAN_PAGE):
         page = store.by_status(status, SCAN_PAGE, offset=offset, prune=False)
-        found.extend(d for d in page if not flow or d.get("flow_id") == flow)
+        found.extend(
+            d for d in page if (not flow or d.get("flow_id") == flow) and (not waiting or waits_as(d, waiting))
+        )
         if len(found) >= limit or len(page) < SCAN_PAGE:
             break
     return found[:limit]
 
 
-def listing(store: ExecutionStore, status: str, flow: str, limit: int = LIST_ROWS) -> list[dict[str, Any]]:
-    """Executions with ``status`` (every status when empty) of ``flow`` (any when empty), newest first."""
+def listing(
+    store: ExecutionStore, status: str, flow: str, limit: int = LIST_ROWS, waiting: str = ""
+) -> list[dict[str, Any]]:
+    """Executions with ``status`` (every status when empty) of ``flow`` (any when empty), newest
+    first; with ``waiting`` (one of ``WAITING_KINDS``) only the suspended ones waiting for that."""
     if status and status not in STATUSES:
         raise ActionError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
+    if waiting and waiting not in WAITING_KINDS:
+        raise ActionError(f"unknown waiting filter {waiting!r} (one of {', '.join(WAITING_KINDS)})")
+    if waiting and status not in ("", "suspended"):
+        raise ActionError(f"only suspended executions wait (asked for {status} ones waiting for {waiting})")
     rows: list[dict[str, Any]] = []
-    for s in (status,) if status else STATUSES:
-        rows.extend(_newest_of(store, s, flow, limit))
+    for s in ("suspended",) if waiting else (status,) if status else STATUSES:
+        rows.extend(_newest_of(store, s, flow, limit, waiting))
     rows.sort(key=lambda d: _float(d.get("updated_at")), reverse=True)
     return rows[:limit]
 
@@ -125,6 +136,6 @@ def _float(value: Any) -> float:
 
 
 __all__ = [
-    "LIST_ROWS", "RESUME_TYPES", "STATUSES", "TERMINAL",
+    "LIST_ROWS", "RESUME_TYPES", "STATUSES", "TERMINAL", "WAITING_KINDS",
     "cancel", "listing", "pretty", "resume", "timeline", "valid_id",
 ]  # fmt: skip

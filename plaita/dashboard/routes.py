@@ -19,11 +19,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from plaita.dashboard import actions, dlq_view, executions
+from plaita.dashboard import actions, dlq_view, executions, lineage
 from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.core import Dashboard
 from plaita.dashboard.security import SESSION_COOKIE, Forbidden
 from plaita.store.errors import is_redis_failure
+from plaita.store.executions import UnreadableExecution
 
 T = TypeVar("T")
 
@@ -93,12 +94,15 @@ class Views:
     async def execution_list(self, request: Request) -> Response:
         status = request.query_params.get("status", "").strip()[:40]
         flow = request.query_params.get("flow", "").strip()[:200]
+        waiting = request.query_params.get("waiting", "").strip()[:40]
+        store = self.dash.page_executions
         try:
-            rows, error = await _read(self.dash, lambda: executions.listing(self.dash.page_executions, status, flow))
+            rows, error = await _read(self.dash, lambda: executions.listing(store, status, flow, waiting=waiting))
         except ActionError as exc:
             rows, error = [], str(exc)
         return self.dash.render(
             request, "executions.html", active="executions", rows=rows or [], status=status, flow=flow,
+            waiting=waiting, waiting_kinds=executions.WAITING_KINDS, waiting_for=lineage.waiting_for,
             statuses=executions.STATUSES, limit=executions.LIST_ROWS, page_error=error,
         )  # fmt: skip
 
@@ -106,7 +110,24 @@ class Views:
         eid = request.path_params["execution_id"]
         if not executions.valid_id(eid):
             return self.dash.render(request, "message.html", 404, active="executions", title="Not an id", text=eid)
-        doc, error = await _read(self.dash, lambda: self.dash.page_executions.get(eid))
+        spawn = request.query_params.get("spawn", "")[: executions.MAX_ID_CHARS + 100]
+        offset = max(0, _int(request.query_params.get("children_from", "0")))
+        store = self.dash.page_executions
+
+        def read() -> tuple[dict[str, Any] | None, dict[str, Any]]:
+            try:
+                doc = store.get(eid)
+            except UnreadableExecution as exc:  # data, not an outage: say what the key holds
+                return None, {"unreadable": str(exc)}
+            return doc, lineage.view(store, doc, spawn, offset) if doc else {}
+
+        found, error = await _read(self.dash, read)
+        doc, composed = found or (None, {})
+        if "unreadable" in composed:
+            text = str(composed["unreadable"])
+            return self.dash.render(
+                request, "message.html", active="executions", title="Unreadable execution", text=text
+            )
         if doc is None and error is None:
             return self.dash.render(
                 request, "message.html", 404, active="executions", title="No such execution", text=eid
@@ -114,8 +135,13 @@ class Views:
         return self.dash.render(
             request, "execution.html", active="executions", doc=doc, eid=eid, page_error=error,
             steps=executions.timeline(doc) if doc else [], pretty=executions.pretty, terminal=executions.TERMINAL,
-            resume_types=executions.RESUME_TYPES, resume_id=secrets.token_hex(8),
+            resume_types=executions.RESUME_TYPES, resume_id=secrets.token_hex(8), composed=composed,
+            limit_children=lineage.CHILD_ROWS,
         )  # fmt: skip
+
+    async def schedules(self, request: Request) -> Response:
+        rows, error = await _read(self.dash, lambda: lineage.schedules(self.dash.page_executions))
+        return self.dash.render(request, "schedules.html", active="schedules", rows=rows or [], page_error=error)
 
     async def cancel_execution(self, request: Request) -> Response:
         eid = str((await _form(request)).get("execution_id", ""))
@@ -216,6 +242,7 @@ def routes(dash: Dashboard) -> list[Route]:
         Route("/executions/cancel", v.cancel_execution, methods=["POST"]),
         Route("/executions/resume", v.resume_execution, methods=["POST"]),
         Route("/executions/{execution_id:path}", v.execution_page),
+        Route("/schedules", v.schedules),
         Route("/login", v.login_page),
         Route("/login", v.login, methods=["POST"]),
         Route("/logout", v.logout, methods=["POST"]),

@@ -21,7 +21,7 @@ from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover
 from plaita.flows.tracing import TaskTrace
-from plaita.flows.validate import require_task_json
+from plaita.flows.validate import require_task_json, task_deadline
 from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
@@ -107,7 +107,8 @@ class Admission:
         if not isinstance(params, dict):
             raise BadTaskError(f"start 'params' must be a JSON object (got {type(params).__name__})")
         dedup = str(body["dedup_key"]) if body.get("dedup_key") not in (None, "") else None
-        execution = Execution.start(eid, flow, params, dedup_key=dedup, now_s=self._clock())
+        deadline_at = task_deadline(body)
+        execution = Execution.start(eid, flow, params, dedup_key=dedup, now_s=self._clock(), deadline_at=deadline_at)
         if isinstance(body.get("parent"), dict):  # a child execution: it tells its parent when it ends
             execution = replace(execution, extra={"parent": body["parent"]})
         require_task_json(params, "start 'params'")
@@ -175,18 +176,18 @@ class Admission:
         compatible = await self._compatible(run)
         if compatible is None or compatible.ending is not None or self.on_child is None:
             return compatible
-        if compatible.cancel:
-            compatible.ending = compatible.execution.ended("cancelled", self._clock())
+        if compatible.cancel or compatible.execution.past_deadline(self._clock()):
+            compatible.ending = compatible.execution.cancelled(self._clock())
             return compatible
         counted: Run | None = await call_io(run.offload, self.on_child, compatible)
         return counted
 
     def _resumed(self, run: Run, rtype: str, rid: str) -> Run | None:
         """``run`` with resume ``rid`` applied: now (suspended), at the next suspension (still
-        running: its worker died), or as the execution's end (a cancel)."""
-        body = run.task.body
-        if rtype == "cancel" or run.cancel:
-            run.ending = run.execution.ended("cancelled", self._clock())
+        running: its worker died), or as the execution's end (a cancel, or past its deadline)."""
+        body, now_s = run.task.body, self._clock()
+        if rtype == "cancel" or run.cancel or run.execution.past_deadline(now_s):
+            run.ending = run.execution.cancelled(now_s)
             return run
         require_task_json(body.get("data"), "resume 'data'")
         if run.execution.sleeping_now:

@@ -25,6 +25,10 @@ continues it: the step runs again and its spawn sees the children that already e
 
 Cancel. A parent that ends ``cancelled`` while waiting sets each child's cancel flag and sends a
 ``cancel`` resume to each (a suspended child is cancelled at once).
+
+Orphaned. A child the keeper ends in ``error`` (``Orphaned``: no worker left) gets, in the same
+transaction, a task of its own (``end_task``): a no-op whose worker notifies the parent as after
+any other end, so the parent is woken like by any terminal child.
 """
 
 from __future__ import annotations
@@ -63,6 +67,16 @@ def _outcome(eid: str, doc: dict[str, Any] | None | UnreadableExecution) -> dict
     return {"execution_id": eid, "status": status, "result": result, "error": doc.get("error")}
 
 
+def end_task(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """For a child that ended outside any worker (the keeper's ``Orphaned``): a resume of it,
+    a no-op once delivered, whose worker then does what follows its end (``redelivered``: it
+    tells the parent). None for an execution that has no parent."""
+    link, eid = doc.get(PARENT_FIELD), str(doc.get("execution_id"))
+    if not isinstance(link, dict) or not link.get("id"):
+        return None
+    return model.resume_body(eid, "continue", flow_id=doc.get("flow_id"), resume_id=f"ended:{eid}")
+
+
 class Children:
     """Spawns, joins and cancels children on ``store`` (every call blocking: run it via call_io)."""
 
@@ -86,7 +100,8 @@ class Children:
         traceparent = current_traceparent()  # the spawning step's span: each child joins its trace
         for i, (eid, doc) in enumerate(zip(ids, docs, strict=True)):
             if doc is None:  # an existing child has (had) its task: starting it again is a no-op
-                body = model.start_body(spawn.flow_id, spawn.params[i], eid)
+                # A child inherits the parent's deadline: it is cancelled past it too.
+                body = model.start_body(spawn.flow_id, spawn.params[i], eid, deadline_at=suspended.deadline_at)
                 if traceparent is not None:
                     body[model.TRACEPARENT] = traceparent
                 bodies.append({**body, PARENT_FIELD: {**link, "index": i}})

@@ -19,7 +19,7 @@ from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.tracing import producing
-from plaita.flows.validate import require_json
+from plaita.flows.validate import check_deadline_s, require_json
 from plaita.store.client import make_client
 from plaita.store.executions import TERMINAL, ExecutionStore
 from plaita.store.partitioned import open_queue
@@ -116,11 +116,17 @@ class FlowClient:
         execution_id: str | None = None,
         dedup_key: str | None = None,
         version: str | None = None,
+        deadline_s: float | None = None,
     ) -> str:
-        """Enqueue a start; returns the execution id (an earlier one when ``dedup_key`` was seen)."""
+        """Enqueue a start; returns the execution id (an earlier one when ``dedup_key`` was seen).
+
+        ``deadline_s``: the whole execution must end within that many seconds from now (this
+        machine's clock); past it the execution is cancelled, its children too, and its
+        ``error`` says ``DeadlineExceeded``. ValueError unless finite, above 0, at most 10 years."""
         if params is not None and not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object)")
         require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
+        deadline_at = None if deadline_s is None else time.time() + check_deadline_s(deadline_s)
         ks = self.queue.keyspace
         if (
             dedup_key is not None
@@ -137,7 +143,9 @@ class FlowClient:
             if earlier is not None:
                 return earlier
         eid = execution_id or self._new_id(dedup_key)
-        body = model.start_body(flow_id, params or {}, eid, dedup_key=dedup_key, version=version)
+        body = model.start_body(
+            flow_id, params or {}, eid, dedup_key=dedup_key, version=version, deadline_at=deadline_at
+        )
         self._enqueue(body)
         return eid
 
@@ -201,6 +209,16 @@ class FlowClient:
 
     def get(self, execution_id: str) -> dict[str, Any] | None:
         return self.store.get(execution_id)
+
+    def events(self, execution_id: str) -> dict[str, Any]:
+        """What the execution's steps published (``ctx.publish``), by name: the latest value of
+        each, readable while a step runs ({} when none; they expire with the execution)."""
+        return {name: record.get("value") for name, record in self.store.events(execution_id).items()}
+
+    def get_event(self, execution_id: str, name: str, default: Any = None) -> Any:
+        """The latest value published under ``name`` (``ctx.publish``), or ``default``."""
+        record = self.store.event(execution_id, name)
+        return default if record is None else record.get("value")
 
     def wait(self, execution_id: str, timeout_s: float, *, poll_s: float = WAIT_POLL_S) -> dict[str, Any]:
         """The state once terminal; WaitTimeout after ``timeout_s`` (a start not yet run by a

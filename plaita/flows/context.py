@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +120,8 @@ class StepContext:
         attempt: int,
         cancel: CancelFlag,
         slot_tag: str = "",
+        deadline_at: float | None = None,
+        publisher: Callable[[str, Any], None] | None = None,
     ) -> None:
         self.execution_id = execution_id
         self.flow_id = flow_id
@@ -129,10 +132,13 @@ class StepContext:
         self.resume = resume
         self.attempt = attempt
         self.cancel = cancel
+        #: The whole execution's deadline (epoch seconds) or None; past it ``cancel`` is set.
+        self.deadline_at = deadline_at
         #: The execution's hash tag with partitions ("" without): a staged key must carry it.
         self.slot_tag = slot_tag
         self.next_step: str | None = None
         self.staged: list[Staged] = []
+        self._publisher = publisher
 
     @property
     def cancelled(self) -> bool:
@@ -177,6 +183,20 @@ class StepContext:
             Child(str(c.get("execution_id")), str(c.get("status")), c.get("result"), c.get("error"))
             for c in self.resume.data
         ]
+
+    def publish(self, name: str, value: Any) -> None:
+        """Write ``value`` (strict JSON, at most 64 KiB) under ``name`` now, not with the
+        checkpoint: ``FlowClient.events`` / ``get_event`` and ``plaita executions show`` see it
+        while the step still runs (the last value per name wins; at most 100 names). One fenced
+        Redis call (it blocks for that round trip, in an ``async def`` step too). ValueError for
+        a bad name or value; LeaseLostError when the worker lost the execution's lease."""
+        if self._publisher is None:
+            raise RuntimeError("this step context has no publisher (it is not run by a FlowRunner)")
+        self._publisher(name, value)
+
+    def set_progress(self, value: Any) -> None:
+        """``publish("progress", value)``: say how far the step is (a fraction, counts, text)."""
+        self.publish("progress", value)
 
     def goto(self, step_name: str) -> None:
         """Run ``step_name`` next instead of the following step (branches and loops)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -91,11 +92,29 @@ class Flow:
     hooks: dict[str, list[Hook]] = field(default_factory=dict, repr=False, compare=False)
     #: Started by the keeper on every tick (``Schedule``, or a cron string: UTC, missed ticks skipped).
     schedule: Schedule | str | None = None
+    #: At most this many executions run at once across every worker (``plaita.flows.limits``);
+    #: None = no limit. A suspended execution holds no slot.
+    max_concurrent: int | None = None
+    #: At most this many starts per second across every worker (a token bucket holding one
+    #: second's worth, at least 1); None = no limit. Resumes are not counted.
+    max_starts_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.flow_id:
             raise ConfigError("a flow needs a non-empty flow_id")
         self.schedule = schedule_of(self.schedule)
+        limit, rate = self.max_concurrent, self.max_starts_per_s
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ConfigError(f"flow {self.flow_id!r}: max_concurrent must be an int >= 1 or None, got {limit!r}")
+        if rate is not None and (
+            isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf
+        ):
+            raise ConfigError(f"flow {self.flow_id!r}: max_starts_per_s must be a number > 0 or None, got {rate!r}")
+
+    @property
+    def start_burst(self) -> float:
+        """Starts the rate limit lets through at once after a quiet spell: one second's worth."""
+        return max(1.0, float(self.max_starts_per_s or 0.0))
 
     # Hooks run in the worker that wrote the terminal checkpoint, right after it, at most once
     # per execution (docs/flows.md, "Hooks"); they are not part of the fingerprint.

@@ -7,7 +7,10 @@ a worker killed during step k leaves the checkpoint of step k-1, and whoever run
 execution next starts at step k.
 
 One task, in this file's order: ``plaita.flows.admit`` turns it into a ``Run`` (or a no-op:
-every task is safe to deliver twice); ``_advance`` runs steps while the execution is running.
+every task is safe to deliver twice); a flow with fleet-wide limits first takes one of its slots
+(``plaita.flows.limits``: a start before admission, a resume after, given back when the task
+ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
+execution is running.
 One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
 its outcome means (``_succeeded``, ``_suspended``, ``_failed``), and ``_commit`` it: seal it
 (the ``error`` execution replaces one that cannot be written), write it (``checkpoint``), make
@@ -25,20 +28,25 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from plaita.config import DEFAULT_LEASE_TTL_S
+from plaita.errors import NotForThisWorker
 from plaita.flows import model
 from plaita.flows.admit import Admission, Run
 from plaita.flows.checkpoint import Checkpointer, LeaseLostError, call_io
 from plaita.flows.children import Children
 from plaita.flows.context import Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
+from plaita.flows.events import publisher
 from plaita.flows.execution import Execution, describe_exception, error_doc, error_from_exception, sealed
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
-from plaita.flows.tracing import TaskTrace, Tracing, parse_traceparent
+from plaita.flows.limits import FlowLimits
+from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.flows.validate import StepOutputError
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
 from plaita.store.executions import ExecutionStore, Staged
+from plaita.store.flow_limits import FlowLimitStore
 from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)
@@ -66,6 +74,7 @@ class FlowRunner:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.time,
         observer: ExecutionObserver | None = None,
+        slot_ttl_s: float = DEFAULT_LEASE_TTL_S,
         tracer_provider: Any = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
@@ -82,6 +91,8 @@ class FlowRunner:
         self.handover = Handover(store.client, store.ks.queue)
         self._admission = Admission(self.flows, store, self.handover, max_state_bytes=max_state_bytes, clock=clock)
         self._children = Children(store)
+        #: Flow limits (``max_concurrent``, ``max_starts_per_s``); slots live as long as leases.
+        self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), ttl_s=slot_ttl_s, rng=self._rng)
         self._admission.on_child = self._children.noted
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
@@ -123,6 +134,7 @@ class FlowRunner:
     def close(self) -> None:
         """Stop the cancel watcher and close the per-thread loops (call once no task runs)."""
         self._watch.stop()
+        self._limits.close()
         with self._loops_lock:
             loops, self._loops = self._loops, []
         for loop in loops:
@@ -133,29 +145,41 @@ class FlowRunner:
     async def _handle(self, task: Task, *, offload: bool) -> None:
         tracer = self._tracing.active()
         if tracer is None:  # tracing off: one check, nothing else (bench/tracing.py)
-            await self._task(task, offload, None)
+            await self._limited(task, offload, None)
             return
         trace = TaskTrace(tracer, task, self.store.ks.queue)
         try:
-            run = await self._task(task, offload, trace)
+            run = await self._limited(task, offload, trace)
         except BaseException as exc:
             trace.close(exc)
             raise
         trace.outcome = run.execution.status if run is not None else "noop"
         trace.close()
 
-    async def _task(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
+    async def _limited(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
+        try:
+            return await self._admitted(task, offload, trace)
+        finally:  # the flow slot it took (if any), whatever happened: suspended, ended, failed
+            if self._limits.holds(task):  # no thread hop for the tasks of unlimited flows
+                await call_io(offload, self._limits.leave, task)
+
+    async def _admitted(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
+        start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
+        if start_flow is not None:  # a start waits for its flow's limits before it creates anything
+            await self._enter(start_flow, task, offload, start=True)
         run = await self._admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
             await call_io(offload, self._children.redelivered, task.execution_id)
             return None
-        self._traced(run, trace)
+        run.trace, run.execution = trace, joined(trace, run.execution, run.flow.flow_id, task.body)
         flow_id = run.flow.flow_id
         if run.created:
             self._tell("execution_event", flow_id, "started")
         if run.ending is not None:
             await self._commit(run, run.ending)
             return run
+        if start_flow is None:  # a resume with work to do
+            await self._enter(run.flow, task, offload, start=False)
         self._tell("run_began", flow_id)
         try:
             await self._advance(run)
@@ -163,27 +187,15 @@ class FlowRunner:
             self._tell("run_ended", flow_id)
         return run
 
-    @staticmethod
-    def _traced(run: Run, trace: TaskTrace | None) -> None:
-        """Open the task's span under the execution's trace; an execution without one takes the
-        body's ``traceparent`` (else this task's span) as its origin, written by the next checkpoint."""
-        ex = run.execution
-        if trace is not None:
-            trace.open(ex.traceparent, run.flow.flow_id)
-            run.trace = trace
-        if ex.traceparent is None:
-            origin = trace.origin() if trace is not None else parse_traceparent(run.task.body.get(model.TRACEPARENT))
-            if origin is not None:
-                run.execution = ex.traced(origin)
-
     async def _advance(self, run: Run) -> None:
         # Every step ends in a checkpoint; the status it wrote (not the step's wish: a state
         # that cannot be written turns into ``error``) decides whether another step runs.
         while run.execution.status == "running":
             if run.task.cancelled.is_set():
                 raise LeaseLostError(f"lease of execution {run.task.execution_id} lost")
-            if run.cancel:
-                await self._commit(run, run.execution.ended("cancelled", self._clock()))
+            now_s = self._clock()
+            if run.cancel or run.execution.past_deadline(now_s):  # a cancel, or its deadline passed
+                await self._commit(run, run.execution.cancelled(now_s))
                 return
             await self._run_step(run, run.flow.steps[run.execution.step_index])
         if run.pending is not None:
@@ -223,6 +235,17 @@ class FlowRunner:
             return await self._failed(run, step, ctx.attempt, exc, started_s)
         return None
 
+    async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
+        """Take the flow's slot (``plaita.flows.limits``); over its limit the task goes back to
+        the queue (NotForThisWorker, counted here as ``throttled``)."""
+        if not self._limits.limited(flow, start=start):
+            return
+        try:
+            await call_io(offload, self._limits.enter, flow, task, start=start)
+        except NotForThisWorker:
+            self._tell("execution_event", flow.flow_id, "throttled")
+            raise
+
     def _context(self, run: Run, step: Step) -> StepContext:
         ex = run.execution
         resume = ex.resume
@@ -236,6 +259,8 @@ class FlowRunner:
             resume=Resume(resume.get("type", "continue"), resume.get("data")) if resume is not None else None,
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
+            deadline_at=ex.deadline_at,
+            publisher=publisher(self.store, run.task, step.name, self._clock),
             slot_tag=self.store.ks.slot_tag(run.task.execution_id),
         )
 
@@ -274,8 +299,8 @@ class FlowRunner:
             return
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
         if isinstance(value, Spawn) and run.execution.status == "suspended":
-            if run.cancel:  # cancelled while it spawned: end now, which cancels the children
-                await self._commit(run, run.execution.ended("cancelled", self._clock()))
+            if run.cancel or run.execution.past_deadline(self._clock()):  # end now: cancels the children
+                await self._commit(run, run.execution.cancelled(self._clock()))
                 return
             joined = await call_io(run.offload, self._children.settled, run)  # all ended meanwhile?
             if joined is not None:
@@ -316,6 +341,8 @@ class FlowRunner:
             "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
         )
         await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
+        if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
+            delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
         return delay_s
 
     # -- the checkpoint and what follows it ------------------------------------------------
@@ -337,6 +364,9 @@ class FlowRunner:
         if written.status != wanted.status:  # replaced: none of the step's writes, no deadline
             logger.error("execution %s: %s", run.task.execution_id, (written.error or {}).get("message"))
             staged, deadline_s = None, None
+        if written.status == "suspended" and written.deadline_at is not None:
+            # The keeper finds a suspension past the whole execution's deadline by the same index.
+            deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
         cancel = await self._checkpoints.write(
             run.task,
             text,
@@ -351,6 +381,8 @@ class FlowRunner:
         event = _STATUS_EVENTS.get(written.status)
         if event is not None:
             self._tell("execution_event", run.flow.flow_id, event)
+        if written.status == "error":  # alert webhooks: the ids and the error, never the state
+            self._tell("execution_failed", run.flow.flow_id, run.task.execution_id, written.error)
         if written.terminal:
             await self._ended(run)
 

@@ -12,13 +12,14 @@ rolling upgrade) are kept as they were and written back unchanged.
 
 from __future__ import annotations
 
+import datetime
 import traceback
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from plaita.flows import model
 from plaita.flows.definition import Flow
-from plaita.flows.validate import StepOutputError, dumps, output_error
+from plaita.flows.validate import StepOutputError, dumps, epoch_or_none, output_error
 from plaita.store.executions import STATUSES, TERMINAL
 
 #: History entries kept per execution (the newest); ``steps_run`` keeps counting.
@@ -28,7 +29,9 @@ APPLIED_RESUMES_LIMIT = 100
 #: Tracebacks are cut to their last characters (the innermost frames say the most).
 TRACEBACK_CHARS = 4000
 #: Fields left out while they have this value (older documents lack them).
-_ABSENT = {"versions": None, "suspensions": 0}
+_ABSENT = {"versions": None, "suspensions": 0, "deadline_at": None}
+#: The ``error`` type of an execution cancelled because its whole-execution deadline passed.
+DEADLINE_EXCEEDED = "DeadlineExceeded"
 
 
 def error_doc(step: str | None, kind: str, message: str) -> dict[str, Any]:
@@ -112,6 +115,8 @@ class Execution:
     ended_at: float | None
     #: Suspensions so far: a timeout names the one it was armed for (0: never suspended).
     suspensions: int = 0
+    #: Whole-execution deadline (epoch seconds): past it the execution is cancelled; None: none.
+    deadline_at: float | None = None
     #: Fields this version does not know, written back as they were.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -122,9 +127,16 @@ class Execution:
     # -- encode / decode -------------------------------------------------------------------
     @classmethod
     def start(
-        cls, execution_id: str, flow: Flow, params: dict[str, Any], *, dedup_key: str | None, now_s: float
+        cls,
+        execution_id: str,
+        flow: Flow,
+        params: dict[str, Any],
+        *,
+        dedup_key: str | None,
+        now_s: float,
+        deadline_at: float | None = None,
     ) -> Execution:
-        """A new execution of ``flow``, running, at its first step."""
+        """A new execution of ``flow``, running, at its first step (cancelled past ``deadline_at``)."""
         return cls(
             execution_id=execution_id,
             flow_id=flow.flow_id,
@@ -148,6 +160,7 @@ class Execution:
             created_at=now_s,
             updated_at=now_s,
             ended_at=None,
+            deadline_at=deadline_at,
         )
 
     @classmethod
@@ -189,6 +202,7 @@ class Execution:
             updated_at=float(doc.get("updated_at") or 0.0),
             ended_at=doc.get("ended_at"),
             suspensions=int(doc.get("suspensions") or 0),
+            deadline_at=epoch_or_none(doc.get("deadline_at")),
             extra={k: v for k, v in doc.items() if k not in known},
         )
 
@@ -298,6 +312,7 @@ class Execution:
             suspension=None,
             error=None,
             ended_at=None,
+            deadline_at=None,  # an operator's restart runs without the deadline it ran out of
             results={k: v for k, v in self.results.items() if k not in dropped},
             history=[*self.history, entry][-HISTORY_LIMIT:],
             applied_resumes=[*self.applied_resumes, resume_id][-APPLIED_RESUMES_LIMIT:],
@@ -356,6 +371,14 @@ class Execution:
         """Ended without running a step (cancelled; refused as changed): ``status`` at ``now_s``."""
         return replace(self, status=status, ended_at=now_s, error=error if error is not None else self.error)
 
+    def cancelled(self, now_s: float) -> Execution:
+        """Ended ``cancelled``; past its deadline with why (``error`` type ``DeadlineExceeded``)."""
+        if self.deadline_at is None or not self.past_deadline(now_s):
+            return self.ended("cancelled", now_s)
+        when = datetime.datetime.fromtimestamp(self.deadline_at, tz=datetime.UTC).isoformat(timespec="seconds")
+        message = f"deadline exceeded: the execution had to end by {when}"
+        return self.ended("cancelled", now_s, error=error_doc(self.step, DEADLINE_EXCEEDED, message))
+
     def too_large(self, size: int, limit: int, after_step: str | None) -> Execution:
         """The ``error`` execution replacing one whose document is over ``limit`` bytes: without
         its state, results and resume (small enough to write, so the failure is recorded)."""
@@ -370,6 +393,10 @@ class Execution:
         return replace(self, state={}, results={}, resume=None, status="error", error=error, ended_at=self.updated_at)
 
     # -- questions ------------------------------------------------------------------------
+    def past_deadline(self, now_s: float) -> bool:
+        """Whether the whole-execution deadline has passed (never, without one)."""
+        return self.deadline_at is not None and now_s >= self.deadline_at
+
     def stale_timeout(self, suspension_seq: Any) -> bool:
         """A timeout (armed for suspension ``suspension_seq``, None = any) of a suspension that
         already ended: resumed, maybe suspended again."""

@@ -4,9 +4,11 @@
   its task went to the DLQ, or was lost with a Redis that restarted without its data) gets a
   ``resume`` ``retry``, at most once per cooldown.
 - A suspension past its deadline gets a ``resume`` ``timeout`` (carrying the suspension's
-  number, so a late one cannot time out a later suspension).
+  number, so a late one cannot time out a later suspension); one past the whole execution's
+  deadline (``deadline_at``, in the same index) gets a ``cancel`` instead.
 - A running, unleased execution not updated for ``zombie_after_s`` is set to ``error``
-  ("orphaned"): retrying it has not helped for that long.
+  ("orphaned"): retrying it has not helped for that long. A child execution gets a task with
+  it that wakes its parent, as any terminal child does (``plaita.flows.children.end_task``).
 
 Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``; a dry run
 reads only and never touches that lease. A Redis failure never ends the keeper: it backs off
@@ -25,11 +27,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from plaita.errors import ConfigError
 from plaita.flows import model
+from plaita.flows.children import end_task
 from plaita.flows.execution import error_doc
 from plaita.flows.scheduler import Scheduler
+from plaita.flows.validate import epoch_or_none
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids
@@ -95,6 +100,8 @@ class KeeperPass:
     wakes: list[str] = field(default_factory=list)
     #: Executions started for schedule ticks (plaita.flows.scheduler).
     scheduled: list[str] = field(default_factory=list)
+    #: Suspended executions past their whole-execution deadline, cancelled.
+    expired: list[str] = field(default_factory=list)
 
 
 class Keeper:
@@ -106,8 +113,11 @@ class Keeper:
         *,
         clock: Callable[[], float] = time.time,
         scheduler: Scheduler | None = None,
+        on_orphaned: Callable[[str, str, float], None] | None = None,
     ) -> None:
         self.store = store
+        #: Told (execution id, reason, last update) of each execution marked orphaned (alerts).
+        self.on_orphaned = on_orphaned
         #: Starts the ticks of scheduled flows (the flows the keeper was given), if any.
         self.scheduler = scheduler
         self.queue = queue
@@ -222,6 +232,10 @@ class Keeper:
     def log_pass(report: KeeperPass) -> None:
         if report.wakes:
             logger.info("keeper: %d sleep(s) woken %s", len(report.wakes), report.wakes[:10])
+        if report.expired:
+            logger.info(
+                "keeper: %d execution(s) past their deadline cancelled %s", len(report.expired), report.expired[:10]
+            )
         if report.corrupt:
             logger.debug("keeper: %d unreadable execution key(s) skipped %s", len(report.corrupt), report.corrupt[:10])
         if report.scheduled:
@@ -278,18 +292,27 @@ class Keeper:
                 if not s.dry_run:
                     self.store.forget_deadline(eid)
                 continue
-            # A durable sleep's deadline is its wake (``continue``), not a timeout.
-            wake = suspension.get("kind") == "sleep"
-            (report.wakes if wake else report.timeouts).append(eid)
+            body = self._due(eid, doc, suspension, now_s, report)
             if not s.dry_run:
-                body = model.resume_body(
-                    eid,
-                    "continue" if wake else "timeout",
-                    flow_id=doc.get("flow_id"),
-                    suspension=suspension.get("seq"),
-                    resume_id=f"{'wake' if wake else 'timeout'}:{suspension.get('seq')}",
-                )
                 self.queue.enqueue(body)
+
+    @staticmethod
+    def _due(
+        eid: str, doc: dict[str, Any], suspension: dict[str, Any], now_s: float, report: KeeperPass
+    ) -> dict[str, Any]:
+        """What a due suspension gets: ``cancel`` past the execution's deadline, ``continue``
+        for a durable sleep (its deadline is its wake), else ``timeout``."""
+        seq, flow_id = suspension.get("seq"), doc.get("flow_id")
+        deadline_at = epoch_or_none(doc.get("deadline_at"))
+        if deadline_at is not None and deadline_at <= now_s:
+            report.expired.append(eid)
+            return model.resume_body(eid, "cancel", flow_id=flow_id, resume_id=f"deadline:{seq}")
+        wake = suspension.get("kind") == "sleep"
+        (report.wakes if wake else report.timeouts).append(eid)
+        kind = "wake" if wake else "timeout"
+        return model.resume_body(
+            eid, "continue" if wake else "timeout", flow_id=flow_id, suspension=seq, resume_id=f"{kind}:{seq}"
+        )
 
     def _orphans(self, now_s: float, report: KeeperPass) -> None:
         s = self.settings
@@ -346,7 +369,13 @@ class Keeper:
     def _orphaned(self, eid: str, updated_at_s: float, now_s: float, report: KeeperPass) -> None:
         s = self.settings
         message = f"orphaned: running with no worker and no task for {now_s - updated_at_s:.0f} s"
+        # A child's parent is told through a task enqueued with the marking (``end_task``).
         if s.dry_run or self.store.mark_orphaned(
-            eid, updated_at_s, error_doc(None, "Orphaned", message), now_s, s.retention_s
+            eid, updated_at_s, error_doc(None, "Orphaned", message), now_s, s.retention_s, follow_up=end_task
         ):
             report.orphaned.append(eid)
+            if not s.dry_run and self.on_orphaned is not None:
+                try:
+                    self.on_orphaned(eid, message, updated_at_s)
+                except Exception:  # an alert must never fail a pass
+                    logger.exception("keeper: orphan hook failed for %s", eid)

@@ -32,12 +32,17 @@ def start_body(
     *,
     dedup_key: str | None = None,
     version: str | None = None,
+    deadline_at: float | None = None,
 ) -> dict[str, Any]:
+    """``deadline_at``: the whole execution's deadline (epoch seconds); absent = none, so a body
+    an older producer sent (or an older worker reads) is unchanged."""
     body: dict[str, Any] = {"type": "start", "flow_id": flow_id, "params": params, "execution_id": execution_id}
     if dedup_key is not None:
         body["dedup_key"] = dedup_key
     if version is not None:
         body["version"] = version
+    if deadline_at is not None:
+        body["deadline_at"] = deadline_at
     return body
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from plaita.errors import BadTaskError, NotForThisWorker
 from plaita.flows import model
 from plaita.flows.checkpoint import LeaseLostError
+from plaita.flows.execution import Execution
 from plaita.tasks import Task
 from plaita.version import __version__
 
@@ -249,6 +250,17 @@ class TaskTrace:
         if exc is not None:
             span.record_exception(exc)
         span.set_status(api.Status(api.StatusCode.ERROR, None if exc is None else type(exc).__name__))
+
+
+def joined(trace: TaskTrace | None, execution: Execution, flow_id: str, body: Mapping[str, Any]) -> Execution:
+    """Open the task's span under the execution's trace; an execution without one takes the
+    body's ``traceparent`` (else this task's span) as its origin, written by its next checkpoint."""
+    if trace is not None:
+        trace.open(execution.traceparent, flow_id)
+    if execution.traceparent is not None:
+        return execution
+    origin = trace.origin() if trace is not None else parse_traceparent(body.get(model.TRACEPARENT))
+    return execution if origin is None else execution.traced(origin)
 
 
 @contextmanager

@@ -66,6 +66,32 @@ def check_timeout_s(timeout_s: float | None) -> float | None:
     return float(timeout_s)
 
 
+def check_deadline_s(deadline_s: float) -> float:
+    """A whole-execution deadline, in seconds from now: finite, above 0, at most 10 years."""
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float):
+        raise ValueError(f"deadline_s must be a number of seconds, got {type(deadline_s).__name__}")
+    if not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_SECONDS:
+        raise ValueError(f"deadline_s must be above 0 and at most {MAX_SECONDS} s (10 years), got {deadline_s!r}")
+    return float(deadline_s)
+
+
+def epoch_or_none(value: Any) -> float | None:
+    """``value`` as finite epoch seconds, or None (absent, or not a finite number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def task_deadline(body: dict[str, Any]) -> float | None:
+    """A start body's ``deadline_at`` (epoch seconds; absent in older bodies: None); BadTaskError
+    (the task goes to the DLQ) when it is there and not a finite number."""
+    raw = body.get("deadline_at")
+    deadline_at = epoch_or_none(raw)
+    if raw is not None and deadline_at is None:
+        raise BadTaskError(f"start 'deadline_at' must be a finite epoch time in seconds, got {raw!r}")
+    return deadline_at
+
+
 def output_error(doc: dict[str, Any], step: str | None) -> StepOutputError:
     """The error for a step output ``doc`` cannot be encoded: names the bad value's key."""
     result = (doc.get("results") or {}).get(step) if step is not None else None

@@ -1,4 +1,5 @@
-"""Tell running steps about a cancel: the cancel key, or the worker losing the lease.
+"""Tell running steps about a cancel: the cancel key, the worker losing the lease, or the
+execution's deadline passing (``ctx.deadline_at``).
 
 Steps shorter than ``poll_s`` cost nothing here (their checkpoint reports the cancel key);
 longer ones get their flag within about ``poll_s`` from one MGET for all of them.
@@ -63,8 +64,10 @@ class CancelWatch:
                 continue
             with self._lock:
                 active = list(self._active.values())
+            wall_s = time.time()
             for ctx, task, _ in active:
-                if task.cancelled.is_set():
+                deadline_at = getattr(ctx, "deadline_at", None)
+                if task.cancelled.is_set() or (deadline_at is not None and wall_s >= deadline_at):
                     ctx.cancel.set()
             now = time.monotonic()
             if now < next_poll_s:

@@ -35,6 +35,7 @@ class Metrics:
         self._declare_worker(self.registry)
         self._declare_executions(self.registry)
         self._declare_queue(self.registry)
+        self._declare_alerts(self.registry)
         self.up.set(1)
         for s in State:
             self.state.labels(state=s.name).set(0)
@@ -91,6 +92,19 @@ class Metrics:
             "plaita_queue_oldest_pending_age_seconds", "Age of the oldest pending entry", registry=r
         )
         self.dlq_length = Gauge("plaita_queue_dlq_length", "Entries in the dead-letter stream", registry=r)
+
+    def _declare_alerts(self, r: CollectorRegistry) -> None:
+        self.alerts = {
+            outcome: Counter(f"plaita_alerts_{outcome}", f"Alert webhook events {text}", ["event"], registry=r)
+            for outcome, text in (
+                ("sent", "delivered (2xx)"),
+                ("failed", "not delivered after their retries"),
+                ("dropped", "dropped: the queue was full or the worker stopping"),
+            )
+        }
+
+    def count_alert(self, outcome: str, event: str) -> None:
+        self.alerts[outcome].labels(event=event).inc()
 
     def on_transition(self, source: State, dest: State, seconds_in_source: float) -> None:
         self.state.labels(state=source.name).set(0)

@@ -16,6 +16,7 @@ from typing import Any
 
 from plaita.fsm import ErrorKind, State
 from plaita.ops import sdnotify
+from plaita.ops.alert_events import WorkerAlerts
 from plaita.ops.control import ControlListener
 from plaita.ops.fleetcheck import FleetCheck
 from plaita.ops.metrics import HealthServer, Metrics
@@ -23,6 +24,7 @@ from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
+from plaita.store.entries import DeadLetter
 from plaita.store.executions import ExecutionStore
 from plaita.store.stats import stream_stats
 
@@ -60,6 +62,8 @@ class Operations:
         self._task_counters: dict[str, Any] = {}
         #: Set for a flow worker: the suspended-executions gauge is sampled with the queue's.
         self.executions: ExecutionStore | None = None
+        #: The alert webhook's events (``--alert-webhook``), or None.
+        self.alerts = WorkerAlerts.of(worker, self.metrics.count_alert)
 
     def _registry(self) -> Registry:
         settings = self.worker.settings
@@ -116,16 +120,22 @@ class Operations:
             self.registry.start()
         if self.control is not None:
             self.control.start()
+        if self.alerts is not None:
+            self.alerts.start()
         self._monitor.start()
 
     def worker_stopped(self) -> None:
         """Unregister and stop every thread (best effort, bounded)."""
         sdnotify.notify("STOPPING=1")
         self._stop.set()
+        if self.alerts is not None:
+            self.alerts.begin_close()  # the last events go out while the rest stops
         if self.control is not None:
             self.control.stop()
         if self.registry is not None:
             self.registry.stop()
+        if self.alerts is not None:
+            self.alerts.close()  # what is left of alerts.CLOSE_TIMEOUT_S, however the webhook behaves
         if self.http is not None:
             self.http.stop()
         self.metrics.up.set(0)
@@ -154,12 +164,20 @@ class Operations:
     def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
         self.metrics.redis_errors.labels(kind=kind.value, error=error_name).inc()
 
+    def dead_lettered(self, letters: list[DeadLetter]) -> None:
+        if self.alerts is not None:
+            self.alerts.dead_lettered(letters)
+
     # -- ExecutionObserver -----------------------------------------------------------------
     def execution_event(self, flow_id: str, event: str) -> None:
         self.metrics.executions.labels(flow=flow_id, event=event).inc()
 
     def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
         self.metrics.step_seconds.labels(flow=flow_id, step=step, outcome=outcome).observe(duration_s)
+
+    def execution_failed(self, flow_id: str, execution_id: str, error: dict[str, Any] | None) -> None:
+        if self.alerts is not None:
+            self.alerts.execution_failed(flow_id, execution_id, error)
 
     def run_began(self, flow_id: str) -> None:
         self.metrics.executions_in_flight.set(self.worker.observers.executions_in_flight)
@@ -179,6 +197,8 @@ class Operations:
             # BACKOFF), not to process liveness: a wedged loop gets restarted, an outage does not.
             if watchdog_s and self.worker.loop_age_s() < self.worker.stall_after_s:
                 sdnotify.notify("WATCHDOG=1")
+            if self.alerts is not None:
+                self.alerts.check_backoff()
             if not self.worker.outage.active and self.fleet_check.due():
                 self.fleet_check.run()
             now = time.monotonic()

@@ -24,6 +24,7 @@ from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
 from plaita.flows.keeper import Keeper
 from plaita.flows.scheduler import Scheduler
+from plaita.ops.alert_events import orphan_alert
 from plaita.ops.operations import Operations, attach_operations
 from plaita.runtime.handlers import load_handler
 from plaita.runtime.worker import Worker
@@ -221,7 +222,8 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
     client = make_client(
         settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
     )
-    runner = FlowRunner(registry, ExecutionStore(client, keyspace_of(settings)))
+    # Flow slots (max_concurrent) outlive a dead worker exactly as long as its leases do.
+    runner = FlowRunner(registry, ExecutionStore(client, keyspace_of(settings)), slot_ttl_s=settings.lease_ttl_s)
     runner.handover.group = settings.consumer_group  # hand over only to workers of our group
     try:
         # Steps run as coroutines on the async pool's loop; sync steps move to threads there.
@@ -232,7 +234,7 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
         raise
     runner.add_observer(worker.observers)  # execution metrics and the in-flight count
     ops.track_executions()
-    return WorkerService(worker, ops, keeper=_keeper(settings, registry) if keeper else None, runner=runner)
+    return WorkerService(worker, ops, keeper=_keeper(settings, registry, ops) if keeper else None, runner=runner)
 
 
 def _registry(flows: Sequence[str | Flow]) -> FlowRegistry:
@@ -257,15 +259,16 @@ def _attach(worker: Worker) -> Operations:
         raise
 
 
-def _keeper(settings: Settings, flows: FlowRegistry) -> Keeper:
+def _keeper(settings: Settings, flows: FlowRegistry, ops: Operations) -> Keeper:
     """A keeper with default settings on its own short-timeout client; it starts the ticks of
-    the scheduled ``flows``."""
+    the scheduled ``flows`` and sends its orphans to the worker's alert webhook, if any."""
     client = make_client(
         settings.redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=settings.tls
     )
     queue = open_queue(settings, client=client)
     store = ExecutionStore(client, queue.keyspace)
-    return Keeper(store, queue, scheduler=Scheduler(flows, queue, store=store))
+    on_orphaned = orphan_alert(ops.alerts.sender) if ops.alerts is not None else None
+    return Keeper(store, queue, scheduler=Scheduler(flows, queue, store=store), on_orphaned=on_orphaned)
 
 
 def _require_main_thread() -> None:

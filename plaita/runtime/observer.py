@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 from plaita.fsm import ErrorKind, State
+from plaita.store.entries import DeadLetter
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,10 @@ class WorkerObserver(Protocol):
     def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
         """A Redis call failed and the worker goes to BACKOFF."""
 
+    def dead_lettered(self, letters: list[DeadLetter]) -> None:
+        """These tasks are in the DLQ now (called on the settler thread once the write succeeded;
+        optional). Must only queue work: it runs between two settle batches."""
+
 
 class ExecutionObserver(Protocol):
     """What a flow runner reports (optional: an observer without these methods is skipped)."""
@@ -48,6 +53,9 @@ class ExecutionObserver(Protocol):
     def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
         """One run of a step ended: ``ok``, ``suspended`` or ``failed`` (it raised)."""
 
+    def execution_failed(self, flow_id: str, execution_id: str, error: dict[str, Any] | None) -> None:
+        """A checkpoint ended the execution in ``error`` (``error``: its step, type, message...)."""
+
     def run_began(self, flow_id: str) -> None:
         """This worker started advancing an execution (a task that was not a no-op)."""
 
@@ -56,7 +64,9 @@ class ExecutionObserver(Protocol):
 
 
 #: Notifications an observer may leave out (older observers, test recorders).
-OPTIONAL = frozenset({"execution_event", "step_finished", "run_began", "run_ended"})
+OPTIONAL = frozenset(
+    {"dead_lettered", "execution_event", "execution_failed", "step_finished", "run_began", "run_ended"}
+)
 
 
 class Observers:
@@ -97,6 +107,9 @@ class Observers:
     def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
         self._each("redis_failed", kind, error_name)
 
+    def dead_lettered(self, letters: list[DeadLetter]) -> None:
+        self._each("dead_lettered", letters)
+
     # -- executions (the flow runner calls these; it is an ``ExecutionObserver``) --------------
     @property
     def executions_in_flight(self) -> int:
@@ -106,6 +119,9 @@ class Observers:
 
     def execution_event(self, flow_id: str, event: str) -> None:
         self._each("execution_event", flow_id, event)
+
+    def execution_failed(self, flow_id: str, execution_id: str, error: dict[str, Any] | None) -> None:
+        self._each("execution_failed", flow_id, execution_id, error)
 
     def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
         self._each("step_finished", flow_id, step, outcome, duration_s)

@@ -44,9 +44,16 @@ class Settler:
     """The thread that acks and dead-letters finished tasks in batches."""
 
     def __init__(
-        self, stream_queue: StreamQueue, *, on_failure: Callable[[BaseException], None], max_defer_s: float = 1.0
+        self,
+        stream_queue: StreamQueue,
+        *,
+        on_failure: Callable[[BaseException], None],
+        max_defer_s: float = 1.0,
+        on_dead: Callable[[list[DeadLetter]], None] | None = None,
     ) -> None:
         self._queue = stream_queue
+        #: Told the dead letters each batch wrote to the DLQ (alerts); must not block.
+        self._on_dead = on_dead
         #: Longest wait of a deferred hand-back: well within the lease it holds meanwhile.
         self.max_defer_s = max_defer_s
         self._on_failure = on_failure
@@ -180,6 +187,9 @@ class Settler:
                 self._on_failure(exc)
                 continue
             self._report_refused(refused)
+            if dead and self._on_dead is not None:
+                refused_ids = {id(d) for d, _ in refused}
+                self._on_dead([d for d in dead if id(d) not in refused_ids])
             with self._cond:
                 self._phase = Phase.IDLE
                 self._batch = []

@@ -98,7 +98,9 @@ class Worker:
         self.inflight = InFlightTable()
         # A deferred hand-back holds its lease unrenewed and its entry idle: well below both limits.
         max_defer_s = min(2.0, settings.lease_ttl_s / 3, settings.claim_min_idle_ms / 3000)
-        self.settler = Settler(self.queue, on_failure=self._post_failure, max_defer_s=max_defer_s)
+        self.settler = Settler(
+            self.queue, on_failure=self._post_failure, max_defer_s=max_defer_s, on_dead=self.observers.dead_lettered
+        )
         self.leases = LeaseManager(
             self.queue.client,
             consumer=settings.consumer_name,

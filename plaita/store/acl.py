@@ -26,14 +26,14 @@ WORKER_ACL_RULES = (
 ADMIN_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels &plaita:* -@all "
     "+scan +mget +exists +xlen +xinfo|groups +xpending +xrange +xadd +xdel +del "
-    "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard"
+    "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard +hgetall +smembers"
 )
 
 #: Rules for a read-only dashboard (``plaita dashboard`` without ``--allow-actions``): registry,
 #: queue statistics, the DLQ and executions pages, nothing that writes or publishes.
 DASHBOARD_READ_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange "
-    "+get +zrevrange +zcard"
+    "+get +zrevrange +zcard +hgetall +smembers"
 )
 
 #: The worker's rules under the name the issue uses.

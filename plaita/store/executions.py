@@ -5,6 +5,7 @@ Keys (the names existing deployments and tools read; they do not change):
 
 - ``plaita:execution:{id}``: the execution's state, one JSON string.
 - ``plaita:execution:cancel:{id}``: cancel intent (any value), 7 days.
+- ``plaita:execution:events:{id}``: what its steps published (``plaita.store.events``).
 - ``plaita:start-dedup:{key}``: the execution id a dedup key started, 7 days.
 - ``plaita:executions:status:{status}``: one sorted set per status, member = execution id,
   score = last update (epoch seconds), so listing by status needs neither KEYS nor SCAN.
@@ -25,6 +26,7 @@ import redis
 
 from plaita.store import scripts
 from plaita.store.client import get_many
+from plaita.store.events import EventAccess
 from plaita.store.execution_docs import UnreadableExecution, checked, reply_text
 from plaita.store.keeper_store import KeeperAccess
 from plaita.store.keyspace import (
@@ -76,7 +78,7 @@ def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
     return code == 1, code == 1 and int(reply[1]) == 1
 
 
-class ExecutionStore(KeeperAccess):
+class ExecutionStore(KeeperAccess, EventAccess):
     """Execution state on one Redis client (bytes replies), in one queue's ``keyspace``.
 
     With partitions each execution's keys carry its partition's hash tag; the per-status and
@@ -146,6 +148,7 @@ class ExecutionStore(KeeperAccess):
         keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
         keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
         keys += [s.key for s in staged]
+        keys.append(ks.events_key(execution_id))  # expires with the state once terminal
         args: list[Any] = [
             generation,
             state_json,

@@ -6,7 +6,7 @@ orphaned execution. A mixin of ``ExecutionStore`` (it uses the store's client an
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import redis
@@ -15,6 +15,7 @@ from plaita.store import scripts
 from plaita.store.client import interrupt
 from plaita.store.execution_docs import checked, is_wrongtype, reply_text
 from plaita.store.keyspace import Keyspace
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: Set by the keeper when it enqueued a recovery ``retry``: one per cooldown per execution.
 KEEPER_RETRY_PREFIX = "plaita:execution:keeper-retry:"
@@ -120,12 +121,21 @@ class KeeperAccess:
         self.client.delete(f"{KEEPER_RETRY_PREFIX}{execution_id}")
 
     def mark_orphaned(
-        self, execution_id: str, updated_at_s: float, error_doc: dict[str, Any], now_s: float, retention_s: int
+        self,
+        execution_id: str,
+        updated_at_s: float,
+        error_doc: dict[str, Any],
+        now_s: float,
+        retention_s: int,
+        *,
+        follow_up: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> bool:
         """Set a running, unleased execution not updated since ``updated_at_s`` to ``error``.
 
         WATCH makes it a compare-and-set: a worker that takes the lease or checkpoints in
-        between wins, and nothing is written.
+        between wins, and nothing is written. ``follow_up(doc)`` (the ended document) may name
+        a task body to enqueue on the execution's own stream in the same transaction (the
+        stream carries the execution's hash tag): what follows the end is then never lost.
         """
         ks, p = self.ks, self.ks.partition_of(execution_id)
         key, lease, running = ks.execution_key(execution_id), ks.lease_key(execution_id), ks.status_key(p, "running")
@@ -139,10 +149,14 @@ class KeeperAccess:
                 if pipe.exists(lease) or score != updated_at_s:
                     return False
                 doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
+                body = follow_up(doc) if follow_up is not None else None
                 pipe.multi()
                 pipe.set(key, strict_json(doc), ex=retention_s)
                 pipe.zrem(running, execution_id)
                 pipe.zadd(ks.status_key(p, "error"), {execution_id: now_s})
+                pipe.expire(ks.events_key(execution_id), retention_s)  # what it published goes with it
+                if body is not None:
+                    pipe.xadd(ks.stream(p), {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: "1"})
                 pipe.execute()
                 return True
             except redis.WatchError:

@@ -9,6 +9,7 @@ and every key that one atomic script touches carries it, so each script stays in
 stream                 ``<queue>:T``            (DLQ ``<queue>:T:dlq``)
 lease, fence           ``plaita:execution:lease:T:<id>``, ``…fence:T:<id>``
 state, cancel flag     ``plaita:execution:T:<id>``, ``…cancel:T:<id>``
+published events       ``plaita:execution:events:T:<id>``
 start dedup            ``plaita:start-dedup:T:<key>``
 status index           ``plaita:executions:status:T:<status>``
 suspension deadlines   ``plaita:executions:deadlines:T``
@@ -33,6 +34,7 @@ LEASE_PREFIX = "plaita:execution:lease:"
 FENCE_PREFIX = "plaita:execution:fence:"
 EXECUTION_PREFIX = "plaita:execution:"
 CANCEL_PREFIX = "plaita:execution:cancel:"
+EVENTS_PREFIX = "plaita:execution:events:"
 DEDUP_PREFIX = "plaita:start-dedup:"
 STATUS_PREFIX = "plaita:executions:status:"
 DEADLINES_KEY = "plaita:executions:deadlines"
@@ -136,6 +138,10 @@ class Keyspace:
 
     def cancel_key(self, execution_id: str) -> str:
         return CANCEL_PREFIX + self._t(self.partition_of(execution_id)) + execution_id
+
+    def events_key(self, execution_id: str) -> str:
+        """The hash of what the execution's steps published (``ctx.publish``)."""
+        return EVENTS_PREFIX + self._t(self.partition_of(execution_id)) + execution_id
 
     def dedup_key(self, p: int, key: str) -> str:
         return DEDUP_PREFIX + self._t(p) + key

@@ -9,24 +9,51 @@ from typing import Any
 
 import pytest
 
-from bench import soak_checker
+from bench import soak_checker, soak_checks
 from bench.soak_nemesis import KINDS, schedule
 
 T0 = 1_000_000.0
 
 
 def _run(
-    eid: str, step: str, t: float, end: float | None, pid: int = 1, flow: str = "soak-plain"
+    eid: str, step: str, t: float, end: float | None, pid: int = 1, flow: str = "soak-plain", **extra: Any
 ) -> list[dict[str, Any]]:
-    base = {"id": eid, "flow": flow, "step": step, "attempt": 1, "pid": pid, "worker": f"w{pid}", "gen": 1}
+    base = {"id": eid, "flow": flow, "step": step, "attempt": 1, "pid": pid, "worker": f"w{pid}", "gen": 1, **extra}
     recs = [{**base, "kind": "S", "t": t}]
     if end is not None:
         recs.append({**base, "kind": "E", "t": end, "outcome": "ok"})
     return recs
 
 
+KIDS = [f"f1:spawn:0:{i}" for i in range(soak_checks.CHILDREN)]
+
+
+def _composed() -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
+    """History, producer records and staged counters of a fan-out parent (its children), a
+    durable sleep and two schedule ticks, all done as they should."""
+    history = [{"kind": "P", "id": "f1", "flow": "soak-fanout", "step": "spawn", "attempt": 0, "pid": 3, "t": T0 + 3}]
+    for i, kid in enumerate(KIDS):
+        history += _run(kid, "work", T0 + 4 + i * 0.1, T0 + 4.05 + i * 0.1, pid=3, flow="soak-child")
+    saw = [[kid, "completed"] for kid in KIDS]
+    history += _run("f1", "spawn", T0 + 5, T0 + 5.1, pid=3, flow="soak-fanout", children=saw)
+    history += _run("f1", "after_join", T0 + 5.2, T0 + 5.3, pid=3, flow="soak-fanout")
+    history += _run("z1", "nap", T0 + 6, T0 + 6.1, pid=3, flow="soak-sleep", until=T0 + 8)
+    history += _run("z1", "wake", T0 + 8.2, T0 + 8.3, pid=3, flow="soak-sleep")
+    for tick in (T0 + 10, T0 + 11):
+        eid = f"schedule:soak-tick:{int(tick)}"
+        history += _run(eid, "tick", tick + 0.5, tick + 0.6, pid=3, flow="soak-tick", tick_s=int(tick))
+    producer = [
+        {"op": "start", "id": "f1", "flow": "soak-fanout", "intent": "soak-fanout", "t": T0 + 2.9, "mid": "4-0"},
+        {"op": "start", "id": "z1", "flow": "soak-sleep", "intent": "soak-sleep", "t": T0 + 5.9, "mid": "5-0"},
+    ]
+    staged = {"f1:spawn": 1, "f1:after_join": 1, "z1:nap": 1, "z1:wake": 1}
+    staged |= {f"{k}:work": 1 for k in KIDS} | {f"schedule:soak-tick:{int(T0) + s}:tick": 1 for s in (10, 11)}
+    return history, producer, staged
+
+
 def good_run() -> dict[str, Any]:
-    """A clean soak: two plain tasks and a four-step execution, all done, no fault."""
+    """A clean soak: two plain tasks, a four-step execution, a fan-out, a sleep and two ticks
+    of the schedule, all done, no fault."""
     history = _run("p1", "run", T0 + 1, T0 + 1.1)
     for k, step in enumerate(["m1", "m2", "m3", "m4"]):
         history += _run("m1", step, T0 + 2 + k, T0 + 2.5 + k, pid=2, flow="soak-multi")
@@ -48,26 +75,30 @@ def good_run() -> dict[str, Any]:
         "t_end": T0 + 40,
         "settle_s": 0.1,
         "shutdown": [{"slot": 0, "pid": 1, "rc": 0, "exit_s": 0.2}],
+        "tick_from_s": int(T0) + 10,
+        "tick_until_s": int(T0) + 11,
     }
+    more_history, more_producer, more_staged = _composed()
+    ids = {r["id"] for r in history + more_history}
     return {
         "meta": meta,
         "faults": [],
-        "producer": producer,
-        "history": history,
-        "staged": staged,
+        "producer": producer + more_producer,
+        "history": history + more_history,
+        "staged": staged | more_staged,
         "supervisor": [],
         "dlq": [],
         "stream_len": 0,
-        "executions": {e: {"status": "completed", "step": None, "error": None} for e in ("p1", "p2", "m1")},
+        "executions": {e: {"status": "completed", "step": None, "error": None} for e in ids},
     }
 
 
 def verdicts(d: dict[str, Any]) -> dict[str, bool]:
-    return {r["guarantee"][0]: r["ok"] for r in soak_checker.check(d)}
+    return {r["guarantee"].split()[0]: r["ok"] for r in soak_checker.check(d)}
 
 
 def test_a_clean_history_passes_every_guarantee() -> None:
-    assert verdicts(good_run()) == dict.fromkeys("1234567", True)
+    assert verdicts(good_run()) == {str(n): True for n in range(1, 11)}
 
 
 def _failing(d: dict[str, Any]) -> set[str]:
@@ -110,6 +141,17 @@ def test_an_exit_the_nemesis_did_not_cause_fails_5() -> None:
     assert _failing(d) == {"5"}
 
 
+def test_a_keeper_that_died_by_itself_or_was_dead_at_the_end_fails_5() -> None:
+    d = good_run()
+    d["keepers"] = [{"event": "kill9", "keeper": 0, "pid": 7, "t": T0 + 3}]
+    assert _failing(d) == set(), "a kill -9 the soak made is expected"
+    d["keepers"].append({"event": "died", "keeper": 1, "pid": 8, "t": T0 + 4})
+    assert _failing(d) == {"5"}
+    dead = good_run()
+    dead["meta"]["keepers"] = [{"keeper": 0, "pid": 9, "alive": False, "rc": 0, "exit_s": 0.1}]
+    assert _failing(dead) == {"5"}
+
+
 def test_a_plain_rerun_without_a_worker_death_fails_6_and_one_after_a_kill_passes() -> None:
     d = good_run()
     d["history"] += _run("p1", "run", T0 + 5, T0 + 5.1, pid=3)
@@ -126,6 +168,55 @@ def test_a_slow_final_drain_or_no_recovery_fails_7() -> None:
     late = good_run()
     late["history"] = [r for r in late["history"] if r["id"] != "p2"] + _run("p2", "run", T0 + 40, T0 + 40.1)
     assert "7" in _failing(late)
+
+
+def test_a_parent_that_went_on_before_a_child_completed_fails_8() -> None:
+    d = good_run()
+    d["history"] = [r for r in d["history"] if r["id"] != KIDS[1]]
+    d["history"] += _run(KIDS[1], "work", T0 + 5.15, T0 + 5.4, pid=3, flow="soak-child")
+    assert _failing(d) == {"8"}
+
+
+def test_a_join_that_saw_a_child_not_completed_fails_8() -> None:
+    d = good_run()
+    join = next(r for r in d["history"] if r["id"] == "f1" and "children" in r and r["kind"] == "S")
+    join["children"] = [[k, "running" if i == 2 else "completed"] for i, k in enumerate(KIDS)]
+    assert _failing(d) == {"8"}
+
+
+def test_a_second_set_of_children_fails_8_and_a_child_run_twice_fails_3() -> None:
+    d = good_run()
+    d["history"] += _run("f1:spawn:1:0", "work", T0 + 4.5, T0 + 4.6, pid=4, flow="soak-child")
+    d["executions"]["f1:spawn:1:0"] = {"status": "completed"}
+    d["staged"]["f1:spawn:1:0:work"] = 1
+    assert _failing(d) == {"8"}
+    twice = good_run()
+    twice["staged"][f"{KIDS[0]}:work"] = 2
+    assert _failing(twice) == {"3"}
+
+
+def test_a_sleep_that_woke_early_or_never_fails_9() -> None:
+    d = good_run()
+    nap = next(r for r in d["history"] if r["id"] == "z1" and r["step"] == "nap" and r["kind"] == "S")
+    nap["until"] = T0 + 9
+    assert _failing(d) == {"9"}
+    never = good_run()
+    never["history"] = [r for r in never["history"] if not (r["id"] == "z1" and r["step"] == "wake")]
+    never["staged"].pop("z1:wake")
+    assert "9" in _failing(never)
+
+
+def test_a_missing_or_doubled_tick_fails_10() -> None:
+    d = good_run()
+    d["meta"]["tick_until_s"] = int(T0) + 12
+    assert _failing(d) == {"10"}
+    doubled = good_run()
+    doubled["staged"][f"schedule:soak-tick:{int(T0) + 10}:tick"] = 2
+    assert "10" in _failing(doubled)
+    other = good_run()
+    run = next(r for r in other["history"] if r["flow"] == "soak-tick")
+    run["tick_s"] = int(T0) + 11
+    assert _failing(other) == {"10"}
 
 
 def test_the_checker_imports_nothing_from_plaita() -> None:

@@ -248,6 +248,6 @@ def test_argparse_bad_values_never_echo_a_password(argv: tuple[str, ...], capsys
     ],
 )
 def test_redact_text(text: str, shown: str) -> None:
-    from plaita.cli.options import redact_text
+    from plaita.config import redact_text
 
     assert redact_text(text) == shown

@@ -1,16 +1,19 @@
-"""A flow for the cluster tier: two steps, each staging an INCRBY in the execution's slot."""
+"""Flows for the cluster tier: two steps each staging an INCRBY in the execution's slot, and more."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from plaita.flows import Flow, StepContext
+from tests.support.lease_workers import server_client
 
 tally = Flow("tally")
 
 
 def _tally(ctx: StepContext) -> dict[str, Any]:
     ctx.stage_incr(ctx.key(f"plaita:test:tally:{ctx.execution_id}"))
+    ctx.publish(f"ran_{ctx.step}", ctx.params.get("n"))  # one fenced script in the execution's slot
     return {ctx.step: ctx.params.get("n")}
 
 
@@ -44,3 +47,23 @@ def spread(ctx: StepContext) -> Any:
         return ctx.spawn("tally", [{"n": i} for i in range(int(ctx.params["n"]))])
     ctx.stage_incr(ctx.key(f"plaita:test:joined:{ctx.execution_id}"))
     return {"outcomes": [[c.execution_id, c.status, c.result] for c in ctx.children]}
+
+
+#: One slot fleet-wide: its executions live on every partition (every master), its limit spans them.
+capped = Flow("capped", max_concurrent=1)
+_ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+@capped.step
+def hold(ctx: StepContext) -> None:
+    client = server_client(os.environ["PLAITA_TEST_REDIS_URL"])
+    try:
+        client.eval(_ENTER, 2, "plaita:test:{capped}:running", "plaita:test:{capped}:max")
+        ctx.cancel.wait(0.1)
+        client.decr("plaita:test:{capped}:running")
+    finally:
+        client.close()

@@ -78,6 +78,7 @@ def test_a_flow_runs_on_a_cluster_with_staged_writes_in_its_slot(
     for eid in eids:
         tag = q.keyspace.slot_tag(eid)
         assert client.get(f"plaita:test:tally:{eid}:{tag}") == b"2"  # two steps, staged once each
+    assert [flows.events(eid) for eid in eids] == [{"ran_one": i, "ran_two": i} for i in range(6)]
     listed = plaita(clean_cluster, "executions", "list", "--status", "completed", "--json")
     assert listed.returncode == 0, listed.stderr
     assert {d["execution_id"] for d in json.loads(listed.stdout)} == {*eids, again}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +13,12 @@ import pytest
 from plaita.flows import FlowRunner
 from plaita.flows.checkpoint import LeaseLostError
 from plaita.flows.client import FlowClient
+from plaita.flows.execution import Execution
+from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
-from plaita.store.leases import LeaseManager
-from plaita.store.partitioned import keyspace_of
+from plaita.store.leases import Lease, LeaseManager
+from plaita.store.partitioned import keyspace_of, open_queue
 from plaita.tasks import Task
 from tests.flows import fanout_flows, flowdefs
 from tests.flows.support import ledgers
@@ -315,3 +319,51 @@ def test_a_parent_cancelled_while_it_spawns_cancels_the_children_it_started(redi
         client.close()
     assert [flows.get(k)["status"] for k in kids(parent, 3)] == ["cancelled"] * 3  # type: ignore[index]
     assert [flowdefs.ledger(k, "work") for k in kids(parent, 3)] == [0] * 3  # never ran their step
+
+
+def test_a_child_the_keeper_marks_orphaned_wakes_its_parent(redis_url: str, flows: FlowClient) -> None:
+    """A child whose worker is gone for good is ended ``error`` (Orphaned) by the keeper; the task
+    enqueued with that marking tells the parent, which joins and sees the Orphaned outcome."""
+    s = settings(redis_url, "orphan-kid", eager_leases=True)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    store = ExecutionStore(client, keyspace_of(s))
+    runner = FlowRunner(fanout_flows.FLOWS, store)
+    leases = LeaseManager(client, consumer="orphan-kid", ttl_s=30.0)
+    parent = "p-orphan-kid"
+    c0, c1 = kids(parent, 2)
+    try:
+        _run_task(
+            runner, leases, {"type": "start", "flow_id": "fan", "execution_id": parent, "params": {"n": 2}}, "1-0"
+        )
+        starts = {b["execution_id"]: b for b in (json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE))}
+        _run_task(runner, leases, starts[c0], "2-0")
+        # c1 was created and its worker died before its first step; its task is gone.
+        lease = leases.acquire(c1)
+        assert isinstance(lease, Lease)
+        kid = Execution.start(c1, runner.flows.get("kid"), starts[c1]["params"], dedup_key=None, now_s=time.time())  # type: ignore[arg-type]
+        kid = replace(kid, extra={"parent": starts[c1]["parent"]})
+        assert store.create(c1, lease.generation, kid.encode(), kid.created_at, None)[0] == 1
+        leases.release(lease)
+        flowdefs.client().delete(QUEUE)
+        keeper = Keeper(
+            store,
+            open_queue(s, client=client),
+            KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2, zombie_after_s=60),
+            clock=lambda: time.time() + 120,
+        )
+        assert keeper.run_once().orphaned == [c1]
+        [notice] = [json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE)]
+        assert (notice["execution_id"], notice["resume_type"]) == (c1, "continue")
+        flowdefs.client().delete(QUEUE)
+        _run_task(runner, leases, notice, "3-0")  # a no-op for the ended child: it tells the parent
+        [wake] = [json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE)]
+        assert (wake["execution_id"], wake["resume_type"]) == (parent, "child")
+        _run_task(runner, leases, wake, "4-0")
+    finally:
+        runner.close()
+        client.close()
+    doc = flows.get(parent)
+    assert doc is not None and doc["status"] == "completed", doc
+    outcomes = doc["state"]["outcomes"]
+    assert [o[:2] for o in outcomes] == [[c0, "completed"], [c1, "error"]]
+    assert outcomes[1][3] == "Orphaned"

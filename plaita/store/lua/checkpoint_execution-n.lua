@@ -13,6 +13,8 @@
 -- KEYS[5]  suspension deadlines (sorted set)
 -- KEYS[6..10]  status index sets: running, suspended, completed, error, cancelled
 -- KEYS[11..]   one key per staged write
+-- KEYS[11+n]   optional, after the n staged keys: the execution's events hash (given the
+--              retention with the state once terminal)
 -- ARGV[1]  the writer's generation
 -- ARGV[2]  state JSON
 -- ARGV[3]  status, 1-based index into KEYS[6..10]
@@ -75,6 +77,7 @@ if retention > 0 then
   redis.call('EXPIRE', KEYS[3], retention)
   redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - retention)
   redis.call('DEL', KEYS[4])
+  if #KEYS > 10 + n then redis.call('EXPIRE', KEYS[11 + n], retention) end
 end
 for i = 1, n do
   local key, op, value, ttl = KEYS[10 + i], ARGV[4 * i + 5], ARGV[4 * i + 6], tonumber(ARGV[4 * i + 7])

@@ -1,0 +1,175 @@
+"""Fleet-wide limits of a flow: ``Flow(max_concurrent=N, max_starts_per_s=R)``.
+
+A task of a limited flow takes a slot (``plaita.store.flow_limits``: one atomic script over the
+flow's own keys) before its first step runs and gives it back when its handler returns: the
+execution suspended, ended, failed a delivery or lost its lease. A start is checked before its
+execution is created, and a start also takes a token of the flow's start rate; a resume is
+checked once admission found it has work to do (a duplicate or a stale wake waits for nothing).
+
+When the flow is full (or its start rate is spent) the task is handed back to the queue
+(``NotForThisWorker``: no delivery is charged, it never reaches the DLQ) after a bounded,
+growing wait, with its handler slot free meanwhile: over-limit executions wait in the queue,
+holding no thread. The slots held here are renewed every ttl/3 by one thread; a worker that
+dies holds its slots at most one ttl (the lease ttl) longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import uuid
+from dataclasses import dataclass
+
+from plaita.errors import NotForThisWorker
+from plaita.flows.definition import Flow
+from plaita.flows.handover import task_name
+from plaita.store.flow_limits import FULL, TAKEN, FlowLimitStore
+from plaita.tasks import Task
+
+logger = logging.getLogger(__name__)
+
+#: The n-th refusal of one execution in a row waits WAIT_BASE_S * 2**(n-1), at most WAIT_MAX_S
+#: (the worker caps a hand-back's wait below its lease ttl too): quick when slots turn over fast,
+#: a few round trips a second per waiting task at worst, never a busy loop.
+WAIT_BASE_S = 0.05
+WAIT_MAX_S = 2.0
+#: Refusal counts remembered per runner before they are forgotten (a bound, not a policy).
+_MAX_REMEMBERED = 10_000
+
+
+@dataclass(frozen=True)
+class Held:
+    """A slot this worker holds: the flow, the execution and the token it was taken with."""
+
+    flow_id: str
+    execution_id: str
+    token: str
+
+
+class FlowLimits:
+    """Takes, renews and gives back the slots of the tasks running in one runner."""
+
+    def __init__(self, store: FlowLimitStore, *, ttl_s: float, rng: random.Random | None = None) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        #: By task (``id(task)``): a task holds at most one slot, taken once.
+        self._held: dict[int, Held] = {}
+        self._refusals: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- one task -------------------------------------------------------------------------
+    @staticmethod
+    def limited(flow: Flow, *, start: bool) -> bool:
+        """True when a task of ``flow`` (a start, or not) has a limit to pass."""
+        return flow.max_concurrent is not None or (start and flow.max_starts_per_s is not None)
+
+    def holds(self, task: Task) -> bool:
+        """True while ``task`` holds a slot (``leave`` gives it back)."""
+        with self._lock:
+            return id(task) in self._held
+
+    def enter(self, flow: Flow, task: Task, *, start: bool) -> None:
+        """Take ``flow``'s slot (and, for a start, a start token) for ``task``; returns at once
+        for an unlimited flow. Raises NotForThisWorker (a delayed hand-back) when refused."""
+        if not self.limited(flow, start=start):
+            return
+        limit = flow.max_concurrent or 0
+        rate = flow.max_starts_per_s if start and flow.max_starts_per_s else 0.0
+        token = uuid.uuid4().hex
+        admit = self.store.acquire(
+            flow.flow_id,
+            task.execution_id,
+            token,
+            max_concurrent=limit,
+            ttl_s=self.ttl_s,
+            starts_per_s=rate,
+            burst=flow.start_burst,
+        )
+        name = task_name(task)
+        if admit.code == TAKEN:
+            with self._lock:
+                self._refusals.pop(name, None)
+                if limit:
+                    self._held[id(task)] = Held(flow.flow_id, task.execution_id, token)
+                    self._start_renewing()
+            return
+        delay_s = self._delay(name, admit.wait_s)
+        if admit.code == FULL:
+            what = f"all {limit} slots of flow {flow.flow_id!r} are taken"
+        else:
+            what = f"flow {flow.flow_id!r} is at its start rate ({rate:g}/s)"
+        logger.debug("task %s (execution %s): %s; back to the queue in %.2f s", task.message_id, name, what, delay_s)
+        raise NotForThisWorker(what, delay_s=delay_s)
+
+    def leave(self, task: Task) -> None:
+        """Give back ``task``'s slot, if it holds one. Never raises: a slot that cannot be given
+        back now (Redis unreachable) expires within the ttl."""
+        with self._lock:
+            held = self._held.pop(id(task), None)
+        if held is None:
+            return
+        try:
+            self.store.release(held.flow_id, held.execution_id, held.token)
+        except Exception as exc:
+            logger.warning(
+                "could not give back the slot of execution %s (flow %r): %s: %s; it expires within %.0f s",
+                held.execution_id,
+                held.flow_id,
+                type(exc).__name__,
+                exc,
+                self.ttl_s,
+            )
+
+    def _delay(self, name: str, wait_s: float) -> float:
+        with self._lock:
+            if len(self._refusals) >= _MAX_REMEMBERED:
+                self._refusals.clear()
+            n = self._refusals[name] = self._refusals.get(name, 0) + 1
+        backoff_s = min(WAIT_MAX_S, WAIT_BASE_S * float(2 ** min(n - 1, 16)))
+        # Jitter spreads the waiters out, so a freed slot or a new token is not raced by all at once.
+        return min(WAIT_MAX_S, max(wait_s, backoff_s) * (1.0 + self._rng.random()))
+
+    # -- renewal ----------------------------------------------------------------------------
+    def _start_renewing(self) -> None:
+        """Start the renewer thread once (lock held)."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._run, name="plaita-flow-limits", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.05, self.ttl_s / 3)):
+            try:
+                self.renew_once()
+            except Exception as exc:  # Redis unreachable: next round (a slot lives a whole ttl)
+                logger.debug("renewing flow slots failed (%s: %s); retrying", type(exc).__name__, exc)
+
+    def renew_once(self) -> None:
+        with self._lock:
+            held = list(self._held.values())
+        results = self.store.renew([(h.flow_id, h.execution_id, h.token) for h in held], self.ttl_s)
+        for h, ok in zip(held, results, strict=True):
+            if not ok and self._forget(h):
+                logger.warning(
+                    "the slot of execution %s (flow %r) expired while it ran (Redis unreachable for %.0f s?): "
+                    "the flow may run over its limit until it ends",
+                    h.execution_id,
+                    h.flow_id,
+                    self.ttl_s,
+                )
+
+    def _forget(self, held: Held) -> bool:
+        """Stop renewing a lost slot (there is nothing left to give back); False if its task had
+        given it back meanwhile."""
+        with self._lock:
+            for key, h in self._held.items():
+                if h is held:
+                    del self._held[key]
+                    return True
+            return False
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,46 @@
+"""``plaita executions start --deadline-s``: a bad value is exit 2 with one line; a deadline that
+passes while the execution waits ends it ``cancelled`` (``--wait`` returns it, exit 1) and
+``show`` says why; ``show`` lists what the steps published."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.flows.test_cli import plaita
+from tests.support.lease_workers import QUEUE, worker_proc
+
+pytestmark = pytest.mark.redis
+
+WORKER_ARGS = ("--flows", "tests.flows.deadline_flows", "--keeper", "--read-block-ms", "200")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e12", "soon"])
+def test_a_bad_deadline_is_exit_2_with_one_line(redis_url: str, rclient: redis.Redis, value: str) -> None:
+    r = plaita(redis_url, "executions", "start", "waiter", f"--deadline-s={value}")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "--deadline-s" in r.stderr
+    assert rclient.exists(QUEUE) == 0  # nothing enqueued
+
+
+def test_a_deadline_passing_while_suspended_cancels_and_show_says_why(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with worker_proc(redis_url, tmp_path, "dl", *WORKER_ARGS) as w:
+        w.wait_reading()
+        r = plaita(
+            redis_url, "executions", "start", "waiter", "--execution-id", "cd1",
+            "--deadline-s", "1", "--wait", "--timeout-s", "30", "--json",
+        )  # fmt: skip
+        assert w.terminate() == 0
+    assert r.returncode == 1, r.stderr  # ended, not completed
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "cancelled" and doc["error"]["type"] == "DeadlineExceeded", doc
+    shown = plaita(redis_url, "executions", "show", "cd1")
+    assert shown.returncode == 0, shown.stderr
+    assert "status cancelled" in shown.stdout and "deadline " in shown.stdout
+    assert "cancelled in wait_event: DeadlineExceeded: deadline exceeded" in shown.stdout

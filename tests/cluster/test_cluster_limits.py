@@ -1,0 +1,36 @@
+"""A flow's fleet-wide limit on Redis Cluster: its slot keys have a hash tag of their own, so a
+flow whose executions live on every master (six partitions) is limited by single-slot scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plaita.config import Settings
+from plaita.flows.client import FlowClient
+from plaita.store.partitioned import open_queue
+from tests.support.lease_workers import QUEUE, worker_proc
+from tests.support.redis_cluster import ClusterServers
+
+pytestmark = pytest.mark.redis
+
+
+def test_max_concurrent_spans_every_partition_of_a_cluster(
+    clean_cluster: ClusterServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
+    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
+    flows = FlowClient(q)
+    args = ("--partitions", "6", "--flows", "tests.cluster.cluster_flows", "--read-block-ms", "200")
+    with worker_proc(clean_cluster.url, tmp_path, "limits", *args, "--concurrency", "4") as w:
+        eids = [flows.start("capped") for _ in range(12)]
+        assert len({q.keyspace.partition_of(e) for e in eids}) > 1
+        docs = [flows.wait(eid, 60) for eid in eids]
+        assert w.counters().get("handed_back", 0) > 0
+        assert w.terminate() == 0
+    assert [d["status"] for d in docs] == ["completed"] * 12
+    client = clean_cluster.client()
+    assert client.get("plaita:test:{capped}:max") == b"1"
+    assert client.get("plaita:test:{capped}:running") == b"0"
+    q.close()

@@ -1,0 +1,68 @@
+"""Flows with fleet-wide limits, importable by subprocess workers (``--flows tests.flows.limitdefs``).
+
+A ``hold`` step counts the steps running at once across every worker in Redis
+(``plaita:test:limit:running:{flow}``) and keeps the highest count seen
+(``plaita:test:limit:max:{flow}``), both updated atomically, so a test reads the observed
+concurrency without trusting any clock. Every run is counted in ``flowdefs``' ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from plaita.flows import Flow, StepContext
+from tests.flows.flowdefs import client
+
+#: INCR the running count and raise the maximum to it, in one call.
+_ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+def running_key(flow_id: str) -> str:
+    return f"plaita:test:limit:running:{flow_id}"
+
+
+def max_key(flow_id: str) -> str:
+    return f"plaita:test:limit:max:{flow_id}"
+
+
+def starts_key(flow_id: str) -> str:
+    return f"plaita:test:limit:starts:{flow_id}"
+
+
+def _hold(ctx: StepContext) -> dict[str, Any]:
+    c = client()
+    n = int(c.incr(f"plaita:test:ledger:{ctx.execution_id}:{ctx.step}"))  # type: ignore[arg-type]
+    if ctx.params.get("block_first") and n == 1:
+        # The kill test's victim: it holds its slot until its worker is killed. Not counted as
+        # running, so the count stays exact although this run never decrements it.
+        c.set(f"plaita:test:blocked:{ctx.execution_id}", "1")
+        ctx.cancel.wait(60)
+        raise RuntimeError("the victim's first run was meant to be killed")
+    c.eval(_ENTER, 2, running_key(ctx.flow_id), max_key(ctx.flow_id))
+    try:
+        ctx.cancel.wait(float(ctx.params.get("hold_s", 0.2)))
+    finally:
+        c.decr(running_key(ctx.flow_id))
+    return {"held": n}
+
+
+pair = Flow("pair", max_concurrent=2)
+pair.step(name="hold")(_hold)
+
+solo = Flow("solo", max_concurrent=1)
+solo.step(name="hold")(_hold)
+
+paced = Flow("paced", max_starts_per_s=4)
+
+
+@paced.step
+def begin(ctx: StepContext) -> None:
+    client().rpush(starts_key(ctx.flow_id), repr(time.time()))
+
+
+FLOWS = [pair, solo, paced]
