@@ -33,6 +33,7 @@ _OTLP_MODULES = {
 def add_otel_option(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     p.add_argument(
         "--otel",
+        metavar="MODE",
         type=str.lower,
         default=env_first(env, "PLAITA_OTEL") or "off",
         help="export OpenTelemetry spans: off, console (JSON on stderr) or otlp (needs "
