@@ -29,6 +29,14 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 #: Deepest JSON nesting a task body may have. A fixed limit, so the verdict on an entry never
 #: depends on the recursion limit or on how deep the decoding thread's stack already is.
 MAX_JSON_DEPTH = 128
+#: The namespace of the default tenant's execution keys (``plaita:execution:<id>``, ...).
+DEFAULT_NS = "plaita"
+#: The tenant id that means the default tenant (as do a missing and an empty ``tenant_id``).
+DEFAULT_TENANT = "default"
+#: What a tenant id may be: it becomes part of every key of its executions, so no ``:`` (it would
+#: read as another key layout), no ``{}`` (a hash tag: on Redis Cluster it would move the keys out
+#: of their partition's slot), no whitespace or control bytes, and a bounded length.
+TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 #: Longest value echoed in a BadTaskError reason: reasons end up in logs and DLQ envelopes.
 REASON_VALUE_CHARS = 80
 
@@ -86,6 +94,12 @@ class Task:
     keyspace: Any = field(default=None, repr=False)
 
     @property
+    def tenant_id(self) -> str:
+        """The body's tenant id, "" for the default tenant (``validate_body`` checked it)."""
+        value = self.body.get("tenant_id")
+        return "" if not isinstance(value, str) or value == DEFAULT_TENANT else value
+
+    @property
     def execution_id(self) -> str:
         """The body's ``execution_id``, else the message id."""
         value = self.body.get("execution_id")
@@ -99,6 +113,18 @@ def short_repr(value: Any, limit: int = REASON_VALUE_CHARS) -> str:
     except RecursionError:
         return f"<{type(value).__name__} nested too deep>"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def tenant_ns(tenant_id: Any) -> str:
+    """The key namespace of a tenant: ``plaita`` for None, "" or "default", else ``plaita:<id>``.
+    ValueError for anything that is not a valid tenant id (``TENANT_ID``)."""
+    if tenant_id is None or tenant_id == "" or tenant_id == DEFAULT_TENANT:
+        return DEFAULT_NS
+    if not isinstance(tenant_id, str) or TENANT_ID.fullmatch(tenant_id) is None:
+        raise ValueError(
+            f"invalid tenant_id {short_repr(tenant_id)}: 1 to 64 of A-Z a-z 0-9 _ . - (starting with a letter or digit)"
+        )
+    return f"{DEFAULT_NS}:{tenant_id}"
 
 
 def validate_body(body: Any) -> dict[str, Any]:
@@ -117,6 +143,11 @@ def validate_body(body: Any) -> dict[str, Any]:
         raise BadTaskError(f"'execution_id' must be a non-empty string (got {short_repr(execution_id)})")
     if task_type == "resume" and not execution_id:
         raise BadTaskError("resume task has no 'execution_id'")
+    if "tenant_id" in body:
+        try:
+            tenant_ns(body["tenant_id"])
+        except ValueError as exc:  # its keys would be ambiguous or escape their slot: refused
+            raise BadTaskError(str(exc)) from None
     return body
 
 

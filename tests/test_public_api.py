@@ -118,6 +118,11 @@ def test_a_flow_runs_end_to_end_through_the_public_api(redis_url: str) -> None:
             docs = [flows.wait(eid, timeout_s=20) for eid in ids]
             progress = [flows.get_event(eid, "progress") for eid in ids]
             events = flows.events(ids[0])
+            # A tenant's execution with the same id is another execution (FlowClient.for_tenant).
+            acme = flows.for_tenant("acme")
+            assert acme.tenant_id == "acme" and acme.start("public-api", {"n": 5}, execution_id=ids[0]) == ids[0]
+            assert acme.wait(ids[0], timeout_s=20)["state"]["n"] == 10
+            assert flows.get(ids[0]) == docs[0]
     finally:
         started_s = time.monotonic()
         stopped = service.stop(timeout_s=STOP_BOUND_S)

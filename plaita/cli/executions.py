@@ -1,5 +1,8 @@
 """``plaita executions start | resume | cancel | retry | list | show``.
 
+``--tenant T`` makes every action about tenant ``T``'s executions (its key namespace
+``plaita:T:…``; ``list`` reads that tenant's status index).
+
 Exit codes: 0 done, 1 unknown or unreadable execution, a Redis failure or a wait that timed
 out (one line on stderr), 2 bad arguments. Read commands (``list``, ``show``) never write;
 ``list`` names each unreadable execution key on stderr and lists the others.
@@ -18,6 +21,7 @@ from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import WithParents, tls_of
 from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import ConfigError, PlaitaError
+from plaita.tasks import tenant_ns
 
 Add = Callable[..., argparse.ArgumentParser]
 
@@ -38,6 +42,9 @@ def add_parsers(
         ),
     )
     redis_options(ex)
+    tenant_help = "the tenant whose executions these are (default: the default tenant)"
+    ex.add_argument("--tenant", default=None, help=tenant_help)
+    late.add_argument("--tenant", default=argparse.SUPPRESS, help=tenant_help)
     sub = WithParents(ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex)), [late])
     _add_start(sub)
     _add_steering(sub)
@@ -103,11 +110,16 @@ def _client(args: argparse.Namespace) -> Any:
         tls_ca_file=tls.ca_file,
         tls_cert_file=tls.cert_file,
         tls_key_file=tls.key_file,
+        tenant_id=args.tenant,
     )
 
 
 def run_executions(args: argparse.Namespace) -> int:
 
+    try:
+        tenant_ns(args.tenant)
+    except ValueError as exc:
+        raise ConfigError(f"--tenant: {exc}") from None
     if args.executions_command == "start":
         params = _json_arg(args.input, "--input")
         if not isinstance(params, dict):

@@ -4,6 +4,7 @@ Listing reads the per-status sorted sets newest first (never SCAN), then the sta
 per page; a flow filter is applied to those states, so it reads at most MAX_SCANNED index
 entries per status before it stops looking. Reads never prune the index: the read-only ACL user
 may not write. Cancel and resume go through FlowClient, exactly like ``plaita executions``.
+A tenant filter (``?tenant=T``) reads and steers that tenant's executions (its own index and keys).
 """
 
 from __future__ import annotations
@@ -46,17 +47,35 @@ def _newest_of(store: ExecutionStore, status: str, flow: str, limit: int, waitin
     return found[:limit]
 
 
+def tenant_store(store: ExecutionStore, tenant: str) -> ExecutionStore:
+    """``tenant``'s store ("" = the default tenant's); ActionError for an invalid tenant id."""
+    try:
+        return store.for_tenant(tenant or None)
+    except ValueError as exc:
+        raise ActionError(str(exc)) from None
+
+
+def tenant_flows(flows: FlowClient, tenant: str) -> FlowClient:
+    """``flows`` for ``tenant``'s executions; ActionError for an invalid tenant id."""
+    try:
+        return flows.for_tenant(tenant or None) if tenant else flows
+    except ValueError as exc:
+        raise ActionError(str(exc)) from None
+
+
 def listing(
-    store: ExecutionStore, status: str, flow: str, limit: int = LIST_ROWS, waiting: str = ""
+    store: ExecutionStore, status: str, flow: str, limit: int = LIST_ROWS, waiting: str = "", *, tenant: str = ""
 ) -> list[dict[str, Any]]:
-    """Executions with ``status`` (every status when empty) of ``flow`` (any when empty), newest
-    first; with ``waiting`` (one of ``WAITING_KINDS``) only the suspended ones waiting for that."""
+    """Executions with ``status`` (every status when empty) of ``flow`` (any when empty) of
+    ``tenant`` (the default tenant when empty), newest first; with ``waiting`` (one of
+    ``WAITING_KINDS``) only the suspended ones waiting for that."""
     if status and status not in STATUSES:
         raise ActionError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
     if waiting and waiting not in WAITING_KINDS:
         raise ActionError(f"unknown waiting filter {waiting!r} (one of {', '.join(WAITING_KINDS)})")
     if waiting and status not in ("", "suspended"):
         raise ActionError(f"only suspended executions wait (asked for {status} ones waiting for {waiting})")
+    store = tenant_store(store, tenant)
     rows: list[dict[str, Any]] = []
     for s in ("suspended",) if waiting else (status,) if status else STATUSES:
         rows.extend(_newest_of(store, s, flow, limit, waiting))
@@ -137,5 +156,5 @@ def _float(value: Any) -> float:
 
 __all__ = [
     "LIST_ROWS", "RESUME_TYPES", "STATUSES", "TERMINAL", "WAITING_KINDS",
-    "cancel", "listing", "pretty", "resume", "timeline", "valid_id",
+    "cancel", "listing", "pretty", "resume", "tenant_flows", "tenant_store", "timeline", "valid_id",
 ]  # fmt: skip

@@ -95,14 +95,19 @@ class Views:
         status = request.query_params.get("status", "").strip()[:40]
         flow = request.query_params.get("flow", "").strip()[:200]
         waiting = request.query_params.get("waiting", "").strip()[:40]
+        tenant = request.query_params.get("tenant", "").strip()[:200]
         store = self.dash.page_executions
+
+        def read() -> list[dict[str, Any]]:
+            return executions.listing(store, status, flow, waiting=waiting, tenant=tenant)
+
         try:
-            rows, error = await _read(self.dash, lambda: executions.listing(store, status, flow, waiting=waiting))
+            rows, error = await _read(self.dash, read)
         except ActionError as exc:
             rows, error = [], str(exc)
         return self.dash.render(
             request, "executions.html", active="executions", rows=rows or [], status=status, flow=flow,
-            waiting=waiting, waiting_kinds=executions.WAITING_KINDS, waiting_for=lineage.waiting_for,
+            waiting=waiting, waiting_kinds=executions.WAITING_KINDS, waiting_for=lineage.waiting_for, tenant=tenant,
             statuses=executions.STATUSES, limit=executions.LIST_ROWS, page_error=error,
         )  # fmt: skip
 
@@ -112,7 +117,12 @@ class Views:
             return self.dash.render(request, "message.html", 404, active="executions", title="Not an id", text=eid)
         spawn = request.query_params.get("spawn", "")[: executions.MAX_ID_CHARS + 100]
         offset = max(0, _int(request.query_params.get("children_from", "0")))
-        store = self.dash.page_executions
+        tenant = request.query_params.get("tenant", "").strip()[:200]
+        try:
+            store = executions.tenant_store(self.dash.page_executions, tenant)
+        except ActionError as exc:
+            text = str(exc)
+            return self.dash.render(request, "message.html", 404, active="executions", title="Not a tenant", text=text)
 
         def read() -> tuple[dict[str, Any] | None, dict[str, Any]]:
             try:
@@ -133,7 +143,7 @@ class Views:
                 request, "message.html", 404, active="executions", title="No such execution", text=eid
             )
         return self.dash.render(
-            request, "execution.html", active="executions", doc=doc, eid=eid, page_error=error,
+            request, "execution.html", active="executions", doc=doc, eid=eid, page_error=error, tenant=tenant,
             steps=executions.timeline(doc) if doc else [], pretty=executions.pretty, terminal=executions.TERMINAL,
             resume_types=executions.RESUME_TYPES, resume_id=secrets.token_hex(8), composed=composed,
             limit_children=lineage.CHILD_ROWS,
@@ -144,17 +154,23 @@ class Views:
         return self.dash.render(request, "schedules.html", active="schedules", rows=rows or [], page_error=error)
 
     async def cancel_execution(self, request: Request) -> Response:
-        eid = str((await _form(request)).get("execution_id", ""))
-        return await self.act(request, _execution_path(eid), lambda _f: executions.cancel(self.dash.action_flows, eid))
+        form = await _form(request)
+        eid, tenant = str(form.get("execution_id", "")), str(form.get("tenant", ""))
+
+        def run(_form: dict[str, Any]) -> Outcome:
+            return executions.cancel(executions.tenant_flows(self.dash.action_flows, tenant), eid)
+
+        return await self.act(request, _execution_path(eid, tenant), run)
 
     async def resume_execution(self, request: Request) -> Response:
-        eid = str((await _form(request)).get("execution_id", ""))
+        form = await _form(request)
+        eid, tenant = str(form.get("execution_id", "")), str(form.get("tenant", ""))
 
         def run(form: dict[str, Any]) -> Outcome:
-            flows = self.dash.action_flows
+            flows = executions.tenant_flows(self.dash.action_flows, tenant)
             return executions.resume(flows, eid, form.get("type", ""), form.get("data", ""), form.get("resume_id", ""))
 
-        return await self.act(request, _execution_path(eid), run)
+        return await self.act(request, _execution_path(eid, tenant), run)
 
     async def act(self, request: Request, back: str, run: Callable[[dict[str, Any]], Outcome]) -> Response:
         form = await _form(request)
@@ -249,10 +265,11 @@ def routes(dash: Dashboard) -> list[Route]:
     ]
 
 
-def _execution_path(execution_id: str) -> str:
+def _execution_path(execution_id: str, tenant: str = "") -> str:
     if not executions.valid_id(execution_id):
         return "/executions"
-    return f"/executions/{quote(execution_id, safe='')}"
+    path = f"/executions/{quote(execution_id, safe='')}"
+    return f"{path}?tenant={quote(tenant, safe='')}" if tenant else path
 
 
 def _int(text: Any) -> int:

@@ -67,14 +67,14 @@ def _outcome(eid: str, doc: dict[str, Any] | None | UnreadableExecution) -> dict
     return {"execution_id": eid, "status": status, "result": result, "error": doc.get("error")}
 
 
-def end_task(doc: dict[str, Any]) -> dict[str, Any] | None:
+def end_task(doc: dict[str, Any], *, tenant_id: str | None = None) -> dict[str, Any] | None:
     """For a child that ended outside any worker (the keeper's ``Orphaned``): a resume of it,
     a no-op once delivered, whose worker then does what follows its end (``redelivered``: it
     tells the parent). None for an execution that has no parent."""
     link, eid = doc.get(PARENT_FIELD), str(doc.get("execution_id"))
     if not isinstance(link, dict) or not link.get("id"):
         return None
-    return model.resume_body(eid, "continue", flow_id=doc.get("flow_id"), resume_id=f"ended:{eid}")
+    return model.resume_body(eid, "continue", flow_id=doc.get("flow_id"), resume_id=f"ended:{eid}", tenant_id=tenant_id)
 
 
 class Children:
@@ -82,6 +82,8 @@ class Children:
 
     def __init__(self, store: ExecutionStore) -> None:
         self.store = store
+        #: Children are executions of their parent's tenant (every task of theirs says so).
+        self.tenant = store.ks.tenant
 
     # -- fan-out -----------------------------------------------------------------------
     def spawn(self, run: Run, step: str, spawn: Spawn, suspended: Execution) -> Execution:
@@ -101,7 +103,9 @@ class Children:
         for i, (eid, doc) in enumerate(zip(ids, docs, strict=True)):
             if doc is None:  # an existing child has (had) its task: starting it again is a no-op
                 # A child inherits the parent's deadline: it is cancelled past it too.
-                body = model.start_body(spawn.flow_id, spawn.params[i], eid, deadline_at=suspended.deadline_at)
+                body = model.start_body(
+                    spawn.flow_id, spawn.params[i], eid, deadline_at=suspended.deadline_at, tenant_id=self.tenant
+                )
                 if traceparent is not None:
                     body[model.TRACEPARENT] = traceparent
                 bodies.append({**body, PARENT_FIELD: {**link, "index": i}})
@@ -188,6 +192,7 @@ class Children:
             flow_id=link.get("flow_id"),
             data={"prefix": prefix},
             resume_id=f"children:{prefix}",
+            tenant_id=self.tenant,
         )
         enqueue_tasks(self.store.client, self.store.ks, [body])
 
@@ -196,7 +201,7 @@ class Children:
         request_cancels(self.store.client, self.store.ks, ids)
         docs = self.store.read_many(ids)
         bodies = [
-            model.resume_body(eid, "cancel", flow_id=doc.get("flow_id"))
+            model.resume_body(eid, "cancel", flow_id=doc.get("flow_id"), tenant_id=self.tenant)
             for eid, doc in zip(ids, docs, strict=True)
             if isinstance(doc, dict) and doc.get("status") == "suspended"
         ]

@@ -61,11 +61,23 @@ class WaitTimeout(PlaitaError):
 class FlowClient:
     """Producer side of executions over one stream."""
 
-    def __init__(self, queue: StreamQueue, store: ExecutionStore | None = None) -> None:
+    def __init__(
+        self, queue: StreamQueue, store: ExecutionStore | None = None, *, tenant_id: str | None = None
+    ) -> None:
+        """``tenant_id``: every call is about that tenant's executions (None: the default tenant's);
+        ValueError for an invalid one (``plaita.tasks.TENANT_ID``)."""
         self.queue = queue
-        self.store = store if store is not None else ExecutionStore(queue.client, queue.keyspace)
+        store = store if store is not None else ExecutionStore(queue.client, queue.keyspace)
+        self.store = store.for_tenant(tenant_id)
+        #: The tenant of this client's executions ("" = the default tenant).
+        self.tenant_id = self.store.ks.tenant
         #: Whether ``close`` releases the queue's connections (only those ``from_url`` opened).
         self._owns_queue = False
+
+    def for_tenant(self, tenant_id: str | None) -> FlowClient:
+        """A client of ``tenant_id``'s executions on the same queue and connections (closing it
+        leaves them open: this client owns them)."""
+        return FlowClient(self.queue, self.store, tenant_id=tenant_id)
 
     @classmethod
     def from_url(
@@ -78,9 +90,11 @@ class FlowClient:
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
         socket_timeout_s: float = PRODUCER_SOCKET_TIMEOUT_S,
+        tenant_id: str | None = None,
     ) -> FlowClient:
         """A client over the queue at ``url`` (``redis://``, ``rediss://``, ``redis+sentinel://``,
-        ``redis+cluster://``); ``queue_name`` and ``partitions`` must be the workers'. Connects
+        ``redis+cluster://``); ``queue_name`` and ``partitions`` must be the workers'; ``tenant_id``
+        as in the constructor (``for_tenant`` gives the other tenants' clients on the same connections). Connects
         lazily (never raises for Redis down); ConfigError for a bad URL or an unreadable TLS file."""
         settings = Settings(
             redis_url=url,
@@ -91,7 +105,7 @@ class FlowClient:
             tls_key_file=tls_key_file,
         )
         client = make_client(url, socket_timeout_s=socket_timeout_s, tls=settings.tls)
-        flows = cls(open_queue(settings, client=client))
+        flows = cls(open_queue(settings, client=client), tenant_id=tenant_id)
         flows._owns_queue = True
         return flows
 
@@ -144,7 +158,13 @@ class FlowClient:
                 return earlier
         eid = execution_id or self._new_id(dedup_key)
         body = model.start_body(
-            flow_id, params or {}, eid, dedup_key=dedup_key, version=version, deadline_at=deadline_at
+            flow_id,
+            params or {},
+            eid,
+            dedup_key=dedup_key,
+            version=version,
+            deadline_at=deadline_at,
+            tenant_id=self.tenant_id,
         )
         self._enqueue(body)
         return eid
@@ -160,7 +180,10 @@ class FlowClient:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
         require_json(data, "data")
         doc = self._require(execution_id)
-        body = model.resume_body(execution_id, resume_type, flow_id=doc.get("flow_id"), data=data, resume_id=resume_id)
+        flow_id, tenant = doc.get("flow_id"), self.tenant_id
+        body = model.resume_body(
+            execution_id, resume_type, flow_id=flow_id, data=data, resume_id=resume_id, tenant_id=tenant
+        )
         return self._enqueue(body)
 
     def retry(
@@ -191,7 +214,13 @@ class FlowClient:
         rid = resume_id or f"retry:{uuid.uuid4().hex}"
         who = by or _operator()
         body = model.restart_body(
-            execution_id, flow_id=doc.get("flow_id"), from_step=from_step, force=force, by=who, resume_id=rid
+            execution_id,
+            flow_id=doc.get("flow_id"),
+            from_step=from_step,
+            force=force,
+            by=who,
+            resume_id=rid,
+            tenant_id=self.tenant_id,
         )
         self._enqueue(body)
         return rid
@@ -204,7 +233,8 @@ class FlowClient:
             return doc
         self.store.request_cancel(execution_id)
         if doc.get("status") == "suspended":
-            self._enqueue(model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id")))
+            body = model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id"), tenant_id=self.tenant_id)
+            self._enqueue(body)
         return doc
 
     def get(self, execution_id: str) -> dict[str, Any] | None:

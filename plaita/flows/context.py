@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,9 @@ from plaita.tasks import CancelFlag
 
 #: Staged writes may not touch execution bookkeeping: the checkpoint owns those keys.
 _RESERVED_PREFIXES = ("plaita:execution:", "plaita:executions:", "plaita:start-dedup:")
+#: Nor any tenant's (``plaita:<tenant>:execution:…``): a step of one tenant must not reach into
+#: another's executions, nor the list of tenants.
+_RESERVED_TENANT = re.compile(r"plaita:[^:]*:(?:execution|executions|start-dedup):|plaita:tenants$")
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,7 @@ class StepContext:
 
     def _stage(self, op: str, key: str, value: Any, ttl_s: int) -> None:
         assert op in STAGE_OPS
-        if not isinstance(key, str) or not key or key.startswith(_RESERVED_PREFIXES):
+        if not isinstance(key, str) or not key or key.startswith(_RESERVED_PREFIXES) or _RESERVED_TENANT.match(key):
             raise ValueError(f"cannot stage a write to {key!r}: execution keys belong to the checkpoint")
         if self.slot_tag and hash_tag(key) != self.slot_tag:
             raise ValueError(

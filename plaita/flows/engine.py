@@ -26,6 +26,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S
@@ -51,8 +52,19 @@ from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)
 
+#: Tenants whose parts (admission, checkpoints, children) one runner keeps before starting over.
+MAX_TENANT_SCOPES = 1024
 #: Checkpoint status -> the execution event observers are told (``running`` is no event).
 _STATUS_EVENTS = {"suspended": "suspended", "completed": "completed", "error": "failed", "cancelled": "cancelled"}
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """One tenant's admission, checkpoints and children, each on that tenant's store."""
+
+    admission: Admission
+    checkpoints: Checkpointer
+    children: Children
 
 
 class FlowRunner:
@@ -81,7 +93,7 @@ class FlowRunner:
         self.store = store
         self.max_state_bytes = max_state_bytes
         self._observers: list[ExecutionObserver] = [] if observer is None else [observer]
-        self._checkpoints = Checkpointer(store, retention_s=retention_s)
+        self._retention_s = retention_s
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
@@ -89,14 +101,37 @@ class FlowRunner:
         self._tracing = Tracing(tracer_provider)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = Handover(store.client, store.ks.queue)
-        self._admission = Admission(self.flows, store, self.handover, max_state_bytes=max_state_bytes, clock=clock)
-        self._children = Children(store)
+        #: The default tenant's parts; another tenant's (``_scope``) are made on its first task.
+        self._default = self._new_scope(store)
+        self._admission, self._checkpoints, self._children = (
+            self._default.admission,
+            self._default.checkpoints,
+            self._default.children,
+        )
+        self._scopes: dict[str, _Scope] = {}
         #: Flow limits (``max_concurrent``, ``max_starts_per_s``); slots live as long as leases.
         self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), ttl_s=slot_ttl_s, rng=self._rng)
-        self._admission.on_child = self._children.noted
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
+
+    def _new_scope(self, store: ExecutionStore) -> _Scope:
+        admission = Admission(self.flows, store, self.handover, max_state_bytes=self.max_state_bytes, clock=self._clock)
+        children = Children(store)
+        admission.on_child = children.noted
+        return _Scope(admission, Checkpointer(store, retention_s=self._retention_s), children)
+
+    def _scope(self, task: Task) -> _Scope:
+        """The parts working on ``task``'s tenant's store (its body's ``tenant_id``)."""
+        if not task.tenant_id:
+            return self._default
+        store = self.store.of(task)
+        scope = self._scopes.get(store.ks.ns)
+        if scope is None:
+            if len(self._scopes) >= MAX_TENANT_SCOPES:  # bounded: tenant ids come from task bodies
+                self._scopes.clear()
+            scope = self._scopes[store.ks.ns] = self._new_scope(store)
+        return scope
 
     # -- entry points --------------------------------------------------------------------
     def __call__(self, task: Task) -> None:
@@ -167,9 +202,10 @@ class FlowRunner:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
         if start_flow is not None:  # a start waits for its flow's limits before it creates anything
             await self._enter(start_flow, task, offload, start=True)
-        run = await self._admission.admit(task, offload)
+        scope = self._scope(task)
+        run = await scope.admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
-            await call_io(offload, self._children.redelivered, task.execution_id)
+            await call_io(offload, scope.children.redelivered, task.execution_id)
             return None
         run.trace, run.execution = trace, joined(trace, run.execution, run.flow.flow_id, task.body)
         flow_id = run.flow.flow_id
@@ -260,7 +296,7 @@ class FlowRunner:
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
             deadline_at=ex.deadline_at,
-            publisher=publisher(self.store, run.task, step.name, self._clock),
+            publisher=publisher(self.store.of(run.task), run.task, step.name, self._clock),
             slot_tag=self.store.ks.slot_tag(run.task.execution_id),
         )
 
@@ -288,7 +324,7 @@ class FlowRunner:
         deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
         ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s)
         if isinstance(value, Spawn):  # start its children (plaita.flows.children), then wait on them
-            ex = await call_io(run.offload, self._children.spawn, run, step.name, value, ex)
+            ex = await call_io(run.offload, self._scope(run.task).children.spawn, run, step.name, value, ex)
             if ex.status == "running":  # every child had ended already (a re-run step): joined
                 await self._commit(run, ex, step=step, staged=ctx.staged, output=True)
                 return
@@ -302,7 +338,7 @@ class FlowRunner:
             if run.cancel or run.execution.past_deadline(self._clock()):  # end now: cancels the children
                 await self._commit(run, run.execution.cancelled(self._clock()))
                 return
-            joined = await call_io(run.offload, self._children.settled, run)  # all ended meanwhile?
+            joined = await call_io(run.offload, self._scope(run.task).children.settled, run)  # all ended meanwhile?
             if joined is not None:
                 await self._commit(run, joined)
 
@@ -367,7 +403,7 @@ class FlowRunner:
         if written.status == "suspended" and written.deadline_at is not None:
             # The keeper finds a suspension past the whole execution's deadline by the same index.
             deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
-        cancel = await self._checkpoints.write(
+        cancel = await self._scope(run.task).checkpoints.write(
             run.task,
             text,
             status=written.status,
@@ -389,7 +425,7 @@ class FlowRunner:
     async def _ended(self, run: Run) -> None:
         """Tell its parent (a child) and cancel its children (cancelled while waiting on them);
         then call the flow's hooks for the execution a checkpoint just ended (each guarded)."""
-        await call_io(run.offload, self._children.ended, run.execution)
+        await call_io(run.offload, self._scope(run.task).children.ended, run.execution)
         for hook in run.flow.hooks_for(run.execution.status):
             # Called like a step (any BaseException comes back as a value): a hook's bug must not
             # fail a task whose execution is already over.

@@ -10,6 +10,9 @@
   ("orphaned"): retrying it has not helped for that long. A child execution gets a task with
   it that wakes its parent, as any terminal child does (``plaita.flows.children.end_task``).
 
+Every tenant's executions are kept (the tenants listed in ``plaita:tenants``, after the default
+tenant's); a report names a tenant's execution ``<tenant>/<id>``.
+
 Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``; a dry run
 reads only and never touches that lease. A Redis failure never ends the keeper: it backs off
 (``BackoffPolicy``) and tries again. One execution key that holds no execution is skipped,
@@ -128,6 +131,8 @@ class Keeper:
         #: Unreadable execution keys skipped, every time one was met (a counter for operators).
         self.corrupt_skips = 0
         self._logged_bad: set[str] = set()
+        #: The stores of every tenant with executions (the default one first), as of the last pass.
+        self._stores: list[ExecutionStore] = [store]
 
     def request_stop(self) -> None:
         """Safe from any thread or a signal handler: the loop ends within about a second."""
@@ -199,7 +204,7 @@ class Keeper:
             if self._stop.is_set() or self.settings.dry_run:
                 continue
             try:
-                earliest_s = self.store.earliest_deadline()
+                earliest_s = min((e for st in self._stores if (e := st.earliest_deadline()) is not None), default=None)
                 if earliest_s is not None and earliest_s <= self._clock():
                     self.log_pass(self.run_deadlines())
             except Exception as exc:
@@ -211,8 +216,13 @@ class Keeper:
         if not self.store.hold_keeper_lease(self.holder, int(self.settings.lease_ttl_s * 1000)):
             return KeeperPass(acting=False)
         report = KeeperPass()
-        self._timeouts(self._clock(), report)
+        for store in self._stores:
+            self._timeouts(store, self._clock(), report)
         return report
+
+    def _tenant_stores(self) -> list[ExecutionStore]:
+        """The default tenant's store, then each tenant's with executions (``plaita:tenants``)."""
+        return [self.store, *(self.store.for_tenant(t) for t in self.store.tenants())]
 
     def _hand_over(self) -> None:
         """Release the keeper lease so another keeper acts at once; bounded (a frozen server
@@ -259,11 +269,15 @@ class Keeper:
             return KeeperPass(acting=False)
         report = KeeperPass()
         now_s = self._clock()
-        self._timeouts(now_s, report)
+        self._stores = self._tenant_stores()
+        for store in self._stores:
+            self._timeouts(store, now_s, report)
         if self.scheduler:
             ticks = self.scheduler.run_pass(now_s, dry_run=s.dry_run)
             report.scheduled, report.corrupt = ticks.started, report.corrupt + ticks.corrupt
-        self._orphans(now_s, report)
+        in_stream: set[str] | None = None  # read once per pass, by the first tenant that needs it
+        for store in self._stores:
+            in_stream = self._orphans(store, now_s, report, in_stream)
         return report
 
     def _skip_unreadable(self, bad: UnreadableExecution, report: KeeperPass) -> None:
@@ -278,75 +292,92 @@ class Keeper:
         self._logged_bad.add(bad.key)
         logger.warning("keeper: %s %s; skipped (logged once, left for an operator)", bad.key, bad.why)
 
-    def _timeouts(self, now_s: float, report: KeeperPass) -> None:
+    def _timeouts(self, store: ExecutionStore, now_s: float, report: KeeperPass) -> None:
         s = self.settings
         # The claim re-arms each due deadline first: if an enqueue below fails, it fires again
         # after the cooldown instead of never.
-        due = self.store.due_deadlines(now_s, now_s + s.timeout_cooldown_s, s.batch, dry_run=s.dry_run)
-        for eid, doc in zip(due, self.store.read_many(due), strict=True):
+        due = store.due_deadlines(now_s, now_s + s.timeout_cooldown_s, s.batch, dry_run=s.dry_run)
+        for eid, doc in zip(due, store.read_many(due), strict=True):
             if isinstance(doc, UnreadableExecution):
                 self._skip_unreadable(doc, report)
                 continue
             suspension = doc.get("suspension") if doc else None
             if doc is None or doc.get("status") != "suspended" or not isinstance(suspension, dict):
                 if not s.dry_run:
-                    self.store.forget_deadline(eid)
+                    store.forget_deadline(eid)
                 continue
-            body = self._due(eid, doc, suspension, now_s, report)
+            body = self._due(store, eid, doc, suspension, now_s, report)
             if not s.dry_run:
                 self.queue.enqueue(body)
 
     @staticmethod
     def _due(
-        eid: str, doc: dict[str, Any], suspension: dict[str, Any], now_s: float, report: KeeperPass
+        store: ExecutionStore,
+        eid: str,
+        doc: dict[str, Any],
+        suspension: dict[str, Any],
+        now_s: float,
+        report: KeeperPass,
     ) -> dict[str, Any]:
         """What a due suspension gets: ``cancel`` past the execution's deadline, ``continue``
         for a durable sleep (its deadline is its wake), else ``timeout``."""
-        seq, flow_id = suspension.get("seq"), doc.get("flow_id")
+        seq, flow_id, tenant = suspension.get("seq"), doc.get("flow_id"), store.ks.tenant
         deadline_at = epoch_or_none(doc.get("deadline_at"))
         if deadline_at is not None and deadline_at <= now_s:
-            report.expired.append(eid)
-            return model.resume_body(eid, "cancel", flow_id=flow_id, resume_id=f"deadline:{seq}")
+            report.expired.append(_label(store, eid))
+            return model.resume_body(eid, "cancel", flow_id=flow_id, resume_id=f"deadline:{seq}", tenant_id=tenant)
         wake = suspension.get("kind") == "sleep"
-        (report.wakes if wake else report.timeouts).append(eid)
+        (report.wakes if wake else report.timeouts).append(_label(store, eid))
         kind = "wake" if wake else "timeout"
         return model.resume_body(
-            eid, "continue" if wake else "timeout", flow_id=flow_id, suspension=seq, resume_id=f"{kind}:{seq}"
+            eid,
+            "continue" if wake else "timeout",
+            flow_id=flow_id,
+            suspension=seq,
+            resume_id=f"{kind}:{seq}",
+            tenant_id=tenant,
         )
 
-    def _orphans(self, now_s: float, report: KeeperPass) -> None:
+    def _orphans(
+        self, store: ExecutionStore, now_s: float, report: KeeperPass, in_stream: set[str] | None
+    ) -> set[str] | None:
+        """One tenant's orphans; returns the stream's execution ids (``_label``s) once read (None:
+        not needed yet)."""
         s = self.settings
-        unleased = self._unleased(now_s - s.orphan_grace_s, report)
-        if not unleased:
-            return
-        in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
-        if not complete:
-            logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
-            report.skipped_scan = True
-            return
-        unqueued = [(eid, at) for eid, at in unleased if eid not in in_stream]
+        unleased = self._unleased(store, now_s - s.orphan_grace_s, report)
+        if not unleased or report.skipped_scan:
+            return in_stream
+        if in_stream is None:
+            in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
+            if not complete:
+                logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
+                report.skipped_scan = True
+                return in_stream
+        unqueued = [(eid, at) for eid, at in unleased if _label(store, eid) not in in_stream]
         # Read again after the scan: an execution that moved on meanwhile is not an orphan.
-        now_scores = self.store.still_running([eid for eid, _ in unqueued])
+        now_scores = store.still_running([eid for eid, _ in unqueued])
         for (eid, at), score in zip(unqueued, now_scores, strict=True):
             if score is None or score != at:
                 continue
             if now_s - at > s.zombie_after_s:
-                self._orphaned(eid, at, now_s, report)
-            elif s.dry_run or self.store.mark_retry_sent(eid, int(s.retry_cooldown_s)):
-                report.retries.append(eid)
+                self._orphaned(store, eid, at, now_s, report)
+            elif s.dry_run or store.mark_retry_sent(eid, int(s.retry_cooldown_s)):
+                report.retries.append(_label(store, eid))
                 if not s.dry_run:
-                    self._send_retry(eid)
+                    self._send_retry(store, eid)
+        return in_stream
 
-    def _send_retry(self, eid: str) -> None:
+    def _send_retry(self, store: ExecutionStore, eid: str) -> None:
         try:
-            self.queue.enqueue(model.resume_body(eid, "retry", resume_id=f"keeper:{uuid.uuid4().hex[:12]}"))
+            rid = f"keeper:{uuid.uuid4().hex[:12]}"
+            self.queue.enqueue(model.resume_body(eid, "retry", resume_id=rid, tenant_id=store.ks.tenant))
         except Exception:
             # Not sent: take the cooldown mark back (best effort) so the next pass retries it.
             with contextlib.suppress(Exception):
-                self.store.clear_retry_mark(eid)
+                store.clear_retry_mark(eid)
             raise
 
-    def _unleased(self, before_s: float, report: KeeperPass) -> list[tuple[str, float]]:
+    def _unleased(self, store: ExecutionStore, before_s: float, report: KeeperPass) -> list[tuple[str, float]]:
         """Running executions not updated since ``before_s`` whose lease is gone, page by page:
         long steps of live workers keep old scores, so the first page alone could hide every
         orphan behind them; so could unreadable keys (skipped here: no worker could run a
@@ -354,10 +385,10 @@ class Keeper:
         s = self.settings
         out: list[tuple[str, float]] = []
         for offset in range(0, s.max_candidates, s.batch):
-            page = self.store.running_since(before_s, offset, s.batch)
-            leased = self.store.leased([eid for eid, _ in page])
+            page = store.running_since(before_s, offset, s.batch)
+            leased = store.leased([eid for eid, _ in page])
             candidates = [c for c, held in zip(page, leased, strict=True) if not held]
-            for c, doc in zip(candidates, self.store.read_many([eid for eid, _ in candidates]), strict=True):
+            for c, doc in zip(candidates, store.read_many([eid for eid, _ in candidates]), strict=True):
                 if isinstance(doc, UnreadableExecution):
                     self._skip_unreadable(doc, report)
                 else:
@@ -366,16 +397,24 @@ class Keeper:
                 break
         return out
 
-    def _orphaned(self, eid: str, updated_at_s: float, now_s: float, report: KeeperPass) -> None:
+    def _orphaned(self, store: ExecutionStore, eid: str, updated_at_s: float, now_s: float, report: KeeperPass) -> None:
         s = self.settings
         message = f"orphaned: running with no worker and no task for {now_s - updated_at_s:.0f} s"
         # A child's parent is told through a task enqueued with the marking (``end_task``).
-        if s.dry_run or self.store.mark_orphaned(
-            eid, updated_at_s, error_doc(None, "Orphaned", message), now_s, s.retention_s, follow_up=end_task
-        ):
-            report.orphaned.append(eid)
+        error, tenant = error_doc(None, "Orphaned", message), store.ks.tenant
+
+        def follow_up(doc: dict[str, Any]) -> dict[str, Any] | None:
+            return end_task(doc, tenant_id=tenant)
+
+        if s.dry_run or store.mark_orphaned(eid, updated_at_s, error, now_s, s.retention_s, follow_up=follow_up):
+            report.orphaned.append(_label(store, eid))
             if not s.dry_run and self.on_orphaned is not None:
                 try:
-                    self.on_orphaned(eid, message, updated_at_s)
+                    self.on_orphaned(_label(store, eid), message, updated_at_s)
                 except Exception:  # an alert must never fail a pass
                     logger.exception("keeper: orphan hook failed for %s", eid)
+
+
+def _label(store: ExecutionStore, eid: str) -> str:
+    """How a report names an execution: its id, ``<tenant>/<id>`` for a tenant's."""
+    return f"{store.ks.tenant}/{eid}" if store.ks.tenant else eid

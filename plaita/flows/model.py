@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from plaita.tasks import DEFAULT_TENANT
+
 #: What a resume body's ``resume_type`` may be (the names producers already send).
 RESUME_TYPES = frozenset({"continue", "retry", "cancel", "timeout", "event"})
 #: A restart of a terminal execution from a step (``FlowClient.retry``): not a resume of a
@@ -33,6 +35,7 @@ def start_body(
     dedup_key: str | None = None,
     version: str | None = None,
     deadline_at: float | None = None,
+    tenant_id: str | None = None,
 ) -> dict[str, Any]:
     """``deadline_at``: the whole execution's deadline (epoch seconds); absent = none, so a body
     an older producer sent (or an older worker reads) is unchanged."""
@@ -43,6 +46,14 @@ def start_body(
         body["version"] = version
     if deadline_at is not None:
         body["deadline_at"] = deadline_at
+    return with_tenant(body, tenant_id)
+
+
+def with_tenant(body: dict[str, Any], tenant_id: str | None) -> dict[str, Any]:
+    """``body`` for ``tenant_id``'s execution: the default tenant's bodies carry no ``tenant_id``
+    (exactly the bodies of before tenants existed)."""
+    if tenant_id and tenant_id != DEFAULT_TENANT:
+        body["tenant_id"] = tenant_id
     return body
 
 
@@ -54,6 +65,7 @@ def resume_body(
     data: Any = None,
     resume_id: str | None = None,
     suspension: int | None = None,
+    tenant_id: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"type": "resume", "execution_id": execution_id, "resume_type": resume_type}
     if flow_id is not None:
@@ -64,15 +76,22 @@ def resume_body(
         body["resume_id"] = resume_id
     if suspension is not None:
         body["suspension"] = suspension
-    return body
+    return with_tenant(body, tenant_id)
 
 
 def restart_body(
-    execution_id: str, *, flow_id: str | None, from_step: str | None, force: bool, by: str, resume_id: str
+    execution_id: str,
+    *,
+    flow_id: str | None,
+    from_step: str | None,
+    force: bool,
+    by: str,
+    resume_id: str,
+    tenant_id: str | None = None,
 ) -> dict[str, Any]:
     """A restart (``resume_type`` ``restart``) of a terminal execution at ``from_step`` (None:
     the step it ended at); ``force`` allows a completed one."""
-    body = resume_body(execution_id, RESTART, flow_id=flow_id, resume_id=resume_id)
+    body = resume_body(execution_id, RESTART, flow_id=flow_id, resume_id=resume_id, tenant_id=tenant_id)
     body.update(force=bool(force), by=by)
     if from_step is not None:
         body["from_step"] = from_step

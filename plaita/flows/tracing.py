@@ -181,6 +181,8 @@ class TaskTrace:
         }
         if task.body.get("type") == "resume":
             attributes["plaita.resume_type"] = str(task.body.get("resume_type", "continue"))
+        if isinstance(task.body.get("tenant_id"), str):
+            attributes["plaita.tenant_id"] = task.body["tenant_id"]
         if flow_id is not None:
             attributes["plaita.flow"] = flow_id
         self.span = self._tracer.start_span(

@@ -73,17 +73,21 @@ class CancelWatch:
             if now < next_poll_s:
                 continue
             next_poll_s = now + self._poll_s
-            long_running = [ctx for ctx, _, since in active if now - since >= self._poll_s and not ctx.cancelled]
+            long_running = [(c, t) for c, t, since in active if now - since >= self._poll_s and not c.cancelled]
             self._poll(long_running)
 
-    def _poll(self, contexts: list[Any]) -> None:
-        if not contexts:
-            return
-        try:
-            flags = self._store.cancel_requested_many([ctx.execution_id for ctx in contexts])
-        except Exception as exc:  # Redis down: the next checkpoint reports the cancel anyway
-            logger.debug("cancel poll failed: %s: %s", type(exc).__name__, exc)
-            return
-        for ctx, flag in zip(contexts, flags, strict=True):
-            if flag:
-                ctx.cancel.set()
+    def _poll(self, running: list[tuple[Any, Task]]) -> None:
+        # One MGET per tenant among them (each tenant's cancel flags are its own keys).
+        by_store: dict[str, tuple[ExecutionStore, list[Any]]] = {}
+        for ctx, task in running:
+            store = self._store.of(task)
+            by_store.setdefault(store.ks.ns, (store, []))[1].append(ctx)
+        for store, contexts in by_store.values():
+            try:
+                flags = store.cancel_requested_many([ctx.execution_id for ctx in contexts])
+            except Exception as exc:  # Redis down: the next checkpoint reports the cancel anyway
+                logger.debug("cancel poll failed: %s: %s", type(exc).__name__, exc)
+                return
+            for ctx, flag in zip(contexts, flags, strict=True):
+                if flag:
+                    ctx.cancel.set()

@@ -6,9 +6,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from plaita.store.leases import Lease
 from plaita.tasks import Task
+
+#: Which execution lease a task takes: its execution id (the default tenant), or (id, keyspace) for a
+#: tenant's task, whose lease is another key (``plaita.store.keyspace``): equal ids of two tenants
+#: are two executions.
+LeaseRef = str | tuple[str, Any]
+
+
+def lease_ref(task: Task) -> LeaseRef:
+    return (task.execution_id, task.keyspace) if task.tenant_id else task.execution_id
 
 
 @dataclass
@@ -33,7 +43,7 @@ class InFlightTable:
         self._lock = threading.Lock()
         self._items: dict[str, InFlight] = {}
         #: Executions whose lease acquire failed without an answer: Redis may hold an orphan lease.
-        self._orphan_suspects: set[str] = set()
+        self._orphan_suspects: set[LeaseRef] = set()
 
     def __len__(self) -> int:
         with self._lock:
@@ -78,19 +88,19 @@ class InFlightTable:
                 item.task.cancelled.set()
             return left
 
-    def runs_execution(self, execution_id: str) -> bool:
-        """True while a task of ``execution_id`` is in flight here."""
+    def runs_execution(self, ref: LeaseRef) -> bool:
+        """True while a task of execution ``ref`` (``lease_ref``) is in flight here."""
         with self._lock:
-            return any(i.task.execution_id == execution_id for i in self._items.values())
+            return any(lease_ref(i.task) == ref for i in self._items.values())
 
-    def suspect_orphans(self, execution_ids: Iterable[str]) -> None:
+    def suspect_orphans(self, refs: Iterable[LeaseRef]) -> None:
         with self._lock:
-            self._orphan_suspects.update(execution_ids)
+            self._orphan_suspects.update(refs)
 
-    def take_orphan_suspects(self) -> set[str]:
+    def take_orphan_suspects(self) -> set[LeaseRef]:
         """Suspects with no task of theirs in flight here (only those are safe to release)."""
         with self._lock:
-            busy = {i.task.execution_id for i in self._items.values()}
+            busy = {lease_ref(i.task) for i in self._items.values()}
             ready = self._orphan_suspects - busy
             self._orphan_suspects -= ready
             return ready

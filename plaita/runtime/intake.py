@@ -13,7 +13,7 @@ from typing import Any
 from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
 from plaita.errors import BadTaskError
 from plaita.runtime.counters import Counters
-from plaita.runtime.inflight import InFlight, InFlightTable
+from plaita.runtime.inflight import InFlight, InFlightTable, lease_ref
 from plaita.runtime.outcomes import Outcome
 from plaita.runtime.pool import Pool
 from plaita.runtime.settler import Settler
@@ -104,19 +104,19 @@ class Intake:
         """Acquire the leases of ``eager`` in one round trip; append the tasks that got theirs to
         ``started`` as they do (so a failure later in the batch cannot strand them)."""
         try:
-            leases = self.leases.acquire_many([t.execution_id for t, _ in eager])
+            leases = self.leases.acquire_many([t.execution_id for t, _ in eager], [t.keyspace for t, _ in eager])
         except Exception:
             # Redis may have set some of these leases anyway: released as orphans after the
             # outage; the entries stay in our pending list and are re-read then.
-            self.inflight.suspect_orphans(t.execution_id for t, _ in eager)
+            self.inflight.suspect_orphans(lease_ref(t) for t, _ in eager)
             raise
         orphaned: list[tuple[Task, Entry]] = []
         for (task, entry), got in zip(eager, leases, strict=True):
             if isinstance(got, str):
                 if (
                     retry_own
-                    and self.leases.ours(task.execution_id, got) is not None
-                    and not self.inflight.runs_execution(task.execution_id)
+                    and self.leases.ours(task.execution_id, got, task.keyspace) is not None
+                    and not self.inflight.runs_execution(lease_ref(task))
                 ):
                     orphaned.append((task, entry))  # our own lease, yet nothing of it runs here
                 else:
@@ -134,13 +134,15 @@ class Intake:
         cluster, a pipeline can fail on one master after another ran its part): release them now
         (owner thread: nothing can start meanwhile) and acquire once more, instead of leaving
         their entries pending until the TTL."""
-        ids = sorted({t.execution_id for t, _ in orphaned})
+        refs = {lease_ref(t): t for t, _ in orphaned}
         try:
-            for execution_id in ids:
-                if self.leases.release_orphan(execution_id):
-                    logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
+            for task in refs.values():
+                if self.leases.release_orphan(task.execution_id, task.keyspace):
+                    logger.info(
+                        "released an orphan lease of execution %s (its acquire reply was lost)", task.execution_id
+                    )
         except Exception:
-            self.inflight.suspect_orphans(ids)  # released after the outage; the entries stay pending
+            self.inflight.suspect_orphans(refs)  # released after the outage; the entries stay pending
             raise
         self._lease(orphaned, now, started, retry_own=False)
 
@@ -164,7 +166,7 @@ class Intake:
                 task.execution_id,
                 holder[1:],
                 task.message_id,
-                self.leases.keyspace.lease_key(task.execution_id),
+                (task.keyspace or self.leases.keyspace).lease_key(task.execution_id),
             )
 
     def _parse(self, entry: Entry) -> Task | None:
@@ -198,7 +200,9 @@ class Intake:
         if home is not None:  # its lease and state live in another partition's slot
             self._misrouted(entry, task, home)
             return None
-        task.keyspace = self.leases.keyspace
+        # Validated by parse_entry: a tenant's task takes its lease in the tenant's namespace.
+        ks = self.leases.keyspace
+        task.keyspace = ks.for_tenant(task.tenant_id) if task.tenant_id else ks
         return task
 
     def _misrouted(self, entry: Entry, task: Task, home: int) -> None:

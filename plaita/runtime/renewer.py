@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from plaita.runtime.inflight import InFlight, InFlightTable
+from plaita.runtime.inflight import InFlight, InFlightTable, lease_ref
 from plaita.store.leases import LeaseManager
 from plaita.store.streams import StreamQueue
 
@@ -70,14 +70,14 @@ class LeaseRenewer:
         # Tasks without an execution id take their lease once they outlive a renewal interval.
         lazy = [i for i in items if i.lease is None and now - i.read_at_s >= self.interval_s]
         try:
-            acquired = self.leases.acquire_many([i.task.execution_id for i in lazy])
+            acquired = self.leases.acquire_many([i.task.execution_id for i in lazy], [i.task.keyspace for i in lazy])
         except Exception:
-            self.table.suspect_orphans(i.task.execution_id for i in lazy)  # Redis may have set some
+            self.table.suspect_orphans(lease_ref(i.task) for i in lazy)  # Redis may have set some
             raise
         for item, got in zip(lazy, acquired, strict=True):
             if isinstance(got, str):
                 # Ours already (an earlier acquire whose reply was lost) and the task runs here: adopt it.
-                got = self.leases.ours(item.task.execution_id, got) or got
+                got = self.leases.ours(item.task.execution_id, got, item.task.keyspace) or got
             if isinstance(got, str):
                 self.lose(item, f"its message is leased by {got}")
             else:
@@ -121,10 +121,11 @@ class LeaseRenewer:
         """
         ready = self.table.take_orphan_suspects()
         try:
-            for execution_id in sorted(ready):
-                if self.owner_leases.release_orphan(execution_id):
+            for ref in sorted(ready, key=str):
+                execution_id, keyspace = (ref, None) if isinstance(ref, str) else ref
+                if self.owner_leases.release_orphan(execution_id, keyspace):
                     logger.info("released an orphan lease of execution %s (its acquire reply was lost)", execution_id)
-                ready.discard(execution_id)
+                ready.discard(ref)
         finally:
             if ready:
                 self.table.suspect_orphans(ready)

@@ -11,6 +11,10 @@ Keys (the names existing deployments and tools read; they do not change):
   score = last update (epoch seconds), so listing by status needs neither KEYS nor SCAN.
 - ``plaita:executions:deadlines``: suspended executions with a deadline, scored by it.
 
+A tenant's executions have the same keys in its namespace (``plaita:<tenant>:execution:{id}``, …:
+``plaita.store.keyspace``): ``ExecutionStore.for_tenant``. Creating a tenant's first execution in
+a process adds the tenant to ``plaita:tenants`` (the keeper's list of tenants).
+
 A checkpoint is one EVALSHA: the lease generation is checked inside Lua (a worker that lost
 its lease can never overwrite its successor), then the state, the status index, the deadline
 and the step's staged writes are written together. Every key a script touches is in KEYS.
@@ -36,11 +40,13 @@ from plaita.store.keyspace import (
     DEFAULT,
     EXECUTION_PREFIX,
     STATUS_PREFIX,
+    TENANTS_KEY,
     Keyspace,
 )
 from plaita.store.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
 from plaita.store.staged import plan as plan_staged
 from plaita.store.stream_scan import stream_execution_ids
+from plaita.tasks import TENANT_ID, Task
 
 __all__ = [
     "CANCEL_PREFIX",
@@ -49,6 +55,7 @@ __all__ = [
     "EXECUTION_PREFIX",
     "STAGE_OPS",
     "STATUS_PREFIX",
+    "TENANTS_KEY",
     "ExecutionKeyError",
     "ExecutionStore",
     "Staged",
@@ -61,6 +68,8 @@ STATUSES = ("running", "suspended", "completed", "error", "cancelled")
 TERMINAL = frozenset({"completed", "error", "cancelled"})
 #: Cancel flags and dedup keys outlive any execution that could still use them.
 FLAG_TTL_S = 7 * 24 * 3600
+#: Tenant stores one store keeps (then it starts over: tenant ids come from task bodies).
+MAX_CACHED_TENANTS = 1024
 
 
 CHECKPOINT = scripts.script("checkpoint_execution")
@@ -88,6 +97,32 @@ class ExecutionStore(KeeperAccess, EventAccess):
     def __init__(self, client: redis.Redis, keyspace: Keyspace = DEFAULT) -> None:
         self.client = client
         self.ks = keyspace
+        self._tenants: dict[str, ExecutionStore] = {}
+        #: This tenant is in ``TENANTS_KEY`` (added by the first create of this store).
+        self._registered = not keyspace.tenant
+
+    # -- tenants ---------------------------------------------------------------------------
+    def for_tenant(self, tenant_id: str | None) -> ExecutionStore:
+        """The same client's store of ``tenant_id``'s executions (None, "" or "default": the default
+        tenant's); cached. ValueError for an invalid tenant id."""
+        ks = self.ks.for_tenant(tenant_id)
+        if ks == self.ks:
+            return self
+        store = self._tenants.get(ks.ns)
+        if store is None:
+            if len(self._tenants) >= MAX_CACHED_TENANTS:  # bounded: ids come from task bodies
+                self._tenants.clear()
+            store = self._tenants[ks.ns] = ExecutionStore(self.client, ks)
+        return store
+
+    def of(self, task: Task) -> ExecutionStore:
+        """The store of the tenant ``task`` belongs to (its body's ``tenant_id``)."""
+        return self.for_tenant(task.tenant_id) if task.tenant_id else self
+
+    def tenants(self) -> list[str]:
+        """Every tenant (but the default one) with executions, sorted; invalid members are skipped."""
+        members = (reply_text(m) for m in cast(set[Any], self.client.smembers(TENANTS_KEY)))
+        return sorted(t for t in members if TENANT_ID.fullmatch(t))
 
     # -- the worker's path ---------------------------------------------------------------
     def load(self, execution_id: str) -> tuple[dict[str, Any] | None, bool]:
@@ -119,6 +154,9 @@ class ExecutionStore(KeeperAccess, EventAccess):
         if dedup:
             keys.append(ks.dedup_key(p, dedup))
         args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
+        if not self._registered:  # before the state exists: the keeper must find every tenant's
+            self.client.sadd(TENANTS_KEY, ks.tenant)
+            self._registered = True
         code, text, cancel = CREATE(self.client, keys, args)
         if int(code) == 4:
             raise ExecutionKeyError(reply_text(text), "holds the wrong type")

@@ -46,8 +46,8 @@ def request_cancels(client: redis.Redis, ks: Keyspace, execution_ids: Sequence[s
 
 def done_key(ks: Keyspace, parent_id: str, prefix: str) -> str:
     """The set of the indexes of a spawn's children that have ended: in the parent's slot."""
-    tag = ks.slot_tag(parent_id)
-    return f"{DONE_PREFIX}{tag}:{prefix}" if tag else f"{DONE_PREFIX}{prefix}"
+    tag, done = ks.slot_tag(parent_id), ks.named(DONE_PREFIX)  # in the parent's tenant namespace
+    return f"{done}{tag}:{prefix}" if tag else f"{done}{prefix}"
 
 
 def mark_done(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str, index: int) -> int:

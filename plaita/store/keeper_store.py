@@ -115,10 +115,11 @@ class KeeperAccess:
 
     def mark_retry_sent(self, execution_id: str, cooldown_s: int) -> bool:
         """True if no recovery retry was sent for this execution within the cooldown."""
-        return bool(self.client.set(f"{KEEPER_RETRY_PREFIX}{execution_id}", "1", nx=True, ex=max(1, cooldown_s)))
+        key = self.ks.named(KEEPER_RETRY_PREFIX) + execution_id
+        return bool(self.client.set(key, "1", nx=True, ex=max(1, cooldown_s)))
 
     def clear_retry_mark(self, execution_id: str) -> None:
-        self.client.delete(f"{KEEPER_RETRY_PREFIX}{execution_id}")
+        self.client.delete(self.ks.named(KEEPER_RETRY_PREFIX) + execution_id)
 
     def mark_orphaned(
         self,

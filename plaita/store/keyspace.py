@@ -15,6 +15,15 @@ status index           ``plaita:executions:status:T:<status>``
 suspension deadlines   ``plaita:executions:deadlines:T``
 =====================  ==============================================
 
+Tenants. ``ns`` is ``plaita`` for the default tenant (a body without ``tenant_id``, or with ``""`` or
+``"default"``) and ``plaita:<tenant_id>`` for any other, as in the original: tenant ``t1``'s state is
+``plaita:t1:execution:<id>`` (tagged ``plaita:t1:execution:T:<id>``: the tag is the partition's, so
+one tenant's execution keeps all its keys in one slot). Every execution-scoped key above, the status
+and deadline indexes, the fan-out done sets and the keeper's retry marks live in the tenant's ns
+(``Keyspace.for_tenant``); the streams, DLQ, registry, control channels, keeper lease and schedules
+are the platform's and are not per tenant. ``TENANTS_KEY`` lists the tenants that have executions,
+so the keeper finds every one.
+
 An execution belongs to partition ``crc32(utf-8 id) % partitions`` (zlib's CRC-32, so a producer
 in any language routes the same way). A task without an ``execution_id`` is keyed by its message
 id, which a partitioned queue qualifies as ``<partition>/<stream id>`` so ids of different
@@ -23,12 +32,16 @@ streams never collide; such a name belongs to the partition it names.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from plaita.tasks import DEFAULT_NS, tenant_ns
 
 LEASE_PREFIX = "plaita:execution:lease:"
 FENCE_PREFIX = "plaita:execution:fence:"
@@ -38,6 +51,8 @@ EVENTS_PREFIX = "plaita:execution:events:"
 DEDUP_PREFIX = "plaita:start-dedup:"
 STATUS_PREFIX = "plaita:executions:status:"
 DEADLINES_KEY = "plaita:executions:deadlines"
+#: A set of the tenant ids (not the default one) whose executions were created: the keeper reads it.
+TENANTS_KEY = "plaita:tenants"
 
 _QUALIFIED = re.compile(r"(\d+)/(\d+-\d+)")
 #: Suffixes tried per partition for a tag whose slot falls in the partition's share of the slots.
@@ -75,6 +90,19 @@ class Keyspace:
     tagged: bool = False
     #: ``--dlq-key``; empty = ``<queue>:dlq`` (per partition ``<queue>:T:dlq``).
     dlq_key: str = ""
+    #: The tenant's namespace of every execution-scoped key: ``plaita`` (default tenant) or
+    #: ``plaita:<tenant_id>``; see ``for_tenant``.
+    ns: str = DEFAULT_NS
+
+    @property
+    def tenant(self) -> str:
+        """The tenant id of this keyspace; "" for the default tenant."""
+        return self.ns[len(DEFAULT_NS) + 1 :]
+
+    def for_tenant(self, tenant_id: str | None) -> Keyspace:
+        """The same queue's keys in ``tenant_id``'s namespace (None, "" or "default": the default
+        tenant). ValueError for an id that is not a valid tenant id (``plaita.tasks.tenant_ns``)."""
+        return _for_tenant(self, tenant_ns(tenant_id))
 
     @cached_property
     def tags(self) -> tuple[str, ...]:
@@ -124,37 +152,61 @@ class Keyspace:
             return self.dlq_key or f"{self.queue}:dlq"
         return f"{self.dlq_key}:{self.tags[p]}" if self.dlq_key else f"{self.stream(p)}:dlq"
 
+    def named(self, default_name: str) -> str:
+        """A ``plaita:…`` key name (or prefix) of the default tenant, in this keyspace's ns."""
+        return default_name if self.ns == DEFAULT_NS else self.ns + default_name[len(DEFAULT_NS) :]
+
     def lease_prefix(self, p: int) -> str:
-        return LEASE_PREFIX + self._t(p)
+        return self.named(LEASE_PREFIX) + self._t(p)
 
     def lease_key(self, name: str) -> str:
         return self.lease_prefix(self.partition_of(name)) + name
 
     def fence_key(self, name: str) -> str:
-        return FENCE_PREFIX + self._t(self.partition_of(name)) + name
+        return self.named(FENCE_PREFIX) + self._t(self.partition_of(name)) + name
 
     def execution_key(self, execution_id: str) -> str:
-        return EXECUTION_PREFIX + self._t(self.partition_of(execution_id)) + execution_id
+        return self.named(EXECUTION_PREFIX) + self._t(self.partition_of(execution_id)) + execution_id
 
     def cancel_key(self, execution_id: str) -> str:
-        return CANCEL_PREFIX + self._t(self.partition_of(execution_id)) + execution_id
+        return self.named(CANCEL_PREFIX) + self._t(self.partition_of(execution_id)) + execution_id
 
     def events_key(self, execution_id: str) -> str:
         """The hash of what the execution's steps published (``ctx.publish``)."""
-        return EVENTS_PREFIX + self._t(self.partition_of(execution_id)) + execution_id
+        return self.named(EVENTS_PREFIX) + self._t(self.partition_of(execution_id)) + execution_id
 
     def dedup_key(self, p: int, key: str) -> str:
-        return DEDUP_PREFIX + self._t(p) + key
+        return self.named(DEDUP_PREFIX) + self._t(p) + key
 
     def status_key(self, p: int, status: str) -> str:
-        return STATUS_PREFIX + self._t(p) + status
+        return self.named(STATUS_PREFIX) + self._t(p) + status
 
     def deadlines_key(self, p: int) -> str:
-        return f"{DEADLINES_KEY}:{self.tags[p]}" if self.tagged else DEADLINES_KEY
+        key = self.named(DEADLINES_KEY)
+        return f"{key}:{self.tags[p]}" if self.tagged else key
 
     def slot_tag(self, execution_id: str) -> str:
         """The hash tag a key must carry to be written with this execution's checkpoint ("" untagged)."""
         return self.tags[self.partition_of(execution_id)] if self.tagged else ""
+
+
+def tenant_prefix(prefix: str, tenant: bytes) -> bytes:
+    """``prefix`` (a default-tenant ``plaita:…`` prefix, say a partition's lease prefix) in the ns of
+    ``tenant``, a body's raw ``tenant_id``. An invalid one keeps the default prefix: its task never
+    takes a lease (the worker dead-letters it), so its entry is claimed and goes to the DLQ."""
+    try:
+        ns = tenant_ns(bytes(tenant).decode("utf-8")) if tenant else DEFAULT_NS
+    except (UnicodeDecodeError, ValueError):
+        ns = DEFAULT_NS
+    if ns == DEFAULT_NS or not prefix.startswith(DEFAULT_NS + ":"):
+        return prefix.encode()
+    return (ns + prefix[len(DEFAULT_NS) :]).encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _for_tenant(ks: Keyspace, ns: str) -> Keyspace:
+    # Cached: the worker asks once per task; a keyspace is frozen (hashable) and small.
+    return ks if ks.ns == ns else dataclasses.replace(ks, ns=ns)
 
 
 #: The untagged keys existing deployments use: one stream, nothing tagged.

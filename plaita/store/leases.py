@@ -1,10 +1,11 @@
 """Execution leases with fencing generations: at most one worker advances an execution.
 
-A lease ``plaita:execution:lease:{execution_id}`` holds ``{holder}:{generation}`` with a PX
-TTL. The generation comes from ``plaita:execution:fence:{execution_id}`` (INCR on every
-acquire), so a worker that was paused past its TTL and wakes up holds an older generation
-than its successor and ``fenced_set`` refuses its writes. Renewal is compare-and-extend,
-release is compare-and-delete, both in Lua so a lease is never touched by a non-holder.
+A lease ``plaita:execution:lease:{execution_id}`` (a tenant's: ``plaita:<tenant>:execution:lease:…``)
+holds ``{holder}:{generation}`` with a PX TTL. The generation comes from
+``plaita:execution:fence:{execution_id}`` (INCR on every acquire), so a worker that was paused
+past its TTL and wakes up holds an older generation than its successor and ``fenced_set`` refuses
+its writes. Renewal is compare-and-extend, release is compare-and-delete, both in Lua so a lease
+is never touched by a non-holder.
 
 The holder is ``worker:{consumer}@{incarnation}``: a restarted worker with the same stable
 consumer name recognises its previous incarnation's leases and takes them over at once
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
@@ -76,21 +78,25 @@ class LeaseManager:
         """The lease, or the current holder's value when another live holder has it."""
         return self.acquire_many([execution_id])[0]
 
-    def acquire_many(self, execution_ids: list[str]) -> list[Lease | str]:
+    def acquire_many(
+        self, execution_ids: list[str], keyspaces: Sequence[Keyspace | None] | None = None
+    ) -> list[Lease | str]:
         """``acquire`` for a whole read batch in one pipelined round trip (in order).
 
-        One script call per partition: on Redis Cluster a script's keys must share a slot."""
+        ``keyspaces[i]`` is where execution ``i``'s lease lives (its tenant's: ``Task.keyspace``);
+        None = this manager's. One script call per partition: on Redis Cluster a script's keys
+        must share a slot (a tenant's keys carry the partition's tag: one call for all tenants)."""
         if not execution_ids:
             return []
-        ks = self.keyspace
+        spaces = [self._space(keyspaces[i] if keyspaces else None) for i in range(len(execution_ids))]
         groups: dict[int, list[int]] = {}
         for i, execution_id in enumerate(execution_ids):
-            groups.setdefault(ks.partition_of(execution_id), []).append(i)
+            groups.setdefault(self.keyspace.partition_of(execution_id), []).append(i)
         args = [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
 
         def build(pipe: Pipeline) -> None:
             for members in groups.values():
-                keys = [k for i in members for k in (ks.lease_key(execution_ids[i]), ks.fence_key(execution_ids[i]))]
+                keys = [k for i in members for k in self._lease_keys(spaces[i], execution_ids[i])]
                 ACQUIRE_MANY.queue(pipe, keys, args)
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
@@ -98,23 +104,29 @@ class LeaseManager:
         out: list[Lease | str] = [""] * len(execution_ids)
         for members, flat in zip(groups.values(), replies, strict=True):
             for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
-                out[i] = self._lease_or_holder(execution_ids[i], ok, value)
+                out[i] = self._lease_or_holder(execution_ids[i], ok, value, spaces[i])
         return out
 
-    def ours(self, execution_id: str, value: str) -> Lease | None:
+    def _space(self, keyspace: Keyspace | None) -> Keyspace:
+        return self.keyspace if keyspace is None else keyspace
+
+    @staticmethod
+    def _lease_keys(ks: Keyspace, execution_id: str) -> tuple[str, str]:
+        return ks.lease_key(execution_id), ks.fence_key(execution_id)
+
+    def ours(self, execution_id: str, value: str, keyspace: Keyspace | None = None) -> Lease | None:
         """The lease a refusal names when its holder is this very incarnation (``holder:gen``):
         left by an earlier acquire whose reply was lost. Else None."""
         own = f"{self.holder}:"
         if not value.startswith(own) or not value[len(own) :].isdigit():
             return None
-        return Lease(execution_id, self.keyspace.lease_key(execution_id), value, int(value[len(own) :]))
+        return Lease(execution_id, self._space(keyspace).lease_key(execution_id), value, int(value[len(own) :]))
 
-    def _lease_or_holder(self, execution_id: str, ok: object, value: object) -> Lease | str:
+    def _lease_or_holder(self, execution_id: str, ok: object, value: object, ks: Keyspace) -> Lease | str:
         if int(ok) != 1:  # type: ignore[call-overload]
             return value.decode() if isinstance(value, bytes) else str(value)
         generation = int(value)  # type: ignore[call-overload]
-        key = self.keyspace.lease_key(execution_id)
-        return Lease(execution_id, key, f"{self.holder}:{generation}", generation)
+        return Lease(execution_id, ks.lease_key(execution_id), f"{self.holder}:{generation}", generation)
 
     def renew_many(self, leases: list[Lease]) -> list[bool | None]:
         """Compare-and-extend every lease: True = renewed, False = lost, None = not known this
@@ -144,7 +156,7 @@ class LeaseManager:
         # Compare-and-extend is safe to run twice.
         return [int(r) == 1 for r in scripts.execute(self.client, build, [_RENEW], transaction=False)]
 
-    def release_orphan(self, execution_id: str) -> bool:
+    def release_orphan(self, execution_id: str, keyspace: Keyspace | None = None) -> bool:
         """Delete this incarnation's lease of ``execution_id``, whatever its generation.
 
         For an acquire whose reply was lost (timeout, reset): Redis may have set the lease
@@ -152,7 +164,8 @@ class LeaseManager:
         reclaimed (nor the lease re-acquired by us) for a whole TTL. Call it only while no
         task of that execution is in flight here. True if a lease was deleted.
         """
-        return int(_RELEASE_ORPHAN(self.client, [self.keyspace.lease_key(execution_id)], [self.holder])) == 1
+        key = self._space(keyspace).lease_key(execution_id)
+        return int(_RELEASE_ORPHAN(self.client, [key], [self.holder])) == 1
 
     def release(self, lease: Lease) -> bool:
         """Compare-and-delete; True if it was still ours."""

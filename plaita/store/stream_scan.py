@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import redis
 
-from plaita.tasks import PAYLOAD_FIELD
+from plaita.tasks import DEFAULT_TENANT, PAYLOAD_FIELD
 
 
 def _text(value: Any) -> str:
@@ -20,7 +20,8 @@ def stream_execution_ids(
     client: redis.Redis, streams: Sequence[str], max_entries: int, page: int = 500
 ) -> tuple[set[str], bool]:
     """Execution ids of every task still in ``streams`` (queued or pending: acked entries are
-    deleted), and whether every stream was read within ``max_entries`` entries each."""
+    deleted), and whether every stream was read within ``max_entries`` entries each. A tenant's
+    task is named ``<tenant>/<id>`` (its body's ``tenant_id``), the default tenant's ``<id>``."""
     seen: set[str] = set()
     for stream in streams:
         ids, complete = _stream_ids(client, stream, max_entries, page)
@@ -55,4 +56,7 @@ def _ids_in(message_id: Any, fields: dict[Any, Any]) -> Iterable[str]:
     if not isinstance(body, dict):
         return ()
     value = body.get("execution_id")
-    return (value,) if isinstance(value, str) and value else (_text(message_id),)
+    eid = value if isinstance(value, str) and value else _text(message_id)
+    tenant = body.get("tenant_id")
+    # A default id that looks like ``t/x`` only makes tenant t's x look queued: a later retry, never a double.
+    return (f"{tenant}/{eid}",) if isinstance(tenant, str) and tenant not in ("", DEFAULT_TENANT) else (eid,)

@@ -251,3 +251,32 @@ def test_redact_text(text: str, shown: str) -> None:
     from plaita.config import redact_text
 
     assert redact_text(text) == shown
+
+
+def test_executions_tenant_flag(redis_url: str, rclient: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--tenant T`` (before or after the action): starts, lists and shows tenant T's executions
+    only; an invalid tenant id is exit 2 with one line."""
+    from tests.flows.support import harness
+
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    flags = ("--redis-url", redis_url, "--queue-name", DEFAULT_QUEUE_NAME)
+    r = run("executions", "start", "ledger3", "--execution-id", "same", "--tenant", "t1", *flags)
+    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr
+    ((_, fields),) = rclient.xrange(DEFAULT_QUEUE_NAME)
+    body = json.loads(fields["payload"])
+    assert (body["execution_id"], body["tenant_id"]) == ("same", "t1")
+    with harness(redis_url) as h:
+        assert h.run(body) is not None
+        h.run({"type": "start", "flow_id": "signup", "execution_id": "same", "params": {}})  # the default's
+    r = run("executions", "--tenant", "t1", "list", "--json", *flags)
+    assert r.returncode == 0, r.stderr
+    assert [(d["execution_id"], d["status"]) for d in json.loads(r.stdout)] == [("same", "completed")]
+    r = run("executions", "list", "--json", *flags)
+    assert [(d["execution_id"], d["status"]) for d in json.loads(r.stdout)] == [("same", "suspended")]
+    r = run("executions", "show", "same", "--json", "--tenant", "t1", *flags)
+    assert r.returncode == 0 and json.loads(r.stdout)["flow_id"] == "ledger3", r.stderr
+    r = run("executions", "show", "same", "--tenant", "t2", *flags)
+    assert r.returncode == 1 and "same" in one_line(r)
+    for bad in ("a:b", "{p0}", "x" * 65):
+        r = run("executions", "list", "--tenant", bad, *flags)
+        assert r.returncode == 2 and "--tenant: invalid tenant_id" in one_line(r)

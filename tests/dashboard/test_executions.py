@@ -246,3 +246,33 @@ def acl_user(server: RedisServer, user: str, rules: str) -> str:
     admin.execute_command("ACL", "LOG", "RESET")
     admin.close()
     return f"redis://{user}:pw-0123456789@127.0.0.1:{server.port}/0"
+
+
+class TestTenants:
+    def test_the_tenant_filter_lists_reads_and_steers_that_tenants_executions(
+        self, make_dashboard: MakeDashboard, rclient: redis.Redis, h: Harness
+    ) -> None:
+        h.run(start("same", "signup"))
+        h.run({**start("same", "signup", name="tia"), "tenant_id": "t1"})
+        h.run({**start("only", "ledger3"), "tenant_id": "t1"})
+        dash = make_dashboard()
+        assert _ids(dash.get("/executions").text) == ["same"]
+        listed = dash.get("/executions", params={"tenant": "t1"}).text
+        assert _ids(listed) == ["only", "same"] and 'href="/executions/same?tenant=t1"' in listed
+        assert _ids(dash.get("/executions", params={"tenant": "t1", "status": "completed"}).text) == ["only"]
+        bad = dash.get("/executions", params={"tenant": "a:b"})
+        assert bad.status_code == 200 and "invalid tenant_id" in bad.text and _ids(bad.text) == []
+        page = dash.get("/executions/same", params={"tenant": "t1"}).text
+        assert 'id="execution-tenant">t1<' in page and "tia" in page
+        assert dash.get("/executions/only").status_code == 404  # not the default tenant's
+        csrf = login(dash)
+        form = {"csrf": csrf, "execution_id": "same", "tenant": "t1"}
+        after = dash.post("/executions/cancel", data=form, headers=SAME_ORIGIN)
+        assert after.url.path == "/executions/same" and "tenant=t1" in str(after.url)
+        (body,) = _stream_bodies(rclient)
+        assert (body["resume_type"], body["tenant_id"]) == ("cancel", "t1")
+        assert rclient.exists("plaita:t1:execution:cancel:same") == 1
+        assert rclient.exists(DEFAULT.cancel_key("same")) == 0
+        doc = h.run(body)
+        assert doc is not None and doc["status"] == "cancelled"
+        assert 'id="execution-status">suspended<' in dash.get("/executions/same").text  # the default's: untouched

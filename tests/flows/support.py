@@ -38,7 +38,8 @@ class Harness:
 
     def task(self, body: dict[str, Any], message_id: str | None = None) -> tuple[Task, Lease]:
         task = Task(message_id or f"{next(_ids)}-0", body, 1)
-        lease = self.leases.acquire(task.execution_id)
+        task.keyspace = self.store.of(task).ks  # a tenant's task (body ``tenant_id``): its own keys
+        lease = self.leases.acquire_many([task.execution_id], [task.keyspace])[0]
         assert isinstance(lease, Lease), f"lease of {task.execution_id} held by {lease}"
         task.fencing_token = lease.generation
         return task, lease
@@ -49,7 +50,7 @@ class Harness:
             self.runner(task)
         finally:
             self.leases.release(lease)
-        return self.store.get(task.execution_id)
+        return self.store.of(task).get(task.execution_id)
 
     def close(self) -> None:
         self.runner.close()

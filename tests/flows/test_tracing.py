@@ -317,3 +317,11 @@ def test_a_refused_task_ends_its_span_in_error(workers: list[tuple[Harness, Reco
     assert span.attributes["plaita.outcome"] == "refused"  # type: ignore[index]
     assert span.status.status_code is StatusCode.ERROR and [e.name for e in span.events] == ["exception"]
     assert f"{span.context.trace_id:032x}" == TID and "plaita.flow" not in span.attributes  # type: ignore[operator]
+
+
+def test_a_tenants_task_names_its_tenant(workers: list[tuple[Harness, Recorder]]) -> None:
+    (h, rec), _ = workers
+    h.run({**start("t11"), "tenant_id": "acme", "traceparent": TP})
+    task = rec.one("plaita.task")
+    assert task.attributes["plaita.tenant_id"] == "acme"  # type: ignore[index]
+    assert task.attributes["plaita.outcome"] == "completed"  # type: ignore[index]

@@ -36,16 +36,16 @@ class Leases:
         self.released: list[str] = []
         self.asked: list[list[str]] = []
 
-    def acquire_many(self, execution_ids: list[str]) -> list[Lease | str]:
+    def acquire_many(self, execution_ids: list[str], keyspaces: object = None) -> list[Lease | str]:
         self.asked.append(list(execution_ids))
         if self.fail:
             raise ConnectionError("redis down")
         return [self.held.get(e) or Lease(e, f"lease:{e}", ME, 7) for e in execution_ids]
 
-    def ours(self, execution_id: str, value: str) -> Lease | None:
+    def ours(self, execution_id: str, value: str, keyspace: object = None) -> Lease | None:
         return Lease(execution_id, f"lease:{execution_id}", value, 7) if value.startswith(ME) else None
 
-    def release_orphan(self, execution_id: str) -> bool:
+    def release_orphan(self, execution_id: str, keyspace: object = None) -> bool:
         self.released.append(execution_id)
         self.held.pop(execution_id, None)
         return True

@@ -2,7 +2,7 @@
 -- XCLAIM's min-idle-time re-checks idleness here, so an entry its holder renewed since the scan
 -- (scan_claimable-1.lua) is left alone.
 -- KEYS[1]    stream
--- KEYS[1+i]  lease key of candidate i (plaita:execution:lease:{execution id or message id})
+-- KEYS[1+i]  lease key of candidate i ({ns}:execution:lease:{execution id or message id})
 -- ARGV[1]    group
 -- ARGV[2]    consumer claiming
 -- ARGV[3]    min_idle (ms)

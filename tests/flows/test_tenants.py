@@ -1,0 +1,257 @@
+"""Tenant namespaces: a body's ``tenant_id`` puts its execution under ``plaita:<tenant>:…`` (the
+original's layout). The same execution id in two tenants is two executions (state, lease, cancel
+flag, indexes); resuming or cancelling one never touches the other; the default tenant's keys are
+exactly those of before; a hostile tenant id goes to the DLQ; the keeper keeps every tenant."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from plaita.errors import BadTaskError
+from plaita.flows import FlowRunner
+from plaita.flows.client import FlowClient
+from plaita.flows.context import StepContext
+from plaita.flows.execution import Execution
+from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.store.client import make_client
+from plaita.store.executions import ExecutionStore
+from plaita.store.fanout import done_key
+from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, hash_tag, tenant_prefix
+from plaita.store.leases import Lease
+from plaita.store.streams import StreamQueue
+from plaita.tasks import CancelFlag, Task, validate_body
+from tests.flows import flowdefs
+from tests.flows.support import Harness, dlq, harness, resume, start
+from tests.support.lease_workers import QUEUE, inproc_worker, settings, wait_for
+
+# -- the key layout (no Redis) ---------------------------------------------------------------
+
+
+def test_the_default_tenants_keys_are_todays_byte_for_byte() -> None:
+    for ks in (DEFAULT, DEFAULT.for_tenant(None), DEFAULT.for_tenant(""), DEFAULT.for_tenant("default")):
+        assert ks == DEFAULT and ks.tenant == ""
+        assert ks.lease_key("e1") == "plaita:execution:lease:e1"
+        assert ks.fence_key("e1") == "plaita:execution:fence:e1"
+        assert ks.execution_key("e1") == "plaita:execution:e1"
+        assert ks.cancel_key("e1") == "plaita:execution:cancel:e1"
+        assert ks.dedup_key(0, "k") == "plaita:start-dedup:k"
+        assert ks.status_key(0, "running") == "plaita:executions:status:running"
+        assert ks.deadlines_key(0) == "plaita:executions:deadlines"
+        assert ks.lease_prefix(0) == "plaita:execution:lease:"
+        assert done_key(ks, "e1", "e1:fan:0") == "plaita:execution:children:e1:fan:0"
+        assert ks.named("plaita:execution:keeper-retry:") == "plaita:execution:keeper-retry:"
+    tagged = Keyspace("q", 4, True)
+    t = tagged.tags[tagged.partition_of("e1")]
+    assert tagged.for_tenant("default") == tagged
+    assert tagged.lease_key("e1") == f"plaita:execution:lease:{t}:e1"
+    assert tagged.execution_key("e1") == f"plaita:execution:{t}:e1"
+    assert tagged.deadlines_key(0) == f"plaita:executions:deadlines:{tagged.tags[0]}"
+
+
+def test_a_tenants_keys_follow_the_original_layout_in_the_same_slot() -> None:
+    ks = DEFAULT.for_tenant("t1")
+    assert ks.tenant == "t1" and ks.ns == "plaita:t1" and ks is DEFAULT.for_tenant("t1")  # cached
+    assert ks.execution_key("ID") == "plaita:t1:execution:ID"
+    assert ks.lease_key("ID") == "plaita:t1:execution:lease:ID"
+    assert ks.fence_key("ID") == "plaita:t1:execution:fence:ID"
+    assert ks.cancel_key("ID") == "plaita:t1:execution:cancel:ID"
+    assert ks.dedup_key(0, "k") == "plaita:t1:start-dedup:k"
+    assert ks.status_key(0, "error") == "plaita:t1:executions:status:error"
+    assert ks.deadlines_key(0) == "plaita:t1:executions:deadlines"
+    assert done_key(ks, "ID", "ID:s:0") == "plaita:t1:execution:children:ID:s:0"
+    # The platform's keys are not the tenant's.
+    assert ks.stream(0) == DEFAULT.stream(0) and ks.dlq(0) == DEFAULT.dlq(0)
+    tagged = Keyspace("q", 4, True).for_tenant("t1")
+    t = tagged.tags[tagged.partition_of("ID")]
+    assert tagged.execution_key("ID") == f"plaita:t1:execution:{t}:ID"
+    assert tagged.lease_key("ID") == f"plaita:t1:execution:lease:{t}:ID"
+    # Every key of a tenant's execution is in the execution's partition slot, as the default's.
+    assert {hash_tag(tagged.lease_key("ID")), hash_tag(tagged.status_key(tagged.partition_of("ID"), "x"))} == {t}
+    # The reclaim's lease prefix of an entry, from its body's raw tenant_id.
+    prefix = f"plaita:execution:lease:{t}:"
+    assert tenant_prefix(prefix, b"t1") == tagged.lease_prefix(tagged.partition_of("ID")).encode()
+    for default in (b"", b"default", b"a:b", b"{p0}", b"\xff"):
+        assert tenant_prefix(prefix, default) == prefix.encode()
+
+
+@pytest.mark.parametrize(
+    "tenant", ["a:b", "{p0}", "x{y}", " t", "t\n", "-lead", "x" * 65, "é", 7, ["t"], {"t": 1}, True]
+)
+def test_a_hostile_tenant_id_is_a_bad_task(tenant: Any) -> None:
+    with pytest.raises(BadTaskError, match="tenant_id"):
+        validate_body({"type": "start", "flow_id": "f", "execution_id": "e", "tenant_id": tenant})
+    with pytest.raises(ValueError):
+        DEFAULT.for_tenant(tenant)
+
+
+@pytest.mark.parametrize("tenant", [None, "", "default", "t1", "Acme.prod-2_x", "x" * 64])
+def test_a_valid_tenant_id_is_accepted(tenant: Any) -> None:
+    body = validate_body({"type": "resume", "execution_id": "e", "tenant_id": tenant})
+    task = Task("1-0", body, 1)
+    assert task.tenant_id == ("" if tenant in (None, "", "default") else tenant)
+
+
+def test_a_step_cannot_stage_writes_to_any_tenants_execution_keys() -> None:
+    ctx = StepContext(
+        execution_id="e", flow_id="f", step="s", params={}, state={}, results={}, resume=None, attempt=1,
+        cancel=CancelFlag(),
+    )  # fmt: skip
+    for key in ("plaita:t2:execution:e", "plaita:t2:executions:status:running", "plaita:t2:start-dedup:k"):
+        with pytest.raises(ValueError, match="belong to the checkpoint"):
+            ctx.stage(key, "x")
+    with pytest.raises(ValueError, match="belong to the checkpoint"):
+        ctx.stage(TENANTS_KEY, "x")
+    ctx.stage("plaita:t2:mine", "x")  # a tenant's own data keys are not execution keys
+
+
+# -- real workers --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def worker(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FlowClient, ExecutionStore]]:
+    """An in-process worker running the test flows, and a producer of the default tenant."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    store = ExecutionStore(client)
+    runner = FlowRunner(flowdefs.FLOWS, store, cancel_poll_s=0.1)
+    try:
+        with (
+            inproc_worker(settings(redis_url, "tenants-w", eager_leases=True), runner),
+            FlowClient.from_url(redis_url, queue_name=QUEUE) as flows,
+        ):
+            yield flows, store
+    finally:
+        runner.close()
+        client.close()
+
+
+def _status(flows: FlowClient, eid: str) -> str | None:
+    doc = flows.get(eid)
+    return None if doc is None else str(doc["status"])
+
+
+@pytest.mark.redis
+def test_one_execution_id_in_two_tenants_is_two_executions(worker: tuple[FlowClient, ExecutionStore]) -> None:
+    flows, store = worker
+    t1, t2 = flows.for_tenant("t1"), flows.for_tenant("t2")
+    for producer, name in ((flows, "dee"), (t1, "ann"), (t2, "bob")):
+        assert producer.start("signup", {"name": name}, execution_id="same") == "same"
+    for producer in (flows, t1, t2):
+        wait_for(lambda p=producer: _status(p, "same") == "suspended", 10, "each tenant's execution suspended")
+    states = [p.get("same")["state"]["user"] for p in (flows, t1, t2)]  # type: ignore[index]
+    assert states == ["dee", "ann", "bob"]  # three documents, one per tenant
+
+    t1.resume("same", "event", {"addr": "a@x"})
+    assert t1.wait("same", 10)["state"]["email"] == {"addr": "a@x"}
+    assert _status(t2, "same") == "suspended" and _status(flows, "same") == "suspended"
+
+    t2.cancel("same")
+    assert t2.wait("same", 10)["status"] == "cancelled"
+    assert _status(flows, "same") == "suspended" and _status(t1, "same") == "completed"
+    raw = store.client
+    assert raw.exists("plaita:execution:cancel:same", "plaita:t1:execution:cancel:same") == 0
+    for key in ("plaita:execution:same", "plaita:t1:execution:same", "plaita:t2:execution:same"):
+        assert raw.type(key) == b"string"
+    assert raw.smembers(TENANTS_KEY) == {b"t1", b"t2"}
+    assert store.tenants() == ["t1", "t2"]
+    # Listing by tenant reads the tenant's own status index.
+    assert [d["state"]["user"] for d in store.for_tenant("t1").by_status("completed", 10)] == ["ann"]
+    assert store.by_status("completed", 10) == [] and store.for_tenant("t2").counts()["cancelled"] == 1
+    assert store.counts()["suspended"] == 1 and store.for_tenant("t1").counts()["suspended"] == 0
+
+
+@pytest.mark.redis
+def test_a_tenant_cannot_resume_what_only_another_tenant_has(worker: tuple[FlowClient, ExecutionStore]) -> None:
+    flows, store = worker
+    t1 = flows.for_tenant("t1")
+    t1.start("signup", execution_id="only-t1")
+    wait_for(lambda: _status(t1, "only-t1") == "suspended", 10, "t1's execution suspended")
+    # What FlowClient would refuse (no such execution in t2), sent raw: the worker refuses it too.
+    flows.queue.enqueue({**resume("only-t1", "event", {"x": 1}), "tenant_id": "t2"})
+    flows.queue.enqueue({**start("bad", "ledger3"), "tenant_id": "a:b"})  # hostile: to the DLQ
+    flows.queue.enqueue({**start("bad", "ledger3"), "tenant_id": "{p1}"})
+    wait_for(lambda: len(dlq(store.client)) == 3, 10, "three dead letters")
+    reasons = [str(d["reason"]) for d in dlq(store.client)]
+    assert "unknown execution 'only-t1'" in reasons[0]
+    assert "invalid tenant_id" in reasons[1] and "invalid tenant_id" in reasons[2]
+    assert _status(t1, "only-t1") == "suspended" and store.client.exists("plaita:t2:execution:only-t1") == 0
+    with pytest.raises(ValueError, match="invalid tenant_id"):
+        flows.for_tenant("a:b")
+    ok = flows.start("ledger3")  # the worker lives on
+    assert flows.wait(ok, 10)["status"] == "completed"
+
+
+# -- the lease and the reclaim ---------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_a_tenants_lease_blocks_only_the_tenants_execution(redis_url: str) -> None:
+    raw = make_client(redis_url, socket_timeout_s=5.0)
+    try:
+        a = StreamQueue(raw, stream=QUEUE, group="g", consumer="a", dlq_key=f"{QUEUE}:dlq", dlq_max_len=10)
+        b = StreamQueue(raw, stream=QUEUE, group="g", consumer="b", dlq_key=f"{QUEUE}:dlq", dlq_max_len=10)
+        a.ensure_group()
+        a.enqueue({"type": "resume", "execution_id": "x", "tenant_id": "t1"})
+        a.enqueue({"type": "resume", "execution_id": "x"})
+        assert len(a.read_new(10, 0)) == 2  # a dies holding both
+        raw.set("plaita:t1:execution:lease:x", "worker:a@1:1", px=60_000)
+        time.sleep(0.01)  # idle time > 0 ms, the claim threshold below (a real idle clock, not a sync)
+        _, claimed, skipped = b.claim_unleased("0-0", 0, 10)
+        # t1's entry waits for t1's lease; the default tenant's x has no lease of its own: claimed.
+        assert skipped == 1 and [json.loads(e.fields["payload"]).get("tenant_id") for e in claimed] == [None]
+        raw.delete("plaita:t1:execution:lease:x")
+        raw.set("plaita:execution:lease:x", "worker:a@1:1", px=60_000)  # the default tenant's x is leased now
+        _, claimed, skipped = b.claim_unleased("0-0", 0, 10)
+        assert skipped == 1 and [json.loads(e.fields["payload"])["tenant_id"] for e in claimed] == ["t1"]
+    finally:
+        raw.close()
+
+
+# -- the keeper --------------------------------------------------------------------------------
+
+
+def _orphan(h: Harness, store: ExecutionStore, eid: str) -> None:
+    """A running execution of ``store``'s tenant with no lease and no task (its worker died)."""
+    lease = h.leases.acquire_many([eid], [store.ks])[0]
+    assert isinstance(lease, Lease) and lease.key == store.ks.lease_key(eid)
+    doc = Execution.start(eid, h.runner.flows.get("ledger3"), {}, dedup_key=None, now_s=time.time()).to_doc()  # type: ignore[arg-type]
+    assert store.create(eid, lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
+    h.leases.release(lease)
+
+
+@pytest.mark.redis
+def test_the_keeper_keeps_every_tenant(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with harness(redis_url) as h:
+        t1 = h.store.for_tenant("t1")
+        for store in (h.store, t1):
+            _orphan(h, store, "o1")
+            _orphan(h, store, "o2")
+        queued = {"type": "resume", "execution_id": "o2", "resume_type": "event", "tenant_id": "t1"}
+        h.queue.enqueue(queued)  # t1's o2 has a task waiting: no retry for it, but one for the default's o2
+        settings_ = KeeperSettings(interval_s=0.1, orphan_grace_s=0.0, lease_ttl_s=2.0, retry_cooldown_s=60)
+        offset_s = [0.0]
+        keeper = Keeper(h.store, h.queue, settings_, clock=lambda: time.time() + offset_s[0])
+        report = keeper.run_once()
+        assert report.retries == ["o1", "o2", "t1/o1"]
+        bodies = [json.loads(f[b"payload"]) for _, f in h.client.xrange(QUEUE)]  # type: ignore[union-attr]
+        assert [(b["execution_id"], b["resume_type"], b.get("tenant_id")) for b in bodies] == [
+            ("o2", "event", "t1"),
+            ("o1", "retry", None),
+            ("o2", "retry", None),
+            ("o1", "retry", "t1"),
+        ]
+        assert h.client.exists("plaita:execution:keeper-retry:o1", "plaita:t1:execution:keeper-retry:o1") == 2
+        # A tenant's suspension past its deadline times out with the tenant's body.
+        doc = h.run({**start("s1", "signup", timeout_s=0.01), "tenant_id": "t1"})
+        assert doc is not None and doc["status"] == "suspended" and h.store.get("s1") is None
+        offset_s[0] = 5.0
+        later = keeper.run_once()
+        assert later.timeouts == ["t1/s1"]
+        last = json.loads(h.client.xrevrange(QUEUE, count=1)[0][1][b"payload"])  # type: ignore[index]
+        assert (last["execution_id"], last["resume_type"], last["tenant_id"]) == ("s1", "timeout", "t1")
