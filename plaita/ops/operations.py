@@ -18,6 +18,7 @@ from plaita.fsm import ErrorKind, State
 from plaita.ops import sdnotify
 from plaita.ops.alert_events import WorkerAlerts
 from plaita.ops.control import ControlListener
+from plaita.ops.doctor import startup_warnings
 from plaita.ops.fleetcheck import FleetCheck
 from plaita.ops.metrics import HealthServer, Metrics
 from plaita.ops.registry import Registry
@@ -59,6 +60,10 @@ class Operations:
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="plaita-monitor", daemon=True)
         self._ready_sent = False
+        #: The server checks (``plaita doctor``'s) run once, on the monitor thread, after the first
+        #: successful read: a worker started while Redis is down waits for it, never for them.
+        self._server_checked = False
+        self._server_check_due = False
         self._task_counters: dict[str, Any] = {}
         #: Set for a flow worker: the suspended-executions gauge is sampled with the queue's.
         self.executions: ExecutionStore | None = None
@@ -147,6 +152,8 @@ class Operations:
             self.registry.beat_soon()
         if dest is State.READING and not self._ready_sent:
             self._ready_sent = sdnotify.notify("READY=1")
+        if dest is State.READING and not self._server_checked:
+            self._server_check_due = True
         sdnotify.notify(f"STATUS={dest.name}")
         self.status_file.write(force=True)
 
@@ -201,10 +208,32 @@ class Operations:
                 self.alerts.check_backoff()
             if not self.worker.outage.active and self.fleet_check.due():
                 self.fleet_check.run()
+            if self._server_check_due:
+                self._check_server()
             now = time.monotonic()
             if self.http is not None and now >= next_sample:
                 next_sample = now + QUEUE_SAMPLE_EVERY_S
                 self._sample_queue()
+
+    def _check_server(self) -> None:
+        """Log each warning and error of the server checks once, as a WARNING (never stops the worker)."""
+        self._server_check_due = False
+        if self._server_checked:  # a READING that came while the check ran asked again
+            return
+        settings = self.worker.settings
+        try:
+            found = startup_warnings(self.worker.queue.client, url=settings.redis_url, partitions=settings.partitions)
+        except Exception as exc:  # best effort: the worker's own loop reports what matters
+            logger.debug("server check skipped: %s: %s", type(exc).__name__, exc)
+            return
+        if any(f.check == "connect" for f in found):
+            return  # Redis went away again: checked after the next successful read
+        self._server_checked = True
+        for f in found:
+            where = f"{f.node}: " if f.node else ""
+            logger.warning(
+                "Redis setting (%s %s): %s%s (see plaita doctor)", f.severity.label, f.check, where, f.message
+            )
 
     def _sample_queue(self) -> None:
         try:

@@ -37,6 +37,10 @@ CONNECT_TIMEOUT_S = 2.0
 Client = redis.Redis
 
 
+class NotAClusterError(redis.RedisError):
+    """A ``redis+cluster://`` URL names a server that is no cluster: waiting will not help."""
+
+
 def make_client(
     url: str, *, socket_timeout_s: float, client_name: str | None = None, tls: TlsFiles | None = None
 ) -> redis.Redis:
@@ -102,7 +106,7 @@ class LazyCluster:
             return cluster
         except RedisClusterException as exc:
             if "not enabled" in str(exc):  # a plain server named in a cluster URL: waiting will not help
-                raise redis.RedisError(f"{self._describe} is not a Redis Cluster: use redis:// for a server") from None
+                raise NotAClusterError(f"{self._describe} is not a Redis Cluster: use redis:// for a server") from None
             raise redis.ConnectionError(f"no node of the cluster {self._describe} answered: {exc}") from None
 
     def __getattr__(self, name: str) -> Any:

@@ -128,7 +128,9 @@ class TestPauseResume:
     ) -> None:
         """Paused: not ready, the running task finishes and is acked, new tasks wait; resumed: they run."""
         with ops_worker(redis_url, tmp_path, "--prefetch", "0") as w:
-            running = enqueue(rclient, task(0, sleep_s=0.8))
+            release = tmp_path / "release-running"
+            # Held until released below: a slow CLI under load cannot let it end before the pause.
+            running = enqueue(rclient, task(0, hold_file=str(release)))
             wait_until(lambda: running in w.started_ids(), 5, "the first task to start")
             paused = plaita(redis_url, "pause", w.instance_id)
             assert paused.returncode == 0 and "1 worker(s)" in paused.stdout, paused.stderr
@@ -137,6 +139,7 @@ class TestPauseResume:
             code, reason = w.http("/readyz")
             assert code == 503 and "paused" in reason
             waiting = [enqueue(rclient, task(n)) for n in (1, 2)]
+            release.touch()
 
             wait_until(lambda: running in w.done_ids(), 5, "the in-flight task to finish while paused")
             wait_until(lambda: rclient.xpending(QUEUE, "plaita-workers")["pending"] == 0, 3, "its ack")

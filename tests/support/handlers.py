@@ -3,8 +3,9 @@
 ``record`` appends one line per execution to the file named by $PLAITA_TEST_LOG (O_APPEND
 writes of a short line are atomic), so counts survive Redis faults. ``count_in_redis``
 counts executions in Redis itself ($PLAITA_TEST_REDIS_URL), for exclusivity tests.
-Body ``params``: ``sleep_s`` (cancel-aware), ``fail`` (raise RuntimeError), ``bad`` (BadTaskError),
-``exit_process`` (``os._exit(3)``).
+Body ``params``: ``sleep_s`` (cancel-aware), ``hold_file`` (wait, cancel-aware and at most 30 s,
+until that file exists: a test releases the task when it has seen what it wanted while the task
+ran), ``fail`` (raise RuntimeError), ``bad`` (BadTaskError), ``exit_process`` (``os._exit(3)``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def _behave(task: Task) -> None:
         os._exit(3)  # a handler that kills its own process, ack and all
     if params.get("sleep_s"):
         task.cancelled.wait(float(params["sleep_s"]))
+    if params.get("hold_file"):
+        for _ in range(3000):  # bounded: 30 s at most
+            if os.path.exists(str(params["hold_file"])) or task.cancelled.wait(0.01):
+                break
     if params.get("bad"):
         raise BadTaskError("handler says bad input")
     if params.get("fail"):
