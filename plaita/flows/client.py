@@ -18,6 +18,7 @@ from typing import Any
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
+from plaita.flows.tracing import producing
 from plaita.flows.validate import check_deadline_s, require_json
 from plaita.store.client import make_client
 from plaita.store.executions import TERMINAL, ExecutionStore
@@ -165,7 +166,7 @@ class FlowClient:
             deadline_at=deadline_at,
             tenant_id=self.tenant_id,
         )
-        self.queue.enqueue(body)
+        self._enqueue(body)
         return eid
 
     def resume(
@@ -183,7 +184,7 @@ class FlowClient:
         body = model.resume_body(
             execution_id, resume_type, flow_id=flow_id, data=data, resume_id=resume_id, tenant_id=tenant
         )
-        return self.queue.enqueue(body)
+        return self._enqueue(body)
 
     def retry(
         self,
@@ -221,7 +222,7 @@ class FlowClient:
             resume_id=rid,
             tenant_id=self.tenant_id,
         )
-        self.queue.enqueue(body)
+        self._enqueue(body)
         return rid
 
     def cancel(self, execution_id: str) -> dict[str, Any]:
@@ -233,7 +234,7 @@ class FlowClient:
         self.store.request_cancel(execution_id)
         if doc.get("status") == "suspended":
             body = model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id"), tenant_id=self.tenant_id)
-            self.queue.enqueue(body)
+            self._enqueue(body)
         return doc
 
     def get(self, execution_id: str) -> dict[str, Any] | None:
@@ -262,6 +263,11 @@ class FlowClient:
                 status = doc.get("status") if doc else "not started"
                 raise WaitTimeout(f"execution {execution_id} still {status} after {timeout_s} s")
             time.sleep(min(poll_s, left_s))
+
+    def _enqueue(self, body: dict[str, Any]) -> str:
+        """Enqueue ``body`` with the caller's trace context (``plaita.flows.tracing``), if any."""
+        with producing([body], self.queue.keyspace.queue):
+            return self.queue.enqueue(body)
 
     def _new_id(self, dedup_key: str | None) -> str:
         """A fresh execution id; with a dedup key and partitions, one in the dedup key's partition

@@ -42,6 +42,7 @@ from plaita.flows.execution import Execution, describe_exception, error_doc, err
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
 from plaita.flows.limits import FlowLimits
+from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.flows.validate import StepOutputError
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
@@ -86,6 +87,7 @@ class FlowRunner:
         clock: Callable[[], float] = time.time,
         observer: ExecutionObserver | None = None,
         slot_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        tracer_provider: Any = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
         self.store = store
@@ -95,6 +97,8 @@ class FlowRunner:
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
+        #: Spans of tasks and steps: ``tracer_provider`` (OpenTelemetry), else the global one, if any.
+        self._tracing = Tracing(tracer_provider)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = Handover(store.client, store.ks.queue)
         #: The default tenant's parts; another tenant's (``_scope``) are made on its first task.
@@ -174,13 +178,27 @@ class FlowRunner:
 
     # -- one task --------------------------------------------------------------------------
     async def _handle(self, task: Task, *, offload: bool) -> None:
+        tracer = self._tracing.active()
+        if tracer is None:  # tracing off: one check, nothing else (bench/tracing.py)
+            await self._limited(task, offload, None)
+            return
+        trace = TaskTrace(tracer, task, self.store.ks.queue)
         try:
-            await self._admitted(task, offload)
+            run = await self._limited(task, offload, trace)
+        except BaseException as exc:
+            trace.close(exc)
+            raise
+        trace.outcome = run.execution.status if run is not None else "noop"
+        trace.close()
+
+    async def _limited(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
+        try:
+            return await self._admitted(task, offload, trace)
         finally:  # the flow slot it took (if any), whatever happened: suspended, ended, failed
             if self._limits.holds(task):  # no thread hop for the tasks of unlimited flows
                 await call_io(offload, self._limits.leave, task)
 
-    async def _admitted(self, task: Task, offload: bool) -> None:
+    async def _admitted(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
         if start_flow is not None:  # a start waits for its flow's limits before it creates anything
             await self._enter(start_flow, task, offload, start=True)
@@ -188,13 +206,14 @@ class FlowRunner:
         run = await scope.admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
             await call_io(offload, scope.children.redelivered, task.execution_id)
-            return
+            return None
+        run.trace, run.execution = trace, joined(trace, run.execution, run.flow.flow_id, task.body)
         flow_id = run.flow.flow_id
         if run.created:
             self._tell("execution_event", flow_id, "started")
         if run.ending is not None:
             await self._commit(run, run.ending)
-            return
+            return run
         if start_flow is None:  # a resume with work to do
             await self._enter(run.flow, task, offload, start=False)
         self._tell("run_began", flow_id)
@@ -202,6 +221,7 @@ class FlowRunner:
             await self._advance(run)
         finally:
             self._tell("run_ended", flow_id)
+        return run
 
     async def _advance(self, run: Run) -> None:
         # Every step ends in a checkpoint; the status it wrote (not the step's wish: a state
@@ -221,6 +241,16 @@ class FlowRunner:
 
     # -- one step: context, run, transition, checkpoint ------------------------------------
     async def _run_step(self, run: Run, step: Step) -> None:
+        if run.trace is None:
+            delay_s = await self._attempt(run, step)
+        else:
+            with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
+                delay_s = await self._attempt(run, step)
+        if delay_s is not None:  # a failed attempt to retry: wait outside the step's span
+            await self._pause(run, delay_s)
+
+    async def _attempt(self, run: Run, step: Step) -> float | None:
+        """One run of ``step`` and its checkpoint; the delay before its retry, if it is retried."""
         ctx = self._context(run, step)
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)
@@ -229,15 +259,17 @@ class FlowRunner:
         finally:
             self._watch.remove(ctx)
         if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/invoke.py)
-            self._step_finished(run, step, "failed", began_s)
-            await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
-            return
+            self._step_finished(run, step, "failed", began_s, attempt.raised)
+            return await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
         value = attempt.value
         self._step_finished(run, step, "suspended" if isinstance(value, Suspend) else "ok", began_s)
         try:
             await self._succeeded(run, step, ctx, value, started_s)
         except StepOutputError as exc:  # nothing was written: a failed attempt of the step
-            await self._failed(run, step, ctx.attempt, exc, started_s)
+            if run.trace is not None:
+                run.trace.step_finished("failed", exc)
+            return await self._failed(run, step, ctx.attempt, exc, started_s)
+        return None
 
     async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
         """Take the flow's slot (``plaita.flows.limits``); over its limit the task goes back to
@@ -326,7 +358,8 @@ class FlowRunner:
         ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
 
-    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> None:
+    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> float | None:
+        """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""
         if run.task.cancelled.is_set():
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
         now_s, policy, problem = self._clock(), step.retry, describe_exception(exc)
@@ -338,7 +371,7 @@ class FlowRunner:
             await self._commit(
                 run, run.execution.failed(step.name, attempt, started_s, now_s, problem, error), step=step
             )
-            return
+            return None
         delay_s = policy.delay_s(attempt, self._rng)
         logger.info(
             "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
@@ -346,7 +379,7 @@ class FlowRunner:
         await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
         if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
             delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
-        await self._pause(run, delay_s)
+        return delay_s
 
     # -- the checkpoint and what follows it ------------------------------------------------
     async def _commit(
@@ -416,7 +449,11 @@ class FlowRunner:
             except Exception:  # metrics must never fail a step
                 logger.exception("execution observer %s.%s failed", type(observer).__name__, name)
 
-    def _step_finished(self, run: Run, step: Step, outcome: str, began_s: float) -> None:
+    def _step_finished(
+        self, run: Run, step: Step, outcome: str, began_s: float, raised: BaseException | None = None
+    ) -> None:
+        if run.trace is not None:
+            run.trace.step_finished(outcome, raised)
         self._tell("step_finished", run.flow.flow_id, step.name, outcome, time.monotonic() - began_s)
 
     async def _pause(self, run: Run, delay_s: float) -> None:

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from plaita.flows import model
 from plaita.flows.definition import Flow
 from plaita.flows.validate import StepOutputError, dumps, epoch_or_none, output_error
 from plaita.store.executions import STATUSES, TERMINAL
@@ -221,6 +222,16 @@ class Execution:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def traceparent(self) -> str | None:
+        """The trace every task of this execution joins (``plaita.flows.tracing``), once it has one."""
+        value = self.extra.get(model.TRACEPARENT)
+        return value if isinstance(value, str) else None
+
+    def traced(self, traceparent: str) -> Execution:
+        """This execution with its trace origin (kept in ``extra``, which every version writes back)."""
+        return replace(self, extra={**self.extra, model.TRACEPARENT: traceparent})
 
     # -- transitions (each returns the next execution) -------------------------------------
     def stamped(self, now_s: float) -> Execution:
