@@ -226,6 +226,14 @@ class Settings:
             (0 < self.heartbeat_interval_s < self.registry_ttl_s, "--heartbeat-interval must be below --registry-ttl"),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be within 0..65535"),
             (bool(self.metrics_host), "--metrics-host must not be empty"),
+            *self._partition_checks(),
+            (1 <= self.alert_backoff_s <= week, f"--alert-backoff-s must be within 1..{week:.0f}"),
+            (1 <= self.keeper_lease_ttl_s <= week, f"--keeper-lease-ttl-s must be within 1..{week:.0f}"),
+        ]
+
+    def _partition_checks(self) -> list[tuple[bool, str]]:
+        """The rules of hash tags and partitions (``_checks``)."""
+        return [
             (
                 not self.tagged_keys or "{" not in self.queue_name + self.dlq_key,
                 "--queue-name and --dlq-key must not contain '{' with partitions or a cluster: plaita adds hash tags",
@@ -236,8 +244,6 @@ class Settings:
                 or (bool(self.partitions_assigned) and all(0 <= p < self.partitions for p in self.partitions_assigned)),
                 f"--partitions-assigned must list partitions within 0..{self.partitions - 1}",
             ),
-            (1 <= self.alert_backoff_s <= week, f"--alert-backoff-s must be within 1..{week:.0f}"),
-            (1 <= self.keeper_lease_ttl_s <= week, f"--keeper-lease-ttl-s must be within 1..{week:.0f}"),
         ]
 
     @property

@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 import redis
 
+from plaita.config import Settings
 from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import UNCLAIM_DEADLINES
+from plaita.store.partitioned import keyspace_of
 from plaita.store.streams import StreamQueue
 from tests.flows.support import Harness, harness, start
 from tests.support.lease_workers import QUEUE
@@ -132,3 +135,27 @@ def test_a_running_keeper_re_sends_a_failed_wake_promptly(h: Harness, faulty: Fa
     [task] = queued(h.client)
     doc = h.run(task)
     assert doc is not None and doc["state"]["resumed_by"] == "timeout"
+
+
+def test_the_take_back_covers_every_partition_and_spares_a_newer_deadline(redis_url: str) -> None:
+    """``unclaim_deadlines`` on a 3-partition keyspace: each claimed member is due again in its
+    own partition's index; one whose deadline changed since the claim (a newer suspension) keeps it."""
+    settings = Settings(redis_url=redis_url, queue_name=QUEUE, partitions=3)
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    try:
+        ks = keyspace_of(settings)
+        store = ExecutionStore(client, ks)
+        ids = {ks.partition_of(f"d-{i}"): f"d-{i}" for i in range(40)}
+        assert sorted(ids) == [0, 1, 2]
+        now_s = time.time()
+        for p, eid in ids.items():
+            client.zadd(ks.deadlines_key(p), {eid: now_s - 1})
+        rearm_at_s = now_s + 60
+        assert sorted(store.due_deadlines(now_s, rearm_at_s, 10, dry_run=False)) == sorted(ids.values())
+        newer = ids[1]
+        client.zadd(ks.deadlines_key(1), {newer: now_s + 3600})  # re-suspended meanwhile
+        assert store.unclaim_deadlines(list(ids.values()), rearm_at_s, now_s) == 2
+        assert client.zscore(ks.deadlines_key(1), newer) == now_s + 3600
+        assert sorted(store.due_deadlines(now_s, rearm_at_s, 10, dry_run=True)) == sorted({ids[0], ids[2]})
+    finally:
+        client.close()
