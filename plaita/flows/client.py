@@ -141,17 +141,8 @@ class FlowClient:
             raise TypeError("params must be a dict (a JSON object)")
         require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
         deadline_at = None if deadline_s is None else time.time() + check_deadline_s(deadline_s)
-        ks = self.queue.keyspace
-        if (
-            dedup_key is not None
-            and execution_id is not None
-            and ks.partition_of(execution_id) != ks.partition_of(dedup_key)
-        ):
-            raise ValueError(
-                f"with {ks.partitions} partitions a dedup key is seen only in its own partition: execution id "
-                f"{execution_id!r} is in partition {ks.partition_of(execution_id)}, dedup key {dedup_key!r} in "
-                f"{ks.partition_of(dedup_key)}; leave execution_id out and one is chosen there"
-            )
+        if dedup_key is not None and execution_id is not None:
+            self._check_same_partition(execution_id, dedup_key)
         if dedup_key is not None:
             earlier = self.store.dedup_target(dedup_key)
             if earlier is not None:
@@ -168,6 +159,17 @@ class FlowClient:
         )
         self._enqueue(body)
         return eid
+
+    def _check_same_partition(self, execution_id: str, dedup_key: str) -> None:
+        """ValueError unless the execution id and its dedup key fall in one partition: the
+        dedup key is only ever looked up in its own."""
+        ks = self.queue.keyspace
+        if ks.partition_of(execution_id) != ks.partition_of(dedup_key):
+            raise ValueError(
+                f"with {ks.partitions} partitions a dedup key is seen only in its own partition: execution id "
+                f"{execution_id!r} is in partition {ks.partition_of(execution_id)}, dedup key {dedup_key!r} in "
+                f"{ks.partition_of(dedup_key)}; leave execution_id out and one is chosen there"
+            )
 
     def resume(
         self, execution_id: str, resume_type: str = "event", data: Any = None, *, resume_id: str | None = None
