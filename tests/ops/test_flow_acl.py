@@ -181,7 +181,7 @@ class TestProducerAcl:
 
 
 def _cli(url: str, *args: str) -> Any:
-    done = plaita(url, *args)
+    done = plaita(url, *args, timeout_s=60)  # a loaded machine: interpreter start and `--wait` included
     assert done.returncode == 0, f"plaita {' '.join(args)}: {done.stderr}"
     return done.stdout
 
