@@ -60,7 +60,7 @@ def test_a_sleep_out_of_bounds_is_refused_in_the_step(seconds: object) -> None:
         _ctx().sleep(seconds)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("until", [math.nan, math.inf, -math.inf, time.time() + 11 * 366 * 86400, None])
+@pytest.mark.parametrize("until", [math.nan, math.inf, -math.inf, 1e11, None])
 def test_a_sleep_until_out_of_bounds_is_refused(until: object) -> None:
     with pytest.raises(ValueError):
         _ctx().sleep_until(until)  # type: ignore[arg-type]
