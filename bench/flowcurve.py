@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis
 
-from bench.common import ROOT, WorkerProcess, client_for, wait_for
+from bench.common import ROOT, WorkerProcess, client_for, median, wait_for
 from bench.flows import _commandstats, _top_level
 from tests.support.redis_server import RedisServer
 
@@ -99,6 +99,8 @@ def measure(url: str, cwd: Path, flow_id: str, n: int, concurrency: int) -> tupl
 
 
 def curve(args: argparse.Namespace) -> list[Point]:
+    """Every point ``args.repeats`` times, baseline and this checkout alternating which runs
+    first; each point keeps the median of its rates and of its per-step counts."""
     variants = [("after", ROOT)]
     if args.baseline:
         variants.insert(0, ("baseline", _source_dir(Path(args.baseline))))
@@ -107,16 +109,19 @@ def curve(args: argparse.Namespace) -> list[Point]:
         with RedisServer(persist=fsync == "always") as server:
             for i, c in enumerate(args.concurrency):
                 for kind in args.steps:
-                    order = variants if i % 2 == 0 else variants[::-1]
-                    for name, cwd in order:
-                        rate, evalsha, commands, trips = measure(server.url, cwd, FLOW_IDS[kind], args.executions, c)
-                        p = Point(name, fsync, kind, c, rate, evalsha, commands, trips)
+                    runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _ in variants}
+                    for r in range(args.repeats):
+                        order = variants if (i + r) % 2 == 0 else variants[::-1]
+                        for name, cwd in order:
+                            runs[name].append(measure(server.url, cwd, FLOW_IDS[kind], args.executions, c))
+                    for name, measured in runs.items():
+                        p = Point(name, fsync, kind, c, *(median(list(col)) for col in zip(*measured, strict=True)))
                         print(json.dumps(p.__dict__), flush=True)
                         points.append(p)
     return points
 
 
-def render(points: list[Point], executions: int) -> str:
+def render(points: list[Point]) -> str:
     """A markdown table: one row per (fsync, steps, concurrency), baseline and after side by side."""
     by = {(p.variant, p.fsync, p.steps, p.concurrency): p for p in points}
     has_base = any(p.variant == "baseline" for p in points)
@@ -139,7 +144,7 @@ def render(points: list[Point], executions: int) -> str:
                 f"{p.executions_per_s / b.executions_per_s:.2f}× |"
             )
         lines.append(row)
-    return f"{executions} executions per point, one worker process.\n\n" + "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -149,6 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma-separated (default 1,2,4,8,16,32,64)")
     p.add_argument("--fsync", default="off,always", help="off, always or both (default off,always)")
     p.add_argument("--steps", default="sync,async", help="sync, async or both (default sync,async)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per point, median kept (default 1)")
     p.add_argument("--json", help="also write the points to this file")
     a = p.parse_args(argv)
     try:
@@ -158,8 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.fsync, a.steps = a.fsync.split(","), a.steps.split(",")
     if any(f not in ("off", "always") for f in a.fsync) or any(s not in FLOW_IDS for s in a.steps):
         p.error("--fsync takes off,always and --steps sync,async")
-    if a.executions < 10 or any(c < 1 for c in a.concurrency):
-        p.error("--executions >= 10 and every concurrency >= 1 please")
+    if a.executions < 10 or a.repeats < 1 or any(c < 1 for c in a.concurrency):
+        p.error("--executions >= 10, --repeats >= 1 and every concurrency >= 1 please")
     if a.baseline and not (Path(a.baseline) / "plaita").is_dir():
         p.error(f"--baseline {a.baseline}: no plaita/ there")
     return a
@@ -171,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     points = curve(args)
     if args.json:
         Path(args.json).write_text(json.dumps([p.__dict__ for p in points], indent=1))
-    print(render(points, args.executions))
+    print(f"{args.executions} executions per run, median of {args.repeats} run(s) per point, one worker process.\n")
+    print(render(points))
 
 
 if __name__ == "__main__":
