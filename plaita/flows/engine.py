@@ -12,9 +12,11 @@ every task is safe to deliver twice); a flow with fleet-wide limits first takes 
 ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
 execution is running.
 One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
-its outcome means (``_succeeded``, ``_suspended``, ``_failed``), and ``_commit`` it: seal it
-(the ``error`` execution replaces one that cannot be written), write it (``checkpoint``), make
-it the run's, then tell the observers and, when it ended the execution, the flow's hooks.
+its outcome means (``_succeeded`` here; ``_suspended``, ``_sleep``, ``_failed`` in
+``plaita.flows.waits``), and ``_commit`` it: seal it (the ``error`` execution replaces one that
+cannot be written), write it (``checkpoint``; on the caller's loop batched with the other
+executions' calls, ``plaita.flows.batch``), make it the run's, then tell the observers and,
+when it ended the execution, the flow's hooks.
 """
 
 from __future__ import annotations
