@@ -12,12 +12,12 @@ import argparse
 import sys
 import time
 
-from bench import flows, latency, plots, recovery, report, shutdown, storm, throughput
+from bench import flows, latency, plots, recovery, report, shutdown, storm, throughput, worker_kill
 from bench import matrix as chaos
 from bench.common import ROOT, exit_on_sigterm  # puts the repository root on sys.path first
 from tests.support.redis_server import RedisServer
 
-SECTIONS = ("throughput", "latency", "recovery", "shutdown", "storm", "flows", "matrix")
+SECTIONS = ("throughput", "latency", "recovery", "workerkill", "shutdown", "storm", "flows", "matrix")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,7 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-rate", type=float, default=200.0, help="offered tasks/s for latency (default 200)")
     p.add_argument("--latency-s", type=float, help="seconds of offered load for latency (default 10; quick 3)")
     p.add_argument("--storm-s", type=float, help="seconds B runs alongside A in the storm (default 10; quick 5)")
-    p.add_argument("--reclaim-trials", type=int, help="kill -9 reclaim trials (default 3; quick 1)")
+    p.add_argument(
+        "--reclaim-trials", type=int, help="kill -9 reclaim trials; worker kill -9 trials per name (default 3; quick 1)"
+    )
     p.add_argument(
         "--matrix",
         action=argparse.BooleanOptionalAction,
@@ -117,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             res.storm = storm.storm(server.url, a.storm_s)
             res.reclaim = storm.reclaim(server.url, a.reclaim_trials)
         flows_section = ""
+        if "workerkill" in a.sections:
+            flows_section += worker_kill.render(worker_kill.run(server.url, a.reclaim_trials)) + "\n"
         if "flows" in a.sections:
-            flows_section = flows.render(flows.run(server.url, min(a.tasks, 5000), a.reclaim_trials))
+            flows_section += flows.render(flows.run(server.url, min(a.tasks, 5000), a.reclaim_trials))
     if "recovery" in a.sections:
         res.recovery = recovery.run(a.recovery_trials, a.fault_s)  # servers of its own (one is killed)
     matrix_s = 0.0

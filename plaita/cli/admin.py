@@ -26,7 +26,7 @@ from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import list_workers, send_command
 from plaita.store.keyspace import Keyspace
 from plaita.store.partitioned import open_queue
-from plaita.store.stats import stray_streams, stream_stats_or_empty
+from plaita.store.stats import execution_counts, stray_streams, stream_stats_or_empty
 from plaita.store.streams import StreamQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
@@ -192,13 +192,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     stats["partitions_count"] = q.keyspace.partitions
     stats["partitions_from"] = args.partitions_from
     stats["problems"] = fleetcheck.check(q.client, q.keyspace, args.consumer_group)
+    stats["executions"] = execution_counts(q.client, q.keyspace)
     if args.json:
         _emit(args, stats, None, [])
         return 0
+    _print_queue_status(stats)
+    _print_execution_counts(stats["executions"])
+    return 0
+
+
+def _print_queue_status(stats: dict[str, Any]) -> None:
     print(f"stream {stats['stream']}  group {stats['group']}")
     for key in ("length", "pending", "lag", "consumers", "oldest_pending_id", "oldest_pending_age_s", "dlq_length"):
         print(f"{key:>22}: {stats.get(key)}")
-    print(f"{'partitions':>22}: {q.keyspace.partitions} ({args.partitions_from})")
+    print(f"{'partitions':>22}: {stats['partitions_count']} ({stats['partitions_from']})")
     if stats.get("note"):
         print(f"{'note':>22}: {stats['note']}")
     for line in stats["problems"]:
@@ -208,7 +215,19 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  {part['stream']}: length {part['length']}, pending {part['pending']}, lag {part['lag']}, "
             f"dlq {part['dlq_length']}"
         )
-    return 0
+
+
+def _print_execution_counts(counts: dict[str, Any]) -> None:
+    """One line per tenant (the default one first): its executions by status, zeros left out."""
+
+    def line(by_status: dict[str, int]) -> str:
+        return ", ".join(f"{n} {status}" for status, n in by_status.items() if n) or "none"
+
+    print(f"{'executions':>22}: {line(counts['default'])}")
+    for tenant, by_status in counts["tenants"].items():
+        print(f"{'tenant ' + tenant:>22}: {line(by_status)}")
+    if counts["tenants_more"]:
+        print(f"{'':>22}  … {counts['tenants_more']} more tenant(s), not counted")
 
 
 def _check_ids(ids: Sequence[str]) -> None:

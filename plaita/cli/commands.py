@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
 
 from plaita.cli.options import settings_from_args, tls_of
-from plaita.config import DEFAULT_REDIS_URL, Settings, redact_url
+from plaita.cli.tracing import configure_tracing
+from plaita.config import DEFAULT_REDIS_URL, Settings, environ, redact_url
 from plaita.errors import ConfigError
 
 
@@ -17,10 +19,15 @@ def run_worker(args: argparse.Namespace) -> int:
     from plaita.ops.service import run_worker as run
 
     settings = settings_from_args(args)
+    configure_tracing(args.otel, "plaita-worker", environ())
+    # Everything imported so far lives as long as the process: frozen, the cyclic collector
+    # stops re-scanning it every few thousand tasks (a full collection walks every object).
+    gc.freeze()
     return run(settings, handler=args.handler, flows=args.flows or (), keeper=args.keeper)
 
 
 def run_enqueue(args: argparse.Namespace) -> int:
+    from plaita.flows.tracing import parse_traceparent, producing
     from plaita.store.client import make_client
     from plaita.store.entries import ReplicationLagError
     from plaita.store.errors import is_redis_failure
@@ -38,12 +45,15 @@ def run_enqueue(args: argparse.Namespace) -> int:
             bodies.append(validate_body(json.loads(line)))
         except ValueError as exc:
             raise ConfigError(f"task {number} is not valid JSON: {exc}") from None
+    env = environ()
+    configure_tracing(args.otel, "plaita-enqueue", env)
     client = make_client(url, socket_timeout_s=5.0, tls=tls_of(args))
     q = open_queue(settings, client=client)
     try:
-        for message_id in q.enqueue_many(
-            bodies, wait_replicas=args.wait_replicas, wait_timeout_ms=args.wait_timeout_ms
-        ):
+        # A script's trace context comes in $TRACEPARENT (the environment carrier of OpenTelemetry).
+        with producing(bodies, q.keyspace.queue, parent=parse_traceparent(env.get("TRACEPARENT"))):
+            ids = q.enqueue_many(bodies, wait_replicas=args.wait_replicas, wait_timeout_ms=args.wait_timeout_ms)
+        for message_id in ids:
             print(message_id)
     except ReplicationLagError as exc:
         print("\n".join(exc.ids))

@@ -283,8 +283,12 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
         what = "cancelled" if doc.get("status") == "cancelled" else "error"
         print(f"{what} in {error.get('step')}: {error.get('type')}: {error.get('message')}")
     print(f"state {json.dumps(doc.get('state'), ensure_ascii=False)[:500]}")
+    _print_timeline(doc.get("history"))
+
+
+def _print_timeline(history: Any) -> None:
+    """One line per history entry, oldest first."""
     print("timeline:")
-    history = doc.get("history")
     # Any JSON object is shown: a field of an unexpected type prints as it is, never a traceback.
     for e in history if isinstance(history, list) else []:
         if not isinstance(e, dict):

@@ -21,6 +21,7 @@ from plaita.errors import ConfigError
 
 if TYPE_CHECKING:
     from plaita.flows.definition import Flow
+    from plaita.flows.keeper import Keeper, KeeperSettings
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def add_parser(
 
 def run_keeper(args: argparse.Namespace) -> int:
     from plaita.flows.definition import load_flows
-    from plaita.flows.keeper import Keeper, KeeperSettings
+    from plaita.flows.keeper import Keeper
     from plaita.flows.scheduler import Scheduler
     from plaita.ops.alert_events import keeper_sender, orphan_alert
     from plaita.ops.alerts import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S
@@ -77,18 +78,7 @@ def run_keeper(args: argparse.Namespace) -> int:
 
     url = args.redis_url or DEFAULT_REDIS_URL
     queue_settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
-    try:
-        settings = KeeperSettings(
-            interval_s=args.interval_s,
-            zombie_after_s=args.zombie_after_s,
-            retry_cooldown_s=args.retry_cooldown_s,
-            timeout_cooldown_s=args.timeout_cooldown_s,
-            orphan_grace_s=args.orphan_grace_s,
-            lease_ttl_s=args.keeper_lease_ttl_s,
-            dry_run=args.dry_run,
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+    settings = _keeper_settings(args)
     webhook = getattr(args, "alert_webhook", None)
     if webhook:
         validate_webhook_url(webhook)
@@ -103,11 +93,7 @@ def run_keeper(args: argparse.Namespace) -> int:
         alerts = keeper_sender(webhook, secret, holder=keeper.holder, queue=queue.stream).start()
         keeper.on_orphaned = orphan_alert(alerts)
 
-    def on_signal(_signum: int, _frame: object) -> None:
-        keeper.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _stop_on_signals(keeper)
     logger.info("plaita keeper starting on %s (%s)%s", queue.stream, keeper.holder, " dry run" if args.dry_run else "")
     try:
         return keeper.run(once=args.once)
@@ -118,3 +104,31 @@ def run_keeper(args: argparse.Namespace) -> int:
             alerts.close(REQUEST_TIMEOUT_S if args.once else CLOSE_TIMEOUT_S)
         client.close()
         logger.info("plaita keeper stopped")
+
+
+def _keeper_settings(args: argparse.Namespace) -> KeeperSettings:
+    """The keeper's flags as settings; a bad combination is a ConfigError (exit 2, one line)."""
+    from plaita.flows.keeper import KeeperSettings
+
+    try:
+        return KeeperSettings(
+            interval_s=args.interval_s,
+            zombie_after_s=args.zombie_after_s,
+            retry_cooldown_s=args.retry_cooldown_s,
+            timeout_cooldown_s=args.timeout_cooldown_s,
+            orphan_grace_s=args.orphan_grace_s,
+            lease_ttl_s=args.keeper_lease_ttl_s,
+            dry_run=args.dry_run,
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _stop_on_signals(keeper: Keeper) -> None:
+    """SIGTERM and SIGINT stop the keeper (within about a second, the lease handed over)."""
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        keeper.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)

@@ -27,6 +27,7 @@ from plaita.cli.options import (
     add_worker_options,
     late_redis_options,
 )
+from plaita.cli.tracing import add_otel_option
 from plaita.config import DEFAULT_CONSUMER_GROUP, env_first, environ, redact_text
 from plaita.errors import ConfigError
 from plaita.version import __version__
@@ -65,6 +66,7 @@ def _add_worker(add: Any, env: Mapping[str, str]) -> None:
     )
     add_redis_options(w, env)
     add_worker_options(w, env)
+    add_otel_option(w, env)
 
 
 def _add_enqueue(add: Any, env: Mapping[str, str]) -> None:
@@ -83,6 +85,7 @@ def _add_enqueue(add: Any, env: Mapping[str, str]) -> None:
         "without it a failover can lose tasks the old master had not replicated yet (default 0)",
     )
     e.add_argument("--wait-timeout-ms", type=int, default=1000, help="how long --wait-replicas waits (default 1000)")
+    add_otel_option(e, env)
 
 
 def _admin(add: Any, env: Mapping[str, str], name: str, text: str, description: str) -> argparse.ArgumentParser:

@@ -179,6 +179,14 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         "read and reclaim only these partitions, e.g. 0,2,4 or 0-2 (the others are left to other workers)",
         shown="all",
     ),
+    Opt(
+        "--keeper-lease-ttl-s",
+        "keeper_lease_ttl_s",
+        float,
+        ("PLAITA_KEEPER_LEASE_TTL_S",),
+        "with --keeper: its keeper lease, renewed every third of it; after a kill -9 of the worker "
+        "holding it, another worker's keeper takes over within about this long",
+    ),
 )
 
 #: The alert webhook: ``plaita worker`` and ``plaita keeper`` (its secret: ``ALERT_SECRET_ENV``).

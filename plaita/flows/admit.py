@@ -21,6 +21,7 @@ from plaita.flows.checkpoint import LeaseLostError, call_io
 from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover
+from plaita.flows.tracing import TaskTrace
 from plaita.flows.validate import require_task_json, task_deadline
 from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
@@ -44,6 +45,8 @@ class Run:
     ending: Execution | None = None
     #: This task created the execution.
     created: bool = False
+    #: Its spans (``plaita.flows.tracing``), None while tracing is off.
+    trace: TaskTrace | None = None
 
 
 def _decoded(store: ExecutionStore, execution_id: str, doc: dict[str, Any]) -> Execution:

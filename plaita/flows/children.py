@@ -41,6 +41,7 @@ from plaita.flows import model
 from plaita.flows.admit import Run
 from plaita.flows.context import Spawn
 from plaita.flows.execution import BadExecution, Execution
+from plaita.flows.tracing import current_traceparent
 from plaita.store.executions import TERMINAL, ExecutionStore, UnreadableExecution
 from plaita.store.fanout import close_spawn, done_count, enqueue_tasks, mark_done, request_cancels
 
@@ -105,12 +106,15 @@ class Children:
             return self._joined(suspended, step, prefix, outcomes, prefix)
         link = {"id": parent, "flow_id": run.flow.flow_id, "prefix": prefix, "count": len(ids)}
         bodies = []
+        traceparent = current_traceparent()  # the spawning step's span: each child joins its trace
         for i, (eid, doc) in enumerate(zip(ids, docs, strict=True)):
             if doc is None:  # an existing child has (had) its task: starting it again is a no-op
                 # A child inherits the parent's deadline: it is cancelled past it too.
                 body = model.start_body(
                     spawn.flow_id, spawn.params[i], eid, deadline_at=suspended.deadline_at, tenant_id=self.tenant
                 )
+                if traceparent is not None:
+                    body[model.TRACEPARENT] = traceparent
                 bodies.append({**body, PARENT_FIELD: {**link, "index": i}})
         enqueue_tasks(self.store.client, self.store.ks, bodies)
         waiting = {"flow_id": spawn.flow_id, "prefix": prefix, "count": len(ids)}

@@ -18,6 +18,7 @@ from typing import Any
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
+from plaita.flows.tracing import producing
 from plaita.flows.validate import check_deadline_s, require_json
 from plaita.store.client import make_client
 from plaita.store.executions import TERMINAL, ExecutionStore
@@ -140,17 +141,8 @@ class FlowClient:
             raise TypeError("params must be a dict (a JSON object)")
         require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
         deadline_at = None if deadline_s is None else time.time() + check_deadline_s(deadline_s)
-        ks = self.queue.keyspace
-        if (
-            dedup_key is not None
-            and execution_id is not None
-            and ks.partition_of(execution_id) != ks.partition_of(dedup_key)
-        ):
-            raise ValueError(
-                f"with {ks.partitions} partitions a dedup key is seen only in its own partition: execution id "
-                f"{execution_id!r} is in partition {ks.partition_of(execution_id)}, dedup key {dedup_key!r} in "
-                f"{ks.partition_of(dedup_key)}; leave execution_id out and one is chosen there"
-            )
+        if dedup_key is not None and execution_id is not None:
+            self._check_same_partition(execution_id, dedup_key)
         if dedup_key is not None:
             earlier = self.store.dedup_target(dedup_key)
             if earlier is not None:
@@ -165,8 +157,19 @@ class FlowClient:
             deadline_at=deadline_at,
             tenant_id=self.tenant_id,
         )
-        self.queue.enqueue(body)
+        self._enqueue(body)
         return eid
+
+    def _check_same_partition(self, execution_id: str, dedup_key: str) -> None:
+        """ValueError unless the execution id and its dedup key fall in one partition: the
+        dedup key is only ever looked up in its own."""
+        ks = self.queue.keyspace
+        if ks.partition_of(execution_id) != ks.partition_of(dedup_key):
+            raise ValueError(
+                f"with {ks.partitions} partitions a dedup key is seen only in its own partition: execution id "
+                f"{execution_id!r} is in partition {ks.partition_of(execution_id)}, dedup key {dedup_key!r} in "
+                f"{ks.partition_of(dedup_key)}; leave execution_id out and one is chosen there"
+            )
 
     def resume(
         self, execution_id: str, resume_type: str = "event", data: Any = None, *, resume_id: str | None = None
@@ -183,7 +186,7 @@ class FlowClient:
         body = model.resume_body(
             execution_id, resume_type, flow_id=flow_id, data=data, resume_id=resume_id, tenant_id=tenant
         )
-        return self.queue.enqueue(body)
+        return self._enqueue(body)
 
     def retry(
         self,
@@ -221,7 +224,7 @@ class FlowClient:
             resume_id=rid,
             tenant_id=self.tenant_id,
         )
-        self.queue.enqueue(body)
+        self._enqueue(body)
         return rid
 
     def cancel(self, execution_id: str) -> dict[str, Any]:
@@ -233,7 +236,7 @@ class FlowClient:
         self.store.request_cancel(execution_id)
         if doc.get("status") == "suspended":
             body = model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id"), tenant_id=self.tenant_id)
-            self.queue.enqueue(body)
+            self._enqueue(body)
         return doc
 
     def get(self, execution_id: str) -> dict[str, Any] | None:
@@ -262,6 +265,11 @@ class FlowClient:
                 status = doc.get("status") if doc else "not started"
                 raise WaitTimeout(f"execution {execution_id} still {status} after {timeout_s} s")
             time.sleep(min(poll_s, left_s))
+
+    def _enqueue(self, body: dict[str, Any]) -> str:
+        """Enqueue ``body`` with the caller's trace context (``plaita.flows.tracing``), if any."""
+        with producing([body], self.queue.keyspace.queue):
+            return self.queue.enqueue(body)
 
     def _new_id(self, dedup_key: str | None) -> str:
         """A fresh execution id; with a dedup key and partitions, one in the dedup key's partition

@@ -28,15 +28,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S
 from plaita.errors import NotForThisWorker
 from plaita.flows import model
-from plaita.flows.admit import Admission, Run
+from plaita.flows.admit import Run
 from plaita.flows.batch import CallBatcher
-from plaita.flows.checkpoint import Checkpointer, LeaseLostError, call_io
+from plaita.flows.checkpoint import LeaseLostError, call_io
 from plaita.flows.children import Children, needs_ending
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
@@ -45,6 +44,8 @@ from plaita.flows.execution import Execution, error_doc, sealed
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
 from plaita.flows.limits import FlowLimits
+from plaita.flows.scopes import Scope, ScopeParts, TenantScopes
+from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.flows.validate import StepOutputError
 from plaita.flows.waits import StepWaits
 from plaita.flows.watch import CancelWatch
@@ -56,19 +57,8 @@ from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)  # plaita.flows.waits logs under this name too
 
-#: Tenants whose parts (admission, checkpoints, children) one runner keeps before starting over.
-MAX_TENANT_SCOPES = 1024
 #: Checkpoint status -> the execution event observers are told (``running`` is no event).
 _STATUS_EVENTS = {"suspended": "suspended", "completed": "completed", "error": "failed", "cancelled": "cancelled"}
-
-
-@dataclass(frozen=True)
-class _Scope:
-    """One tenant's admission, checkpoints and children, each on that tenant's store."""
-
-    admission: Admission
-    checkpoints: Checkpointer
-    children: Children
 
 
 class FlowRunner(StepWaits):
@@ -91,50 +81,35 @@ class FlowRunner(StepWaits):
         clock: Callable[[], float] = time.time,
         observer: ExecutionObserver | None = None,
         slot_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        tracer_provider: Any = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
         self.store = store
         self.max_state_bytes = max_state_bytes
         self._observers: list[ExecutionObserver] = [] if observer is None else [observer]
-        self._retention_s = retention_s
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
         #: On the caller's loop (``run_async``) creates and checkpoints go out in batches.
         self._batcher = CallBatcher() if batchable(store.client) else None
+        #: Spans of tasks and steps: ``tracer_provider`` (OpenTelemetry), else the global one, if any.
+        self._tracing = Tracing(tracer_provider)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = Handover(store.client, store.ks.queue)
         #: The default tenant's parts; another tenant's (``_scope``) are made on its first task.
-        self._default = self._new_scope(store)
-        self._admission, self._checkpoints, self._children = (
-            self._default.admission,
-            self._default.checkpoints,
-            self._default.children,
-        )
-        self._scopes: dict[str, _Scope] = {}
+        parts = ScopeParts(self.flows, self.handover, max_state_bytes, retention_s, clock, self._batcher)
+        self._scopes = TenantScopes(store, parts)
+        default = self._scopes.default
+        self._admission, self._checkpoints, self._children = default.admission, default.checkpoints, default.children
         #: Flow limits (``max_concurrent``, ``max_starts_per_s``); slots live as long as leases.
         self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), ttl_s=slot_ttl_s, rng=self._rng)
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
 
-    def _new_scope(self, store: ExecutionStore) -> _Scope:
-        admission = Admission(self.flows, store, self.handover, max_state_bytes=self.max_state_bytes, clock=self._clock)
-        children = Children(store)
-        admission.on_child, admission.batcher = children.noted, self._batcher
-        return _Scope(admission, Checkpointer(store, retention_s=self._retention_s, batcher=self._batcher), children)
-
-    def _scope(self, task: Task) -> _Scope:
+    def _scope(self, task: Task) -> Scope:
         """The parts working on ``task``'s tenant's store (its body's ``tenant_id``)."""
-        if not task.tenant_id:
-            return self._default
-        store = self.store.of(task)
-        scope = self._scopes.get(store.ks.ns)
-        if scope is None:
-            if len(self._scopes) >= MAX_TENANT_SCOPES:  # bounded: tenant ids come from task bodies
-                self._scopes.clear()
-            scope = self._scopes[store.ks.ns] = self._new_scope(store)
-        return scope
+        return self._scopes.of(task)
 
     def _children_for(self, task: Task) -> Children:
         return self._scope(task).children
@@ -186,13 +161,27 @@ class FlowRunner(StepWaits):
 
     # -- one task --------------------------------------------------------------------------
     async def _handle(self, task: Task, *, offload: bool) -> None:
+        tracer = self._tracing.active()
+        if tracer is None:  # tracing off: one check, nothing else (bench/tracing.py)
+            await self._limited(task, offload, None)
+            return
+        trace = TaskTrace(tracer, task, self.store.ks.queue)
         try:
-            await self._admitted(task, offload)
+            run = await self._limited(task, offload, trace)
+        except BaseException as exc:
+            trace.close(exc)
+            raise
+        trace.outcome = run.execution.status if run is not None else "noop"
+        trace.close()
+
+    async def _limited(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
+        try:
+            return await self._admitted(task, offload, trace)
         finally:  # the flow slot it took (if any), whatever happened: suspended, ended, failed
             if self._limits.holds(task):  # no thread hop for the tasks of unlimited flows
                 await call_io(offload, self._limits.leave, task)
 
-    async def _admitted(self, task: Task, offload: bool) -> None:
+    async def _admitted(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
         if start_flow is not None:  # a start waits for its flow's limits before it creates anything
             await self._enter(start_flow, task, offload, start=True)
@@ -200,13 +189,14 @@ class FlowRunner(StepWaits):
         run = await scope.admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
             await call_io(offload, scope.children.redelivered, task.execution_id)
-            return
+            return None
+        run.trace, run.execution = trace, joined(trace, run.execution, run.flow.flow_id, task.body)
         flow_id = run.flow.flow_id
         if run.created:
             self._tell("execution_event", flow_id, "started")
         if run.ending is not None:
             await self._commit(run, run.ending)
-            return
+            return run
         if start_flow is None:  # a resume with work to do
             await self._enter(run.flow, task, offload, start=False)
         self._tell("run_began", flow_id)
@@ -214,6 +204,7 @@ class FlowRunner(StepWaits):
             await self._advance(run)
         finally:
             self._tell("run_ended", flow_id)
+        return run
 
     async def _advance(self, run: Run) -> None:
         # Every step ends in a checkpoint; the status it wrote (not the step's wish: a state
@@ -233,6 +224,16 @@ class FlowRunner(StepWaits):
 
     # -- one step: context, run, transition, checkpoint ------------------------------------
     async def _run_step(self, run: Run, step: Step) -> None:
+        if run.trace is None:
+            delay_s = await self._attempt(run, step)
+        else:
+            with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
+                delay_s = await self._attempt(run, step)
+        if delay_s is not None:  # a failed attempt to retry: wait outside the step's span
+            await self._pause(run, delay_s)
+
+    async def _attempt(self, run: Run, step: Step) -> float | None:
+        """One run of ``step`` and its checkpoint; the delay before its retry, if it is retried."""
         ctx = self._context(run, step)
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)
@@ -241,15 +242,17 @@ class FlowRunner(StepWaits):
         finally:
             self._watch.remove(ctx)
         if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/invoke.py)
-            self._step_finished(run, step, "failed", began_s)
-            await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
-            return
+            self._step_finished(run, step, "failed", began_s, attempt.raised)
+            return await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
         value = attempt.value
         self._step_finished(run, step, "suspended" if isinstance(value, Suspend) else "ok", began_s)
         try:
             await self._succeeded(run, step, ctx, value, started_s)
         except StepOutputError as exc:  # nothing was written: a failed attempt of the step
-            await self._failed(run, step, ctx.attempt, exc, started_s)
+            if run.trace is not None:
+                run.trace.step_finished("failed", exc)
+            return await self._failed(run, step, ctx.attempt, exc, started_s)
+        return None
 
     async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
         """Take the flow's slot (``plaita.flows.limits``); over its limit the task goes back to
@@ -365,5 +368,9 @@ class FlowRunner(StepWaits):
             except Exception:  # metrics must never fail a step
                 logger.exception("execution observer %s.%s failed", type(observer).__name__, name)
 
-    def _step_finished(self, run: Run, step: Step, outcome: str, began_s: float) -> None:
+    def _step_finished(
+        self, run: Run, step: Step, outcome: str, began_s: float, raised: BaseException | None = None
+    ) -> None:
+        if run.trace is not None:
+            run.trace.step_finished(outcome, raised)
         self._tell("step_finished", run.flow.flow_id, step.name, outcome, time.monotonic() - began_s)

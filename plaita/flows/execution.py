@@ -13,11 +13,17 @@ rolling upgrade) are kept as they were and written back unchanged.
 from __future__ import annotations
 
 import datetime
-import traceback
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from plaita.flows import model
 from plaita.flows.definition import Flow
+from plaita.flows.failures import TRACEBACK_CHARS as TRACEBACK_CHARS
+from plaita.flows.failures import describe_exception as describe_exception
+from plaita.flows.failures import error_doc as error_doc
+from plaita.flows.failures import error_from_exception as error_from_exception
+from plaita.flows.failures import exception_text as exception_text
+from plaita.flows.failures import history_entry
 from plaita.flows.validate import StepOutputError, dumps, epoch_or_none, output_error
 from plaita.store.executions import STATUSES, TERMINAL
 
@@ -25,56 +31,10 @@ from plaita.store.executions import STATUSES, TERMINAL
 HISTORY_LIMIT = 200
 #: Resume ids remembered per execution, so a redelivered resume is a no-op.
 APPLIED_RESUMES_LIMIT = 100
-#: Tracebacks are cut to their last characters (the innermost frames say the most).
-TRACEBACK_CHARS = 4000
 #: Fields left out while they have this value (older documents lack them).
 _ABSENT = {"versions": None, "suspensions": 0, "deadline_at": None}
 #: The ``error`` type of an execution cancelled because its whole-execution deadline passed.
 DEADLINE_EXCEEDED = "DeadlineExceeded"
-
-
-def error_doc(step: str | None, kind: str, message: str) -> dict[str, Any]:
-    """An execution's ``error`` field for a failure that is not a step's exception."""
-    return {"step": step, "type": kind, "message": message, "attempts": 0, "traceback": None}
-
-
-def error_from_exception(step: str, exc: BaseException, attempts: int) -> dict[str, Any]:
-    text = "".join(traceback.format_exception(exc))
-    return {
-        "step": step,
-        "type": getattr(exc, "kind", None) or type(exc).__name__,
-        "message": exception_text(exc)[:2000],
-        "attempts": attempts,
-        "traceback": text[-TRACEBACK_CHARS:],
-    }
-
-
-def exception_text(exc: BaseException) -> str:
-    """``str(exc)``, or a placeholder when the step's exception cannot even say what it is: a
-    describing error must not escape the runner (the task would be redelivered, not failed)."""
-    try:
-        return str(exc)
-    except Exception:
-        return f"<unprintable {type(exc).__name__}>"
-
-
-def describe_exception(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exception_text(exc)}"[:500]
-
-
-def history_entry(
-    step: str, attempt: int, started_s: float, ended_s: float, outcome: str, error: str | None = None
-) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "step": step,
-        "attempt": attempt,
-        "started_at": started_s,
-        "ended_at": ended_s,
-        "outcome": outcome,
-    }
-    if error is not None:
-        entry["error"] = error
-    return entry
 
 
 class BadExecution(ValueError):
@@ -221,6 +181,16 @@ class Execution:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def traceparent(self) -> str | None:
+        """The trace every task of this execution joins (``plaita.flows.tracing``), once it has one."""
+        value = self.extra.get(model.TRACEPARENT)
+        return value if isinstance(value, str) else None
+
+    def traced(self, traceparent: str) -> Execution:
+        """This execution with its trace origin (kept in ``extra``, which every version writes back)."""
+        return replace(self, extra={**self.extra, model.TRACEPARENT: traceparent})
 
     # -- transitions (each returns the next execution) -------------------------------------
     def stamped(self, now_s: float) -> Execution:

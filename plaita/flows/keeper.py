@@ -23,21 +23,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from plaita.errors import ConfigError
 from plaita.flows import model
 from plaita.flows.children import end_task
 from plaita.flows.execution import error_doc
+from plaita.flows.keeper_types import KeeperPass as KeeperPass
+from plaita.flows.keeper_types import KeeperSettings as KeeperSettings
+from plaita.flows.keeper_types import due_body, label, log_pass
 from plaita.flows.scheduler import Scheduler
-from plaita.flows.validate import epoch_or_none
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids
@@ -52,59 +53,6 @@ HAND_OVER_S = 0.3
 DEADLINE_POLL_S = 0.25
 #: Unreadable execution ids remembered (each is logged once); past this the memory starts over.
 MAX_REMEMBERED_BAD = 10_000
-
-
-@dataclass(frozen=True)
-class KeeperSettings:
-    interval_s: float = 5.0
-    #: Running and unleased this long without an update = orphaned for good (2 h: far longer than
-    #: any step should run, so only a lost execution waits that long).
-    zombie_after_s: float = 7200.0
-    #: At most one recovery retry per execution per cooldown (15 min: a retry needs time to be
-    #: read and run before the next one is worth sending).
-    retry_cooldown_s: float = 900.0
-    #: A timeout task not acted on is sent again after this.
-    timeout_cooldown_s: float = 60.0
-    #: Running executions updated more recently than this are left alone (a worker between
-    #: reading a task and taking its lease, or between a step and its checkpoint).
-    orphan_grace_s: float = 10.0
-    lease_ttl_s: float = 30.0
-    batch: int = 100
-    #: The orphan pass reads the whole stream to know which executions have a task; a longer
-    #: stream skips that pass (retrying then could duplicate work already queued).
-    max_stream_scan: int = 100_000
-    #: Running executions examined per pass at most (in pages of ``batch``).
-    max_candidates: int = 10_000
-    retention_s: int = model.DEFAULT_RETENTION_S
-    dry_run: bool = False
-    backoff_base_s: float = 0.1
-    backoff_cap_s: float = 1.0
-    persistent_backoff_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.interval_s <= 0 or self.zombie_after_s <= 0 or self.retry_cooldown_s < 1 or self.batch < 1:
-            raise ConfigError("keeper needs interval, zombie-after > 0, a cooldown >= 1 s and a batch >= 1")
-        if self.lease_ttl_s <= self.interval_s:
-            raise ConfigError("--keeper-lease-ttl-s must be longer than --interval-s")
-
-
-@dataclass
-class KeeperPass:
-    """What one pass did (or, in dry-run mode, would have done)."""
-
-    acting: bool = True
-    timeouts: list[str] = field(default_factory=list)
-    retries: list[str] = field(default_factory=list)
-    orphaned: list[str] = field(default_factory=list)
-    #: Unreadable execution keys met in the indexes and skipped (left as they are).
-    corrupt: list[str] = field(default_factory=list)
-    skipped_scan: bool = False
-    #: Durable sleeps past their deadline, woken (``continue``).
-    wakes: list[str] = field(default_factory=list)
-    #: Executions started for schedule ticks (plaita.flows.scheduler).
-    scheduled: list[str] = field(default_factory=list)
-    #: Suspended executions past their whole-execution deadline, cancelled.
-    expired: list[str] = field(default_factory=list)
 
 
 class Keeper:
@@ -133,6 +81,12 @@ class Keeper:
         self._logged_bad: set[str] = set()
         #: The stores of every tenant with executions (the default one first), as of the last pass.
         self._stores: list[ExecutionStore] = [store]
+        #: Per tenant: claimed deadlines whose task was not sent and whose re-arm could not be
+        #: taken back yet ({execution id: (re-armed score, due score)}), retried each pass.
+        self._untaken: dict[str, dict[str, tuple[float, float]]] = {}
+        #: When the keeper lease was last taken or renewed, or tried (monotonic s): every third
+        #: of its TTL, between passes too, so a pass longer than that does not lose it.
+        self._lease_tried_at_s = -math.inf
 
     def request_stop(self) -> None:
         """Safe from any thread or a signal handler: the loop ends within about a second."""
@@ -204,8 +158,10 @@ class Keeper:
             if self._stop.is_set() or self.settings.dry_run:
                 continue
             try:
+                if time.monotonic() - self._lease_tried_at_s >= self.settings.lease_ttl_s / 3:
+                    self._hold_lease()  # renewed (or taken over) every third of its TTL
                 earliest_s = min((e for st in self._stores if (e := st.earliest_deadline()) is not None), default=None)
-                if earliest_s is not None and earliest_s <= self._clock():
+                if any(self._untaken.values()) or (earliest_s is not None and earliest_s <= self._clock()):
                     self.log_pass(self.run_deadlines())
             except Exception as exc:
                 logger.debug("keeper: deadline check failed (%s: %s)", type(exc).__name__, exc)
@@ -213,12 +169,17 @@ class Keeper:
 
     def run_deadlines(self) -> KeeperPass:
         """The deadline part of a pass only (timeouts and wakes), under the keeper lease."""
-        if not self.store.hold_keeper_lease(self.holder, int(self.settings.lease_ttl_s * 1000)):
+        if not self._hold_lease():
             return KeeperPass(acting=False)
         report = KeeperPass()
         for store in self._stores:
             self._timeouts(store, self._clock(), report)
         return report
+
+    def _hold_lease(self) -> bool:
+        """Take or renew the keeper lease; True if this keeper holds it now."""
+        self._lease_tried_at_s = time.monotonic()
+        return self.store.hold_keeper_lease(self.holder, int(self.settings.lease_ttl_s * 1000))
 
     def _tenant_stores(self) -> list[ExecutionStore]:
         """The default tenant's store, then each tenant's with executions (``plaita:tenants``)."""
@@ -238,34 +199,12 @@ class Keeper:
         thread.start()
         thread.join(HAND_OVER_S)
 
-    @staticmethod
-    def log_pass(report: KeeperPass) -> None:
-        if report.wakes:
-            logger.info("keeper: %d sleep(s) woken %s", len(report.wakes), report.wakes[:10])
-        if report.expired:
-            logger.info(
-                "keeper: %d execution(s) past their deadline cancelled %s", len(report.expired), report.expired[:10]
-            )
-        if report.corrupt:
-            logger.debug("keeper: %d unreadable execution key(s) skipped %s", len(report.corrupt), report.corrupt[:10])
-        if report.scheduled:
-            logger.info("keeper: %d scheduled execution(s) started %s", len(report.scheduled), report.scheduled[:10])
-        if report.timeouts or report.retries or report.orphaned:
-            logger.info(
-                "keeper: %d timeout(s) %s, %d recovery retr%s %s, %d orphaned %s",
-                len(report.timeouts),
-                report.timeouts[:10],
-                len(report.retries),
-                "y" if len(report.retries) == 1 else "ies",
-                report.retries[:10],
-                len(report.orphaned),
-                report.orphaned[:10],
-            )
+    log_pass = staticmethod(log_pass)
 
     def run_once(self) -> KeeperPass:
         """One pass. A dry run reads only: it neither takes nor waits for the keeper lease."""
         s = self.settings
-        if not s.dry_run and not self.store.hold_keeper_lease(self.holder, int(s.lease_ttl_s * 1000)):
+        if not s.dry_run and not self._hold_lease():
             return KeeperPass(acting=False)
         report = KeeperPass()
         now_s = self._clock()
@@ -294,54 +233,66 @@ class Keeper:
 
     def _timeouts(self, store: ExecutionStore, now_s: float, report: KeeperPass) -> None:
         s = self.settings
-        # The claim re-arms each due deadline first: if an enqueue below fails, it fires again
-        # after the cooldown instead of never.
-        due = store.due_deadlines(now_s, now_s + s.timeout_cooldown_s, s.batch, dry_run=s.dry_run)
-        for eid, doc in zip(due, store.read_many(due), strict=True):
-            if isinstance(doc, UnreadableExecution):
-                self._skip_unreadable(doc, report)
-                continue
-            suspension = doc.get("suspension") if doc else None
-            if doc is None or doc.get("status") != "suspended" or not isinstance(suspension, dict):
+        self._retake(store)
+        # The claim re-arms each due deadline first, so a keeper killed before its enqueue
+        # still sends it again after the cooldown; an enqueue that fails takes it back at once.
+        rearm_at_s = now_s + s.timeout_cooldown_s
+        due = store.due_deadlines(now_s, rearm_at_s, s.batch, dry_run=s.dry_run)
+        unsent = dict.fromkeys(due)  # in order; what the claim re-armed and nothing sent yet
+        try:
+            for eid, doc in zip(due, store.read_many(due), strict=True):
+                if isinstance(doc, UnreadableExecution):
+                    self._skip_unreadable(doc, report)
+                    unsent.pop(eid)  # left re-armed: a bad key is met once per cooldown, not per pass
+                    continue
+                suspension = doc.get("suspension") if doc else None
+                if doc is None or doc.get("status") != "suspended" or not isinstance(suspension, dict):
+                    if not s.dry_run:
+                        store.forget_deadline(eid)
+                    unsent.pop(eid)
+                    continue
+                body = due_body(store, eid, doc, suspension, now_s, report)
                 if not s.dry_run:
-                    store.forget_deadline(eid)
-                continue
-            body = self._due(store, eid, doc, suspension, now_s, report)
+                    self.queue.enqueue(body)
+                unsent.pop(eid)
+        except Exception:
             if not s.dry_run:
-                self.queue.enqueue(body)
+                self._take_back(store, list(unsent), rearm_at_s, now_s)
+            raise
 
-    @staticmethod
-    def _due(
-        store: ExecutionStore,
-        eid: str,
-        doc: dict[str, Any],
-        suspension: dict[str, Any],
-        now_s: float,
-        report: KeeperPass,
-    ) -> dict[str, Any]:
-        """What a due suspension gets: ``cancel`` past the execution's deadline, ``continue``
-        for a durable sleep (its deadline is its wake), else ``timeout``."""
-        seq, flow_id, tenant = suspension.get("seq"), doc.get("flow_id"), store.ks.tenant
-        deadline_at = epoch_or_none(doc.get("deadline_at"))
-        if deadline_at is not None and deadline_at <= now_s:
-            report.expired.append(_label(store, eid))
-            return model.resume_body(eid, "cancel", flow_id=flow_id, resume_id=f"deadline:{seq}", tenant_id=tenant)
-        wake = suspension.get("kind") == "sleep"
-        (report.wakes if wake else report.timeouts).append(_label(store, eid))
-        kind = "wake" if wake else "timeout"
-        return model.resume_body(
-            eid,
-            "continue" if wake else "timeout",
-            flow_id=flow_id,
-            suspension=seq,
-            resume_id=f"{kind}:{seq}",
-            tenant_id=tenant,
-        )
+    def _take_back(self, store: ExecutionStore, eids: list[str], rearm_at_s: float, due_at_s: float) -> None:
+        """Make claimed deadlines whose task was not sent due again (best effort, like
+        ``_send_retry``'s mark); if Redis fails that too, remember them for the next pass."""
+        if not eids:
+            return
+        try:
+            store.unclaim_deadlines(eids, rearm_at_s, due_at_s)
+        except Exception:
+            held = self._untaken.setdefault(store.ks.tenant, {})
+            if sum(map(len, self._untaken.values())) + len(eids) <= MAX_REMEMBERED_BAD:
+                held.update(dict.fromkeys(eids, (rearm_at_s, due_at_s)))  # past the bound: the cooldown
+
+    def _retake(self, store: ExecutionStore) -> None:
+        """Take back what ``_take_back`` could not (Redis failed then too); failing again, they
+        stay remembered and the pass goes on (its own claim fails the same way if Redis is down)."""
+        held = self._untaken.get(store.ks.tenant)
+        if not held or self.settings.dry_run:
+            return
+        by_claim: dict[tuple[float, float], list[str]] = {}
+        for eid, claim in held.items():
+            by_claim.setdefault(claim, []).append(eid)
+        try:
+            for (rearm_at_s, due_at_s), eids in by_claim.items():
+                store.unclaim_deadlines(eids, rearm_at_s, due_at_s)
+                for eid in eids:
+                    held.pop(eid)
+        except Exception as exc:
+            logger.debug("keeper: deadlines not taken back yet (%s: %s)", type(exc).__name__, exc)
 
     def _orphans(
         self, store: ExecutionStore, now_s: float, report: KeeperPass, in_stream: set[str] | None
     ) -> set[str] | None:
-        """One tenant's orphans; returns the stream's execution ids (``_label``s) once read (None:
+        """One tenant's orphans; returns the stream's execution ids (``label``s) once read (None:
         not needed yet)."""
         s = self.settings
         unleased = self._unleased(store, now_s - s.orphan_grace_s, report)
@@ -353,7 +304,7 @@ class Keeper:
                 logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
                 report.skipped_scan = True
                 return in_stream
-        unqueued = [(eid, at) for eid, at in unleased if _label(store, eid) not in in_stream]
+        unqueued = [(eid, at) for eid, at in unleased if label(store, eid) not in in_stream]
         # Read again after the scan: an execution that moved on meanwhile is not an orphan.
         now_scores = store.still_running([eid for eid, _ in unqueued])
         for (eid, at), score in zip(unqueued, now_scores, strict=True):
@@ -362,7 +313,7 @@ class Keeper:
             if now_s - at > s.zombie_after_s:
                 self._orphaned(store, eid, at, now_s, report)
             elif s.dry_run or store.mark_retry_sent(eid, int(s.retry_cooldown_s)):
-                report.retries.append(_label(store, eid))
+                report.retries.append(label(store, eid))
                 if not s.dry_run:
                     self._send_retry(store, eid)
         return in_stream
@@ -407,14 +358,9 @@ class Keeper:
             return end_task(doc, tenant_id=tenant)
 
         if s.dry_run or store.mark_orphaned(eid, updated_at_s, error, now_s, s.retention_s, follow_up=follow_up):
-            report.orphaned.append(_label(store, eid))
+            report.orphaned.append(label(store, eid))
             if not s.dry_run and self.on_orphaned is not None:
                 try:
-                    self.on_orphaned(_label(store, eid), message, updated_at_s)
+                    self.on_orphaned(label(store, eid), message, updated_at_s)
                 except Exception:  # an alert must never fail a pass
                     logger.exception("keeper: orphan hook failed for %s", eid)
-
-
-def _label(store: ExecutionStore, eid: str) -> str:
-    """How a report names an execution: its id, ``<tenant>/<id>`` for a tenant's."""
-    return f"{store.ks.tenant}/{eid}" if store.ks.tenant else eid

@@ -80,9 +80,10 @@ class FlowLimits:
         limit = flow.max_concurrent or 0
         rate = flow.max_starts_per_s if start and flow.max_starts_per_s else 0.0
         token = uuid.uuid4().hex
+        member = slot_member(task)
         admit = self.store.acquire(
             flow.flow_id,
-            task.execution_id,
+            member,
             token,
             max_concurrent=limit,
             ttl_s=self.ttl_s,
@@ -94,7 +95,7 @@ class FlowLimits:
             with self._lock:
                 self._refusals.pop(name, None)
                 if limit:
-                    self._held[id(task)] = Held(flow.flow_id, task.execution_id, token)
+                    self._held[id(task)] = Held(flow.flow_id, member, token)
                     self._start_renewing()
             return
         delay_s = self._delay(name, admit.wait_s)
@@ -173,3 +174,18 @@ class FlowLimits:
 
     def close(self) -> None:
         self._stop.set()
+
+
+#: Joins a tenant and an execution id in a slot's member name (tenant ids never hold it).
+_SEP = "\x1f"
+
+
+def slot_member(task: Task) -> str:
+    """The name of ``task``'s execution in its flow's slot set, unique across tenants (the slots
+    are fleet-wide, not per tenant): the id for the default tenant, ``<tenant>\\x1f<id>`` for
+    another (a tenant id starts with a letter or digit and has no control character, so the two
+    forms cannot meet; a default-tenant id holding the separator is itself prefixed with it)."""
+    eid = task.execution_id
+    if task.tenant_id:
+        return f"{task.tenant_id}{_SEP}{eid}"
+    return _SEP + eid if _SEP in eid else eid

@@ -19,6 +19,8 @@ RESTART = "restart"
 WAKES = frozenset({"continue", "timeout"})
 #: The resume a child execution sends its parent when it ends (``plaita.flows.children``).
 CHILD_RESUME = "child"
+#: A body's W3C trace context (``plaita.flows.tracing``), also the execution document's origin.
+TRACEPARENT = "traceparent"
 #: Terminal executions expire after this (default 7 days).
 DEFAULT_RETENTION_S = 7 * 24 * 3600
 #: A state document larger than this is refused (params at start; a step's output ends in error).

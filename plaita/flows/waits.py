@@ -18,7 +18,8 @@ from plaita.flows.checkpoint import LeaseLostError, call_io
 from plaita.flows.children import Children
 from plaita.flows.context import Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Step
-from plaita.flows.execution import Execution, describe_exception, error_from_exception
+from plaita.flows.execution import Execution
+from plaita.flows.failures import describe_exception, error_from_exception
 from plaita.flows.validate import StepOutputError
 from plaita.store.executions import Staged
 from plaita.tasks import Task
@@ -92,7 +93,8 @@ class StepWaits:
         ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
 
-    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> None:
+    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> float | None:
+        """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""
         if run.task.cancelled.is_set():
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
         now_s, policy, problem = self._clock(), step.retry, describe_exception(exc)
@@ -104,7 +106,7 @@ class StepWaits:
             await self._commit(
                 run, run.execution.failed(step.name, attempt, started_s, now_s, problem, error), step=step
             )
-            return
+            return None
         delay_s = policy.delay_s(attempt, self._rng)
         logger.info(
             "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
@@ -112,7 +114,7 @@ class StepWaits:
         await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
         if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
             delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
-        await self._pause(run, delay_s)
+        return delay_s
 
     async def _pause(self, run: Run, delay_s: float) -> None:
         """Wait ``delay_s`` between attempts; LeaseLostError as soon as the lease is lost."""

@@ -20,6 +20,7 @@ from plaita.ops.alert_events import WorkerAlerts
 from plaita.ops.control import ControlListener
 from plaita.ops.doctor import startup_warnings
 from plaita.ops.fleetcheck import FleetCheck
+from plaita.ops.histogram import observe_many
 from plaita.ops.metrics import HealthServer, Metrics
 from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
@@ -164,9 +165,7 @@ class Operations:
         child.inc(n)
 
     def tasks_finished(self, durations_s: list[float]) -> None:
-        histogram = self.metrics.handler_seconds
-        for duration_s in durations_s:
-            histogram.observe(duration_s)
+        observe_many(self.metrics.handler_seconds, durations_s)
 
     def redis_failed(self, kind: ErrorKind, error_name: str) -> None:
         self.metrics.redis_errors.labels(kind=kind.value, error=error_name).inc()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
-from plaita.flows.keeper import Keeper
+from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.flows.scheduler import Scheduler
 from plaita.ops.alert_events import orphan_alert
 from plaita.ops.operations import Operations, attach_operations
@@ -260,7 +260,7 @@ def _attach(worker: Worker) -> Operations:
 
 
 def _keeper(settings: Settings, flows: FlowRegistry, ops: Operations) -> Keeper:
-    """A keeper with default settings on its own short-timeout client; it starts the ticks of
+    """A keeper (``embedded_keeper_settings``) on its own short-timeout client; it starts the ticks of
     the scheduled ``flows`` and sends its orphans to the worker's alert webhook, if any."""
     client = make_client(
         settings.redis_url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=settings.tls
@@ -268,7 +268,20 @@ def _keeper(settings: Settings, flows: FlowRegistry, ops: Operations) -> Keeper:
     queue = open_queue(settings, client=client)
     store = ExecutionStore(client, queue.keyspace)
     on_orphaned = orphan_alert(ops.alerts.sender) if ops.alerts is not None else None
-    return Keeper(store, queue, scheduler=Scheduler(flows, queue, store=store), on_orphaned=on_orphaned)
+    return Keeper(
+        store,
+        queue,
+        embedded_keeper_settings(settings),
+        scheduler=Scheduler(flows, queue, store=store),
+        on_orphaned=on_orphaned,
+    )
+
+
+def embedded_keeper_settings(settings: Settings) -> KeeperSettings:
+    """The keeper defaults, with the worker's ``--keeper-lease-ttl-s``; its passes (which renew the
+    lease too) at most half a lease apart, so a lease this short is never lost between two."""
+    ttl_s = settings.keeper_lease_ttl_s
+    return KeeperSettings(lease_ttl_s=ttl_s, interval_s=min(KeeperSettings.interval_s, ttl_s / 2))
 
 
 def _require_main_thread() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from plaita.runtime.outcomes import Done, Outcome
-from plaita.runtime.pool import Handler, PoolBase, judge, stream_order
+from plaita.runtime.pool import UNBOUNDED, AckSlots, Handler, PoolBase, judge, stream_order
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -49,8 +49,12 @@ class AsyncHandlerPool(PoolBase):
         concurrency: int,
         max_deliveries: int,
         on_done: Callable[[list[Done]], None],
+        slots: AckSlots = UNBOUNDED,
+        window: int = 0,  # the thread pool's signature; a coroutine takes one slot at a time here
     ) -> None:
         self._handler = handler
+        #: One ack-window slot per coroutine started, back once its outcome is routed.
+        self._slots = slots
         self._concurrency = concurrency
         self._max_deliveries = max_deliveries
         self._on_done = on_done
@@ -66,6 +70,7 @@ class AsyncHandlerPool(PoolBase):
         self._thread = threading.Thread(target=self._serve, name="plaita-async-handlers", daemon=True)
         # Strong references: the loop keeps only weak ones, and a collected task just vanishes.
         self._tasks: set[asyncio.Task[None]] = set()
+        slots.on_room(lambda: self._call_soon(self._fill))  # a full window stopped _fill
 
     def start(self) -> None:
         self._thread.start()
@@ -116,13 +121,20 @@ class AsyncHandlerPool(PoolBase):
                 self._loop.close()
 
     def _fill(self) -> None:
-        """Start waiting tasks while fewer than ``concurrency`` run."""
+        """Start waiting tasks while fewer than ``concurrency`` run and the ack window has room."""
         while True:
             with self._lock:
                 if not self._waiting or self._running >= self._concurrency:
                     return
-                task = self._waiting.popleft()
-                self._running += 1
+            if not self._slots.take(1, block=False):
+                return  # the window is full: on_room calls this again
+            with self._lock:
+                task = self._waiting.popleft() if self._waiting and self._running < self._concurrency else None
+                if task is not None:
+                    self._running += 1
+            if task is None:  # taken back by a drain meanwhile
+                self._slots.give_back(1)
+                return
             job = self._loop.create_task(self._run(task), name=f"plaita-task-{task.message_id}")
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
@@ -157,3 +169,5 @@ class AsyncHandlerPool(PoolBase):
             self._on_done(done)
         except Exception:  # the router guards its observers; this would be a plaita bug
             logger.exception("reporting %d finished task(s) failed", len(done))
+        finally:
+            self._slots.give_back(len(done))

@@ -154,6 +154,7 @@ class ConsumePhases:
             return
         entries = self.queue.read_new(free, self.settings.read_block_ms)
         self._read_succeeded()
+        self.intake.backlog_seen = len(entries) >= free
         self.intake.accept(entries)
 
     def _read_succeeded(self) -> None:

@@ -57,6 +57,17 @@ class InFlightTable:
         with self._lock:
             self._items[item.task.message_id] = item
 
+    def add_many(self, items: list[InFlight]) -> None:
+        """``add`` for a whole read batch (one lock round, not one per task)."""
+        with self._lock:
+            for item in items:
+                self._items[item.task.message_id] = item
+
+    def present(self, message_ids: Iterable[str]) -> set[str]:
+        """Which of ``message_ids`` are in flight (one lock round for a batch)."""
+        with self._lock:
+            return {mid for mid in message_ids if mid in self._items}
+
     def ids(self) -> set[str]:
         with self._lock:
             return set(self._items)

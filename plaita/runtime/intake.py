@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 #: Handlers faster than this (mean) let the worker read ahead (automatic prefetch).
 FAST_HANDLER_S = 0.005
+#: With read-ahead, the smallest read while the handlers still have queued work (see ``free_slots``).
+MIN_READ_AHEAD = READ_BATCH_MAX // 4
 #: Below this claim threshold every task takes its lease before it starts (see ``accept``).
 LAZY_LEASE_MIN_IDLE_MS = 1000
 
@@ -52,6 +54,8 @@ class Intake:
         #: (at most 2/3 of it); with a threshold this short, take every lease eagerly instead.
         self.eager_leases = settings.eager_leases or settings.claim_min_idle_ms < LAZY_LEASE_MIN_IDLE_MS
         self._bad_keys_seen: set[str] = set()
+        #: The last read filled all it asked for: the stream has a backlog (see ``free_slots``).
+        self.backlog_seen = False
 
     def ours(self) -> set[str]:
         """Ids of work still running here or awaiting its ack. Take it *before* reading: an id
@@ -64,7 +68,14 @@ class Intake:
         if prefetch is None:
             mean = self.pool.mean_duration_s
             prefetch = DEFAULT_MAX_PREFETCH if mean is not None and mean < FAST_HANDLER_S else 0
-        return min(READ_BATCH_MAX, self.settings.concurrency + prefetch - len(self.inflight))
+        concurrency, in_flight = self.settings.concurrency, len(self.inflight)
+        free = min(READ_BATCH_MAX, concurrency + prefetch - in_flight)
+        if prefetch and self.backlog_seen and free < MIN_READ_AHEAD and in_flight >= 2 * concurrency:
+            # With a backlog, reading as soon as a few slots free up fetches a handful of entries
+            # per round trip (and each read costs a hand-off per handler thread): while every
+            # handler still has a task queued, wait for a fair batch instead.
+            return 0
+        return free
 
     def accept(self, entries: list[Entry]) -> int:
         """Dispatch a read batch: malformed entries go straight to the DLQ, the rest start.
@@ -79,17 +90,21 @@ class Intake:
         """
         eager: list[tuple[Task, Entry]] = []
         started: list[Task] = []
+        lazy: list[InFlight] = []
         now = time.monotonic()
+        running = self.inflight.present([e.message_id for e in entries])
         for entry in entries:
-            task = self._parse(entry)
+            task = self._parse(entry, running)
             if task is None:
                 continue
+            running.add(task.message_id)  # a batch never repeats an id; were it to, it runs once
             if self.eager_leases or "execution_id" in task.body:
                 eager.append((task, entry))
                 continue
             assert entry.fields is not None
-            self.inflight.add(InFlight(task, entry.fields, None, now, read_at_s=now))
+            lazy.append(InFlight(task, entry.fields, None, now, read_at_s=now))
             started.append(task)
+        self.inflight.add_many(lazy)  # one lock round for the batch; before any of them can finish
         try:
             self._lease(eager, now, started)
         finally:
@@ -169,12 +184,13 @@ class Intake:
                 (task.keyspace or self.leases.keyspace).lease_key(task.execution_id),
             )
 
-    def _parse(self, entry: Entry) -> Task | None:
-        """The entry as a runnable task, or None (dead-lettered, deleted, or already running)."""
+    def _parse(self, entry: Entry, running: set[str]) -> Task | None:
+        """The entry as a runnable task, or None (dead-lettered, deleted, or already running).
+        ``running``: the batch's ids that were in flight when it was accepted."""
         if entry.fields is None:
             self.settler.put(Outcome(entry.message_id))  # deleted from the stream: clear the PEL
             return None
-        if entry.message_id in self.inflight:
+        if entry.message_id in running:
             return None  # already running here (our own idle entry came back)
         try:
             task = parse_entry(

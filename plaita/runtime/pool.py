@@ -40,6 +40,36 @@ class Pool(Protocol):
     def stop(self) -> None: ...
 
 
+class AckSlots(Protocol):
+    """The ack window a pool takes a slot of before each task (the settler; see its module)."""
+
+    def take(self, n: int, *, block: bool = True) -> int: ...
+    def give_back(self, n: int) -> None: ...
+    def on_room(self, listener: Callable[[], None]) -> None: ...
+
+
+class _Unbounded:
+    """No window (a pool built without a settler, as in tests): every slot is free."""
+
+    def take(self, n: int, *, block: bool = True) -> int:
+        return n
+
+    def give_back(self, n: int) -> None:
+        pass
+
+    def on_room(self, listener: Callable[[], None]) -> None:
+        pass
+
+
+UNBOUNDED: AckSlots = _Unbounded()
+
+
+def grant_size(window: int, concurrency: int) -> int:
+    """Slots a handler thread takes at once: a few, so the window's lock is not taken per task,
+    and few enough that threads each holding a grant leave most of the window free."""
+    return max(1, min(32, window // (4 * concurrency)))
+
+
 class PoolBase:
     """What both pools share: the drain's wait and the handlers' mean duration."""
 
@@ -86,18 +116,22 @@ class HandlerPool(PoolBase):
         concurrency: int,
         max_deliveries: int,
         on_done: Callable[[list[Done]], None],
+        slots: AckSlots = UNBOUNDED,
+        window: int = 0,
     ) -> None:
         self._handler = handler
         self._max_deliveries = max_deliveries
         self._on_done = on_done
         self._concurrency = concurrency
+        self._slots = slots
+        self._grant = grant_size(window, concurrency) if window else 32
         self._work: queue.SimpleQueue[collections.deque[Task] | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._run, name=f"plaita-handler-{i}", daemon=True) for i in range(concurrency)
         ]
         self._lock = threading.Lock()
         self._queued = 0
-        self._running: set[str] = set()
+        self._running = 0
         self._chunks: list[collections.deque[Task]] = []  # every chunk not yet worked through
 
     def start(self) -> None:
@@ -120,7 +154,7 @@ class HandlerPool(PoolBase):
     def busy(self) -> int:
         """Tasks queued or running."""
         with self._lock:
-            return self._queued + len(self._running)
+            return self._queued + self._running
 
     def take_unstarted(self) -> list[Task]:
         """Remove and return every task no handler has started, in stream order."""
@@ -142,29 +176,52 @@ class HandlerPool(PoolBase):
             chunk = self._work.get()
             if chunk is None:
                 return
-            done: list[Done] = []
-            while True:
-                with self._lock:
-                    if not chunk:
-                        # By identity: deques compare equal by content, and empty ones are all equal.
-                        self._chunks = [c for c in self._chunks if c is not chunk]
-                        break
-                    task = chunk.popleft()
-                    self._queued -= 1
-                    self._running.add(task.message_id)
-                started = time.monotonic()
-                outcome = self._call(task)
-                duration = time.monotonic() - started
-                with self._lock:
-                    self._running.discard(task.message_id)
-                    self._note_duration(duration)
-                done.append((task, outcome, duration))
-                if duration > _REPORT_EVERY_S:
-                    # A slow task reports at once: its ack must not wait for the rest of the chunk.
-                    self._on_done(done)
+            self._work_through(chunk)
+
+    def _work_through(self, chunk: collections.deque[Task]) -> None:
+        """Run a chunk's tasks in order, one lock round per task. A finished task counts as
+        running until it is reported, so the drain never sees an idle pool with an outcome
+        still on its way to the settler."""
+        done: list[Done] = []
+        slots = 0  # ack-window slots this thread holds, one per task it may still start
+        while True:
+            if not slots:
+                if done:  # routed first: their acks are what frees the window
+                    self._report(done)
                     done = []
-            if done:
-                self._on_done(done)
+                slots = self._slots.take(self._grant)
+            with self._lock:
+                if not chunk:
+                    # By identity: deques compare equal by content, and empty ones are all equal.
+                    self._chunks = [c for c in self._chunks if c is not chunk]
+                    break
+                task = chunk.popleft()
+                self._queued -= 1
+                self._running += 1
+            slots -= 1
+            started = time.monotonic()
+            outcome = self._call(task)
+            duration_s = time.monotonic() - started
+            done.append((task, outcome, duration_s))
+            if duration_s > _REPORT_EVERY_S:
+                # A slow task reports at once: its ack must not wait for the rest of the chunk.
+                self._report(done)
+                done = []
+        if done:
+            self._report(done)
+        self._slots.give_back(slots)
+
+    def _report(self, done: list[Done]) -> None:
+        """Route finished tasks; their window slots come back (the settler holds one for each
+        outcome it queued)."""
+        try:
+            self._on_done(done)
+        finally:
+            with self._lock:
+                self._running -= len(done)
+                for _, _, duration_s in done:
+                    self._note_duration(duration_s)
+            self._slots.give_back(len(done))
 
     def _call(self, task: Task) -> Outcome:
         """Run the handler and say what to do with its message (see ``judge``)."""

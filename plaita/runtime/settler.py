@@ -3,6 +3,14 @@
 Outcomes go to one thread that settles them in one MULTI/EXEC round trip per batch, so a fast
 handler is not held back by a round trip per task and a slow Redis never blocks a handler. A
 failed batch is kept (bounded) and retried after the owner has seen Redis come back.
+
+The ack window bounds what a kill -9 costs. There is no flush timer: the thread sends whatever
+is queued the moment its previous batch is confirmed (so one batch is in flight while the next
+fills). A handler takes a slot of the window before it starts a task, and the slot comes back
+only when that task's ack is confirmed (or its outcome needs none), so at any instant at most
+``window`` tasks are running or finished-but-unconfirmed: a worker killed then re-runs at most
+``--concurrency`` + ``ACK_WINDOW`` tasks. With Redis away the window fills and handlers wait
+instead of piling up finished work that would all run again.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ logger = logging.getLogger(__name__)
 MAX_UNSETTLED = 50_000
 #: Most outcomes settled in one MULTI/EXEC.
 SETTLE_BATCH = 500
+#: Finished tasks whose ack may be unconfirmed at once, beyond the running ones (the window is
+#: ``--concurrency`` + this): the bound on tasks a kill -9 makes run again.
+ACK_WINDOW = 256
 
 
 class Phase(enum.Enum):
@@ -50,10 +61,17 @@ class Settler:
         on_failure: Callable[[BaseException], None],
         max_defer_s: float = 1.0,
         on_dead: Callable[[list[DeadLetter]], None] | None = None,
+        window: int = ACK_WINDOW,
     ) -> None:
         self._queue = stream_queue
         #: Told the dead letters each batch wrote to the DLQ (alerts); must not block.
         self._on_dead = on_dead
+        #: Slots of the ack window (see the module docstring); ``_open`` of them are taken: by
+        #: handlers (running or finished, not yet routed) and by every outcome queued or in flight.
+        self.window = window
+        self._open = 0
+        self._room_listeners: list[Callable[[], None]] = []
+        self._room_wanted = False
         #: Longest wait of a deferred hand-back: well within the lease it holds meanwhile.
         self.max_defer_s = max_defer_s
         self._on_failure = on_failure
@@ -90,21 +108,77 @@ class Settler:
         with self._cond:
             if self._closed:
                 return  # after the drain deadline nothing more is acked: it stays pending
+            self._open += len(wanted)
             overflow = len(self._pending) + len(wanted) - MAX_UNSETTLED
             for _ in range(min(max(0, overflow), len(self._pending))):
                 self._pending.popleft()
+                self._open -= 1
                 self._dropped += 1
                 if self._dropped == 1 or self._dropped % 1000 == 0:
                     logger.warning(
                         "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
                     )
-            now = time.monotonic()
-            latest_s = now + self.max_defer_s
-            wanted = [o if o.not_before_s <= latest_s else replace(o, not_before_s=latest_s) for o in wanted]
-            self._deferred += [o for o in wanted if o.not_before_s > now]
-            self._pending.extend(o for o in wanted if o.not_before_s <= now)
+            if any(o.not_before_s for o in wanted):
+                self._defer(wanted)
+            else:  # no hand-back waits: every outcome goes to the next batch
+                self._pending.extend(wanted)
             if self._phase is not Phase.SENDING:  # wake it only when it may sleep: a notify per task is costly
                 self._cond.notify_all()
+
+    # -- the ack window ----------------------------------------------------------------------
+    def take(self, n: int, *, block: bool = True) -> int:
+        """Take up to ``n`` slots of the ack window, one per task about to start; how many were
+        taken (at least 1 when ``block``: waits while the window is full). Never waits once closed:
+        nothing is acked any more, so there is nothing left to bound."""
+        with self._cond:
+            while not self._closed:
+                room = self.window - self._open
+                if room > 0:
+                    taken = min(n, room)
+                    self._open += taken
+                    return taken
+                self._room_wanted = True
+                if not block:
+                    return 0
+                self._cond.wait(0.5)
+            return n
+
+    def give_back(self, n: int) -> None:
+        """Return ``n`` slots: unused ones, or those of finished tasks already routed (``put_many``
+        took a slot of its own for each outcome it queued)."""
+        if n:
+            with self._cond:
+                self._open -= n
+            self._room_made()
+
+    def on_room(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the settler's or a handler's thread) when slots come back after a
+        ``take(block=False)`` found none: how an event loop learns it may start tasks again."""
+        self._room_listeners.append(listener)
+
+    def _room_made(self) -> None:
+        """Wake whoever waits for slots (lock not held)."""
+        with self._cond:
+            if not self._room_wanted or self._open >= self.window:
+                return
+            self._room_wanted = False
+            self._cond.notify_all()
+        for listener in self._room_listeners:
+            listener()
+
+    def _confirmed(self, n: int) -> None:
+        """``n`` outcomes reached Redis: their slots come back."""
+        with self._cond:
+            self._open -= n
+        self._room_made()
+
+    def _defer(self, wanted: list[Outcome]) -> None:
+        """Queue ``wanted``, holding those whose ``not_before_s`` is still ahead (lock held)."""
+        now = time.monotonic()
+        latest_s = now + self.max_defer_s
+        wanted = [o if o.not_before_s <= latest_s else replace(o, not_before_s=latest_s) for o in wanted]
+        self._deferred += [o for o in wanted if o.not_before_s > now]
+        self._pending.extend(o for o in wanted if o.not_before_s <= now)
 
     def unsettled_ids(self) -> set[str]:
         """Ids whose outcome is queued or being sent right now."""
@@ -171,6 +245,7 @@ class Settler:
             batch = self._take_batch()
             if batch is None:
                 return
+            size = len(batch)
             try:
                 batch = self._hand_back(batch)
                 acks = [o.message_id for o in batch if o.kind == ACK]
@@ -183,6 +258,7 @@ class Settler:
                     self._pending.extendleft(reversed(batch))
                     self._phase = Phase.HELD
                     self._batch = []
+                    self._open -= size - len(batch)  # hand-backs that went through are settled
                     self._cond.notify_all()
                 self._on_failure(exc)
                 continue
@@ -193,7 +269,9 @@ class Settler:
             with self._cond:
                 self._phase = Phase.IDLE
                 self._batch = []
+                self._open -= size
                 self._cond.notify_all()
+            self._room_made()
 
     def _hand_back(self, batch: list[Outcome]) -> list[Outcome]:
         """Hand back the batch's ``handback`` outcomes (one transaction with their lease

@@ -27,7 +27,7 @@ from plaita.runtime.outage import Outage
 from plaita.runtime.outcomes import OutcomeRouter
 from plaita.runtime.pool import Handler, HandlerPool, Pool
 from plaita.runtime.renewer import LeaseRenewer
-from plaita.runtime.settler import Settler
+from plaita.runtime.settler import ACK_WINDOW, Settler
 from plaita.runtime.status import worker_status
 from plaita.runtime.stopping import Drainer
 from plaita.store.errors import describe_failure
@@ -98,8 +98,13 @@ class Worker:
         self.inflight = InFlightTable()
         # A deferred hand-back holds its lease unrenewed and its entry idle: well below both limits.
         max_defer_s = min(2.0, settings.lease_ttl_s / 3, settings.claim_min_idle_ms / 3000)
+        # The ack window: running tasks plus ACK_WINDOW finished ones awaiting their ack.
         self.settler = Settler(
-            self.queue, on_failure=self._post_failure, max_defer_s=max_defer_s, on_dead=self.observers.dead_lettered
+            self.queue,
+            on_failure=self._post_failure,
+            max_defer_s=max_defer_s,
+            on_dead=self.observers.dead_lettered,
+            window=settings.concurrency + ACK_WINDOW,
         )
         self.leases = LeaseManager(
             self.queue.client,
@@ -144,7 +149,12 @@ class Worker:
         # Async handlers share one event loop (--concurrency coroutines); sync ones get threads.
         pool_class = AsyncHandlerPool if is_async_handler(handler) else HandlerPool
         return pool_class(
-            handler, concurrency=self.settings.concurrency, max_deliveries=self.settings.max_deliveries, on_done=router
+            handler,
+            concurrency=self.settings.concurrency,
+            max_deliveries=self.settings.max_deliveries,
+            on_done=router,
+            slots=self.settler,
+            window=self.settler.window,
         )
 
     def _build_phases(self, handler: Handler, owner_leases: LeaseManager) -> None:

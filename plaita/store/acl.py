@@ -2,12 +2,19 @@
 
 ``WORKER_ACL_RULES`` lets ``plaita worker`` run its whole cycle: consume, ack, dead-letter,
 leases (Lua), reclaim, housekeeping, hand-back, registry heartbeat and remote control.
+``FLOW_WORKER_ACL_RULES`` adds what a flow worker (``--flows``: checkpoints, staged writes,
+children, durable sleeps, ``ctx.publish``, fleet-wide limits, deadlines, tenants) and its
+embedded keeper (``--keeper``: recovery, zombies, schedules) send, most of it inside the Lua
+scripts (ACL checks each command a script runs); the standalone ``plaita keeper`` uses it too.
+``PRODUCER_ACL_RULES`` lets ``FlowClient`` and ``plaita executions | enqueue`` start, resume,
+cancel, retry, wait for, show and list executions: plain commands only, no scripts, no channels.
 ``ADMIN_ACL_RULES`` covers the operator commands (``plaita workers | status | stop | pause |
 resume | dlq | enqueue`` and the dashboard's actions, including cancelling and resuming
 executions), ``DASHBOARD_READ_ACL_RULES`` the dashboard's read pages. All
 confine keys and channels to the ``plaita:`` prefix; widen ``~plaita:*`` if ``--queue-name``
 or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0 (``command|subcommand`` rules).
-tests/ops/test_security.py proves the first two suffice, tests/dashboard the third.
+tests/ops/test_security.py proves the worker's and admin's suffice, tests/ops/test_flow_acl.py the
+flow worker's and producer's, tests/dashboard the dashboard's.
 """
 
 from __future__ import annotations
@@ -21,6 +28,21 @@ WORKER_ACL_RULES = (
     "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl +scan +mget "
     "+multi +exec +subscribe +client|setname +info"
 )
+
+#: Rules for a flow worker (``--flows``, with or without ``--keeper``) and ``plaita keeper``:
+#: ``ACL SETUSER plaita-flow-worker on >PASSWORD <rules>``. The worker's, plus hashes (schedules,
+#: events, staged writes), sets (tenants, children), sorted sets (status indexes, deadlines,
+#: flow slots), INCRBY/PERSIST (staged writes, counters), TIME (limits and ticks) and
+#: WATCH/UNWATCH (the keeper's compare-and-set on a zombie).
+FLOW_WORKER_ACL_RULES = (
+    WORKER_ACL_RULES + " +hset +hget +hdel +hexists +hlen +hmget +hgetall +incrby +persist +sadd +scard +smembers "
+    "+zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
+)
+
+#: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
+#: ``ACL SETUSER plaita-producer on >PASSWORD <rules>``. XADD (tasks), GET/MGET (states, dedup),
+#: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE (listing); no channels.
+PRODUCER_ACL_RULES = "resetkeys ~plaita:* resetchannels -@all +xadd +get +set +mget +hget +hgetall +zrevrange"
 
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.
 ADMIN_ACL_RULES = (
@@ -45,4 +67,12 @@ def setuser_command(user: str, password: str, rules: str = WORKER_ACL_RULES) -> 
     return ["ACL", "SETUSER", user, "reset", "on", f">{password}", *rules.split()]
 
 
-__all__ = ["ADMIN_ACL_RULES", "DASHBOARD_READ_ACL_RULES", "MINIMAL_ACL_RULES", "WORKER_ACL_RULES", "setuser_command"]
+__all__ = [
+    "ADMIN_ACL_RULES",
+    "DASHBOARD_READ_ACL_RULES",
+    "FLOW_WORKER_ACL_RULES",
+    "MINIMAL_ACL_RULES",
+    "PRODUCER_ACL_RULES",
+    "WORKER_ACL_RULES",
+    "setuser_command",
+]

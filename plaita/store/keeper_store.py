@@ -22,6 +22,7 @@ KEEPER_RETRY_PREFIX = "plaita:execution:keeper-retry:"
 KEEPER_LEASE_KEY = "plaita:keeper:lease"
 
 CLAIM_DEADLINES = scripts.script("claim_deadlines")
+UNCLAIM_DEADLINES = scripts.script("unclaim_deadlines")
 HOLD_KEEPER_LEASE = scripts.script("hold_keeper_lease")
 RELEASE_KEEPER_LEASE = scripts.script("release_keeper_lease")
 
@@ -71,6 +72,19 @@ class KeeperAccess:
                 raw = CLAIM_DEADLINES(self.client, [key], [repr(now_s), repr(rearm_at_s), left])
             out += [reply_text(m) for m in cast(list[Any], raw)]
         return out
+
+    def unclaim_deadlines(self, execution_ids: Sequence[str], rearm_at_s: float, due_at_s: float) -> int:
+        """Put the deadlines ``due_deadlines`` re-armed to ``rearm_at_s`` back to ``due_at_s``
+        (those not re-armed since); how many were put back."""
+        by_partition: dict[int, list[str]] = {}
+        for eid in execution_ids:
+            by_partition.setdefault(self.ks.partition_of(eid), []).append(eid)
+        taken = 0
+        for p, ids in by_partition.items():
+            taken += int(
+                UNCLAIM_DEADLINES(self.client, [self.ks.deadlines_key(p)], [repr(rearm_at_s), repr(due_at_s), *ids])
+            )
+        return taken
 
     def earliest_deadline(self) -> float | None:
         """The earliest suspension deadline over all partitions (epoch seconds), or None."""
@@ -152,16 +166,24 @@ class KeeperAccess:
                 doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
                 body = follow_up(doc) if follow_up is not None else None
                 pipe.multi()
-                pipe.set(key, strict_json(doc), ex=retention_s)
-                pipe.zrem(running, execution_id)
-                pipe.zadd(ks.status_key(p, "error"), {execution_id: now_s})
-                pipe.expire(ks.events_key(execution_id), retention_s)  # what it published goes with it
-                if body is not None:
-                    pipe.xadd(ks.stream(p), {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: "1"})
+                self._queue_orphaned(pipe, execution_id, doc, now_s, retention_s, body)
                 pipe.execute()
                 return True
             except redis.WatchError:
                 return False
+
+    def _queue_orphaned(
+        self, pipe: Any, execution_id: str, doc: dict[str, Any], now_s: float, retention_s: int, body: Any
+    ) -> None:
+        """The writes of ``mark_orphaned``, queued in its transaction: the ended document, the
+        status indexes, the events' expiry and the follow-up task ``body`` (None: no task)."""
+        ks, p = self.ks, self.ks.partition_of(execution_id)
+        pipe.set(ks.execution_key(execution_id), strict_json(doc), ex=retention_s)
+        pipe.zrem(ks.status_key(p, "running"), execution_id)
+        pipe.zadd(ks.status_key(p, "error"), {execution_id: now_s})
+        pipe.expire(ks.events_key(execution_id), retention_s)  # what it published goes with it
+        if body is not None:
+            pipe.xadd(ks.stream(p), {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: "1"})
 
     @staticmethod
     def _get_or_error(pipe: Any, key: str) -> Any:

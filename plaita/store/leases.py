@@ -93,10 +93,12 @@ class LeaseManager:
         for i, execution_id in enumerate(execution_ids):
             groups.setdefault(self.keyspace.partition_of(execution_id), []).append(i)
         args = [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
+        # Built once per task, each in its tenant's keyspace.
+        lease_keys = [spaces[i].lease_key(execution_id) for i, execution_id in enumerate(execution_ids)]
 
         def build(pipe: Pipeline) -> None:
             for members in groups.values():
-                keys = [k for i in members for k in self._lease_keys(spaces[i], execution_ids[i])]
+                keys = [k for i in members for k in (lease_keys[i], spaces[i].fence_key(execution_ids[i]))]
                 ACQUIRE_MANY.queue(pipe, keys, args)
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
@@ -104,15 +106,11 @@ class LeaseManager:
         out: list[Lease | str] = [""] * len(execution_ids)
         for members, flat in zip(groups.values(), replies, strict=True):
             for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
-                out[i] = self._lease_or_holder(execution_ids[i], ok, value, spaces[i])
+                out[i] = self._lease_or_holder(execution_ids[i], ok, value, lease_keys[i])
         return out
 
     def _space(self, keyspace: Keyspace | None) -> Keyspace:
         return self.keyspace if keyspace is None else keyspace
-
-    @staticmethod
-    def _lease_keys(ks: Keyspace, execution_id: str) -> tuple[str, str]:
-        return ks.lease_key(execution_id), ks.fence_key(execution_id)
 
     def ours(self, execution_id: str, value: str, keyspace: Keyspace | None = None) -> Lease | None:
         """The lease a refusal names when its holder is this very incarnation (``holder:gen``):
@@ -122,11 +120,11 @@ class LeaseManager:
             return None
         return Lease(execution_id, self._space(keyspace).lease_key(execution_id), value, int(value[len(own) :]))
 
-    def _lease_or_holder(self, execution_id: str, ok: object, value: object, ks: Keyspace) -> Lease | str:
+    def _lease_or_holder(self, execution_id: str, ok: object, value: object, key: str) -> Lease | str:
         if int(ok) != 1:  # type: ignore[call-overload]
             return value.decode() if isinstance(value, bytes) else str(value)
         generation = int(value)  # type: ignore[call-overload]
-        return Lease(execution_id, ks.lease_key(execution_id), f"{self.holder}:{generation}", generation)
+        return Lease(execution_id, key, f"{self.holder}:{generation}", generation)
 
     def renew_many(self, leases: list[Lease]) -> list[bool | None]:
         """Compare-and-extend every lease: True = renewed, False = lost, None = not known this

@@ -1,4 +1,5 @@
-"""Queue statistics for operators: stream length, pending, lag, oldest pending age, DLQ length."""
+"""Queue statistics for operators: stream length, pending, lag, oldest pending age, DLQ length;
+and the executions per status of every tenant (``execution_counts``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import redis
 
 from plaita.store.client import is_cluster
 from plaita.store.entries import as_text
+from plaita.store.executions import ExecutionStore
 from plaita.store.keyspace import Keyspace
 from plaita.store.streams import StreamQueue
+
+#: Tenants ``execution_counts`` counts at most (one ZCARD per status and partition each); the
+#: rest are only counted, so a deployment with thousands of tenants still answers at once.
+MAX_TENANTS_COUNTED = 50
 
 #: Counters summed over partitions.
 _SUMMED = ("length", "pending", "dlq_length")
@@ -153,3 +159,16 @@ def stray_streams(client: redis.Redis, ks: Keyspace) -> tuple[dict[str, int], bo
 def _glob_escape(text: str) -> str:
     """``text`` as a literal in a SCAN MATCH pattern."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+
+
+def execution_counts(client: Any, keyspace: Keyspace, max_tenants: int = MAX_TENANTS_COUNTED) -> dict[str, Any]:
+    """Executions per status: the default tenant's (``default``), each tenant's in
+    ``plaita:tenants`` by name (``tenants``, the first ``max_tenants`` sorted) and how many
+    tenants were left out (``tenants_more``)."""
+    store = ExecutionStore(client, keyspace)
+    tenants = store.tenants()
+    return {
+        "default": store.counts(),
+        "tenants": {t: store.for_tenant(t).counts() for t in tenants[:max_tenants]},
+        "tenants_more": max(0, len(tenants) - max_tenants),
+    }

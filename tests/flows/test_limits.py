@@ -102,6 +102,24 @@ def test_a_dead_holders_slot_of_the_same_execution_is_taken_over(h: Harness) -> 
     assert limits(h).holders("gate") == 1
 
 
+def test_the_same_id_in_another_tenant_is_another_execution_for_the_slots(h: Harness) -> None:
+    """Slots are fleet-wide, named per tenant: a slot held for tenant t1's ``g7`` is not the
+    default tenant's ``g7`` (no takeover), so that start waits."""
+    from plaita.flows.limits import slot_member
+    from plaita.tasks import Task
+
+    member = slot_member(Task("1-0", {**start("g7", "gate"), "tenant_id": "t1"}, 1))
+    assert member != "g7"
+    assert take(h, "gate", member, "t1-worker") == TAKEN
+    with pytest.raises(NotForThisWorker):
+        h.run(start("g7", "gate"))
+    assert h.store.get("g7") is None
+    assert limits(h).release("gate", member, "t1-worker")
+    assert h.run(start("g7", "gate"))["status"] == "suspended"  # type: ignore[index]
+    odd = slot_member(Task("2-0", start("t1\x1fg7", "gate"), 1))  # a default id that looks like one
+    assert odd != member
+
+
 def test_an_expired_slot_comes_back(h: Harness, rclient: redis.Redis) -> None:
     """A holder that stopped renewing (killed) leaves a slot whose expiry has passed: the next
     acquire prunes it (and its owner entry) and takes the slot."""
