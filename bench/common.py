@@ -115,7 +115,9 @@ def client_for(url: str, *, socket_timeout_s: float = 10.0) -> redis.Redis:
 class Subprocess:
     """A child in its own session with stderr in a temp file; ``close()`` always reaps it."""
 
-    def __init__(self, args: list[str], *, env: dict[str, str] | None = None, prefix: str = "plaita-bench-") -> None:
+    def __init__(
+        self, args: list[str], *, env: dict[str, str] | None = None, prefix: str = "plaita-bench-", cwd: Path = ROOT
+    ) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix=prefix))
         self.stderr_path = self.dir / "stderr.log"
         full_env = dict(os.environ)
@@ -123,7 +125,7 @@ class Subprocess:
         full_env.update(env or {})
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=self._stderr, env=full_env, cwd=ROOT, start_new_session=True
+            args, stdout=subprocess.DEVNULL, stderr=self._stderr, env=full_env, cwd=cwd, start_new_session=True
         )
         self.pid = self.proc.pid
 
@@ -176,13 +178,18 @@ class WorkerProcess(Subprocess):
         consumer_name: str | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        wrapper: str | None = None,
+        cwd: Path = ROOT,
     ) -> None:
+        """``wrapper``: a module running ``plaita`` (``python -m WRAPPER plaita …``, e.g. the round
+        trip counter ``bench.countrt``); ``cwd``: where ``python -m`` finds ``plaita`` first."""
         self.consumer_name = consumer_name or f"bench-{os.getpid()}-{time.monotonic_ns()}"
         status_dir = Path(tempfile.mkdtemp(prefix="plaita-bench-status-"))
         self.status_path = status_dir / "status.json"
         args = [
             sys.executable,
             "-m",
+            *([wrapper] if wrapper else []),
             "plaita",
             "--log-level",
             "WARNING",
@@ -201,7 +208,7 @@ class WorkerProcess(Subprocess):
             str(self.status_path),
             *(extra_args or []),
         ]
-        super().__init__(args, env=env, prefix="plaita-bench-worker-")
+        super().__init__(args, env=env, prefix="plaita-bench-worker-", cwd=cwd)
         self._status_dir = status_dir
 
     def status(self) -> dict[str, Any] | None:

@@ -81,3 +81,25 @@ def spread(ctx: StepContext) -> object:
 
 
 FLOWS += [kid, fan]
+
+
+# -- the same 3-step no-op flow with ``async def`` steps (``bench/flowcurve.py``) ----------
+noop3_async = Flow("bench-noop3-async")
+
+
+@noop3_async.step
+async def a_async(ctx: StepContext) -> None:
+    pass
+
+
+@noop3_async.step
+async def b_async(ctx: StepContext) -> None:
+    pass
+
+
+@noop3_async.step
+async def c_async(ctx: StepContext) -> None:
+    pass
+
+
+FLOWS += [noop3_async]

@@ -16,6 +16,7 @@ from typing import Any
 
 from plaita.errors import BadTaskError
 from plaita.flows import model
+from plaita.flows.batch import CallBatcher, send
 from plaita.flows.checkpoint import LeaseLostError, call_io
 from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
@@ -71,6 +72,8 @@ class Admission:
         self.flows, self.store, self.handover = flows, store, handover
         self.max_state_bytes = max_state_bytes
         self._clock = clock
+        #: Sends the creates of executions on the caller's loop together (None: one by one).
+        self.batcher: CallBatcher | None = None
         #: Counts a child's ``child`` resume of its parent (``plaita.flows.children``).
         self.on_child: Callable[[Run], Run | None] | None = None
 
@@ -115,9 +118,7 @@ class Admission:
         text = execution.encode()
         if len(text.encode("utf-8")) > self.max_state_bytes:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
-        code, other, cancel = await call_io(
-            offload, self.store.create, eid, task.fencing_token, text, execution.created_at, dedup
-        )
+        code, other, cancel = await self._create(task, text, execution.created_at, dedup, offload)
         if code == 0:
             raise LeaseLostError(f"lease of execution {eid} lost before it was created")
         if code == 2:
@@ -128,6 +129,19 @@ class Admission:
             assert existing is not None  # the script returns code 3 only with a state
             return await self._restart(Run(task, flow, _decoded(self.store, eid, existing), cancel, offload))
         return Run(task, flow, execution, cancel, offload, created=True)
+
+    async def _create(
+        self, task: Task, text: str, now_s: float, dedup: str | None, offload: bool
+    ) -> tuple[int, str, bool]:
+        eid, generation = task.execution_id, task.fencing_token
+        if not self.store.registered:  # a tenant's first create registers the tenant first
+            created: tuple[int, str, bool] = await call_io(
+                offload, self.store.create, eid, generation, text, now_s, dedup
+            )
+            return created
+        call = self.store.create_call(eid, generation, text, now_s, dedup)
+        created = await send(call, offload=offload, batcher=self.batcher)
+        return created
 
     async def _restart(self, run: Run) -> Run | None:
         execution, eid = run.execution, run.task.execution_id

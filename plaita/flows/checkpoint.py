@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plaita.errors import ConfigError, PlaitaError
+from plaita.flows.batch import CallBatcher, send
 from plaita.flows.validate import StepOutputError
 from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.staged import MAX_SECONDS
@@ -34,11 +35,13 @@ class Checkpointer:
     """Writes an execution's document with one fenced call: LeaseLostError when the lease moved
     on, StepOutputError when a staged write Redis would refuse (nothing was written)."""
 
-    def __init__(self, store: ExecutionStore, *, retention_s: int) -> None:
+    def __init__(self, store: ExecutionStore, *, retention_s: int, batcher: CallBatcher | None = None) -> None:
         if not 0 <= retention_s <= MAX_SECONDS:  # EXPIRE must not fail after the state is written
             raise ConfigError(f"retention_s must be between 0 (keep forever) and {MAX_SECONDS} s, got {retention_s}")
         self.store = store
         self.retention_s = retention_s
+        #: Sends the checkpoints of executions on the caller's loop together (None: one by one).
+        self.batcher = batcher
 
     async def write(
         self,
@@ -54,9 +57,7 @@ class Checkpointer:
     ) -> bool:
         """Write ``document`` under the task's lease; True when a cancel is requested."""
         try:
-            ok, cancel = await call_io(
-                offload,
-                self.store.checkpoint,
+            call = self.store.checkpoint_call(
                 task.execution_id,
                 task.fencing_token,
                 document,
@@ -66,6 +67,7 @@ class Checkpointer:
                 retention_s=self.retention_s,
                 staged=staged,
             )
+            ok, cancel = await send(call, offload=offload, batcher=self.batcher)
         except StagedWriteRefused as exc:
             raise StepOutputError("StagedWriteRefused", f"step {step!r}: {exc}; nothing was written") from None
         if not ok:

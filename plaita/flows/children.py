@@ -53,6 +53,13 @@ JOINS_FIELD = "children"
 PARENT_FIELD = "parent"
 
 
+def needs_ending(ex: Execution) -> bool:
+    """Whether ``Children.ended`` has anything to do for ``ex`` (a parent to tell, or children
+    to cancel); a superset of what it acts on, so the caller may skip it when False."""
+    waiting = (ex.suspension or {}).get("children")
+    return isinstance(ex.extra.get(PARENT_FIELD), dict) or (ex.status == "cancelled" and isinstance(waiting, dict))
+
+
 def child_ids(prefix: str, count: int) -> list[str]:
     return [f"{prefix}:{i}" for i in range(count)]
 

@@ -12,9 +12,11 @@ every task is safe to deliver twice); a flow with fleet-wide limits first takes 
 ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
 execution is running.
 One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
-its outcome means (``_succeeded``, ``_suspended``, ``_failed``), and ``_commit`` it: seal it
-(the ``error`` execution replaces one that cannot be written), write it (``checkpoint``), make
-it the run's, then tell the observers and, when it ended the execution, the flow's hooks.
+its outcome means (``_succeeded`` here; ``_suspended``, ``_sleep``, ``_failed`` in
+``plaita.flows.waits``), and ``_commit`` it: seal it (the ``error`` execution replaces one that
+cannot be written), write it (``checkpoint``; on the caller's loop batched with the other
+executions' calls, ``plaita.flows.batch``), make it the run's, then tell the observers and,
+when it ended the execution, the flow's hooks.
 """
 
 from __future__ import annotations
@@ -26,48 +28,40 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S
 from plaita.errors import NotForThisWorker
 from plaita.flows import model
-from plaita.flows.admit import Admission, Run
-from plaita.flows.checkpoint import Checkpointer, LeaseLostError, call_io
-from plaita.flows.children import Children
-from plaita.flows.context import Resume, Sleep, Spawn, StepContext, Suspend
+from plaita.flows.admit import Run
+from plaita.flows.batch import CallBatcher
+from plaita.flows.checkpoint import LeaseLostError, call_io
+from plaita.flows.children import Children, needs_ending
+from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.events import publisher
-from plaita.flows.execution import Execution, describe_exception, error_doc, error_from_exception, sealed
+from plaita.flows.execution import Execution, error_doc, sealed
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
 from plaita.flows.limits import FlowLimits
+from plaita.flows.scopes import Scope, ScopeParts, TenantScopes
 from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.flows.validate import StepOutputError
+from plaita.flows.waits import StepWaits
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
+from plaita.store.calls import batchable
 from plaita.store.executions import ExecutionStore, Staged
 from plaita.store.flow_limits import FlowLimitStore
 from plaita.tasks import CancelFlag, Task
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)  # plaita.flows.waits logs under this name too
 
-#: Tenants whose parts (admission, checkpoints, children) one runner keeps before starting over.
-MAX_TENANT_SCOPES = 1024
 #: Checkpoint status -> the execution event observers are told (``running`` is no event).
 _STATUS_EVENTS = {"suspended": "suspended", "completed": "completed", "error": "failed", "cancelled": "cancelled"}
 
 
-@dataclass(frozen=True)
-class _Scope:
-    """One tenant's admission, checkpoints and children, each on that tenant's store."""
-
-    admission: Admission
-    checkpoints: Checkpointer
-    children: Children
-
-
-class FlowRunner:
+class FlowRunner(StepWaits):
     """A handler (``runner(task)``) running the flows of ``flows`` on ``store``.
 
     Called from a handler thread it runs ``async def`` steps on a per-thread event loop;
@@ -93,45 +87,32 @@ class FlowRunner:
         self.store = store
         self.max_state_bytes = max_state_bytes
         self._observers: list[ExecutionObserver] = [] if observer is None else [observer]
-        self._retention_s = retention_s
         self._rng = rng or random.Random()
         self._clock = clock
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
+        #: On the caller's loop (``run_async``) creates and checkpoints go out in batches.
+        self._batcher = CallBatcher() if batchable(store.client) else None
         #: Spans of tasks and steps: ``tracer_provider`` (OpenTelemetry), else the global one, if any.
         self._tracing = Tracing(tracer_provider)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = Handover(store.client, store.ks.queue)
         #: The default tenant's parts; another tenant's (``_scope``) are made on its first task.
-        self._default = self._new_scope(store)
-        self._admission, self._checkpoints, self._children = (
-            self._default.admission,
-            self._default.checkpoints,
-            self._default.children,
-        )
-        self._scopes: dict[str, _Scope] = {}
+        parts = ScopeParts(self.flows, self.handover, max_state_bytes, retention_s, clock, self._batcher)
+        self._scopes = TenantScopes(store, parts)
+        default = self._scopes.default
+        self._admission, self._checkpoints, self._children = default.admission, default.checkpoints, default.children
         #: Flow limits (``max_concurrent``, ``max_starts_per_s``); slots live as long as leases.
         self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), ttl_s=slot_ttl_s, rng=self._rng)
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
 
-    def _new_scope(self, store: ExecutionStore) -> _Scope:
-        admission = Admission(self.flows, store, self.handover, max_state_bytes=self.max_state_bytes, clock=self._clock)
-        children = Children(store)
-        admission.on_child = children.noted
-        return _Scope(admission, Checkpointer(store, retention_s=self._retention_s), children)
-
-    def _scope(self, task: Task) -> _Scope:
+    def _scope(self, task: Task) -> Scope:
         """The parts working on ``task``'s tenant's store (its body's ``tenant_id``)."""
-        if not task.tenant_id:
-            return self._default
-        store = self.store.of(task)
-        scope = self._scopes.get(store.ks.ns)
-        if scope is None:
-            if len(self._scopes) >= MAX_TENANT_SCOPES:  # bounded: tenant ids come from task bodies
-                self._scopes.clear()
-            scope = self._scopes[store.ks.ns] = self._new_scope(store)
-        return scope
+        return self._scopes.of(task)
+
+    def _children_for(self, task: Task) -> Children:
+        return self._scope(task).children
 
     # -- entry points --------------------------------------------------------------------
     def __call__(self, task: Task) -> None:
@@ -170,6 +151,8 @@ class FlowRunner:
         """Stop the cancel watcher and close the per-thread loops (call once no task runs)."""
         self._watch.stop()
         self._limits.close()
+        if self._batcher is not None:
+            self._batcher.stop()
         with self._loops_lock:
             loops, self._loops = self._loops, []
         for loop in loops:
@@ -316,71 +299,6 @@ class FlowRunner:
         done = ex.step_done(step.name, value, ctx.state, following, ctx.attempt, started_s, now_s)
         await self._commit(run, done, step=step, staged=ctx.staged, output=True)
 
-    async def _suspended(self, run: Run, step: Step, ctx: StepContext, value: Suspend, started_s: float) -> None:
-        now_s = self._clock()
-        if isinstance(value, Sleep):
-            await self._sleep(run, step, ctx, value, started_s, now_s)
-            return
-        deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
-        ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s)
-        if isinstance(value, Spawn):  # start its children (plaita.flows.children), then wait on them
-            ex = await call_io(run.offload, self._scope(run.task).children.spawn, run, step.name, value, ex)
-            if ex.status == "running":  # every child had ended already (a re-run step): joined
-                await self._commit(run, ex, step=step, staged=ctx.staged, output=True)
-                return
-        pending = run.pending
-        if pending is not None:  # a resume arrived before this suspension: apply it now
-            await self._commit(run, ex.resumed(*pending), step=step, staged=ctx.staged, output=True)
-            run.pending = None
-            return
-        await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
-        if isinstance(value, Spawn) and run.execution.status == "suspended":
-            if run.cancel or run.execution.past_deadline(self._clock()):  # end now: cancels the children
-                await self._commit(run, run.execution.cancelled(self._clock()))
-                return
-            joined = await call_io(run.offload, self._scope(run.task).children.settled, run)  # all ended meanwhile?
-            if joined is not None:
-                await self._commit(run, joined)
-
-    async def _sleep(
-        self, run: Run, step: Step, ctx: StepContext, value: Sleep, started_s: float, now_s: float
-    ) -> None:
-        """A durable sleep: a suspension whose deadline (the keeper's ``continue``) runs the next step."""
-        until_s = max(now_s, value.until_s) if value.until_s is not None else now_s + (value.timeout_s or 0.0)
-        index = run.execution.step_index + 1 if ctx.next_step is None else run.flow.index_of(ctx.next_step)
-        if index is None:
-            await self._succeeded(run, step, ctx, None, started_s)  # the unknown step's error, as for a return
-            return
-        following = run.flow.steps[index].name if index < len(run.flow.steps) else None
-        if run.pending is not None:  # a resume that arrived while running does not cut a sleep short
-            logger.info("execution %s: resume %s ignored, the step slept", run.task.execution_id, run.pending[2])
-            run.pending = None
-        ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
-        await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
-
-    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> float | None:
-        """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""
-        if run.task.cancelled.is_set():
-            raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
-        now_s, policy, problem = self._clock(), step.retry, describe_exception(exc)
-        where = f"execution {run.task.execution_id}: step {step.name!r}"
-        retryable = isinstance(exc, StepOutputError) or policy.retryable(exc)
-        if not retryable or attempt >= policy.max_attempts:
-            logger.warning("%s failed for good (attempt %d): %s", where, attempt, problem)
-            error = error_from_exception(step.name, exc, attempt)
-            await self._commit(
-                run, run.execution.failed(step.name, attempt, started_s, now_s, problem, error), step=step
-            )
-            return None
-        delay_s = policy.delay_s(attempt, self._rng)
-        logger.info(
-            "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
-        )
-        await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
-        if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
-            delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
-        return delay_s
-
     # -- the checkpoint and what follows it ------------------------------------------------
     async def _commit(
         self,
@@ -425,7 +343,8 @@ class FlowRunner:
     async def _ended(self, run: Run) -> None:
         """Tell its parent (a child) and cancel its children (cancelled while waiting on them);
         then call the flow's hooks for the execution a checkpoint just ended (each guarded)."""
-        await call_io(run.offload, self._scope(run.task).children.ended, run.execution)
+        if needs_ending(run.execution):  # no thread hop for an execution with no parent nor children
+            await call_io(run.offload, self._scope(run.task).children.ended, run.execution)
         for hook in run.flow.hooks_for(run.execution.status):
             # Called like a step (any BaseException comes back as a value): a hook's bug must not
             # fail a task whose execution is already over.
@@ -455,16 +374,3 @@ class FlowRunner:
         if run.trace is not None:
             run.trace.step_finished(outcome, raised)
         self._tell("step_finished", run.flow.flow_id, step.name, outcome, time.monotonic() - began_s)
-
-    async def _pause(self, run: Run, delay_s: float) -> None:
-        """Wait ``delay_s`` between attempts; LeaseLostError as soon as the lease is lost."""
-        cancelled = run.task.cancelled
-        if not run.offload:
-            lost = cancelled.wait(delay_s)
-        else:
-            deadline_s = time.monotonic() + delay_s
-            while not cancelled.is_set() and (left_s := deadline_s - time.monotonic()) > 0:
-                await asyncio.sleep(min(0.1, left_s))
-            lost = cancelled.is_set()
-        if lost:
-            raise LeaseLostError(f"lease of execution {run.task.execution_id} lost while waiting to retry")

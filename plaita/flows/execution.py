@@ -167,7 +167,7 @@ class Execution:
 
     def to_doc(self) -> dict[str, Any]:
         """The stored document (a new dict; its values are this execution's own)."""
-        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        doc = {name: getattr(self, name) for name in _DOC_FIELDS}
         for name, absent in _ABSENT.items():
             if doc[name] == absent:
                 del doc[name]
@@ -295,10 +295,9 @@ class Execution:
         """``step`` returned ``value``: on to ``next_step`` (index, name), or completed when None."""
         merged = {**state, **value} if isinstance(value, dict) else state
         entry = history_entry(step, attempt, started_s, now_s, "ok")
-        done = self._ran(entry, state=merged, attempt=0, resume=None, results={**self.results, step: value})
-        if next_step is None:
-            return replace(done, status="completed", ended_at=now_s)
-        return replace(done, status="running", step_index=next_step[0], step=next_step[1])
+        ended = {"status": "completed", "ended_at": now_s}  # one replace per step: every checkpoint's path
+        where = ended if next_step is None else {"status": "running", "step_index": next_step[0], "step": next_step[1]}
+        return self._ran(entry, state=merged, attempt=0, resume=None, results={**self.results, step: value}, **where)
 
     def suspended(
         self, step: str, state: dict[str, Any], attempt: int, started_s: float, now_s: float, deadline_s: float | None
@@ -362,6 +361,10 @@ class Execution:
         if self.status != "suspended" or self.suspension is None:
             return True
         return suspension_seq is not None and suspension_seq != self.suspension.get("seq")
+
+
+#: The stored document's fields in order (``to_doc``; ``extra`` merged after them).
+_DOC_FIELDS = tuple(f.name for f in fields(Execution) if f.name != "extra")
 
 
 def sealed(execution: Execution, max_bytes: int, step: str | None, *, output: bool) -> tuple[Execution, str]:

@@ -25,9 +25,14 @@ class StepOutputError(PlaitaError):
         self.kind = kind
 
 
+#: One encoder for every document (``json.dumps`` with options builds a new one per call; a
+#: checkpoint encodes once per step). Stateless between calls, so shared by every thread.
+_STRICT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Strict, compact JSON (ValueError for NaN/Infinity, TypeError for what is not JSON)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _STRICT.encode(value)
 
 
 def json_problem(value: Any) -> str | None:

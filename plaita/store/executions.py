@@ -29,6 +29,7 @@ from typing import Any, cast
 import redis
 
 from plaita.store import scripts
+from plaita.store.calls import ScriptCall
 from plaita.store.client import get_many
 from plaita.store.events import EventAccess
 from plaita.store.execution_docs import UnreadableExecution, checked, reply_text
@@ -75,6 +76,14 @@ MAX_CACHED_TENANTS = 1024
 CHECKPOINT = scripts.script("checkpoint_execution")
 CREATE = scripts.script("create_execution")
 REOPEN = scripts.script("reopen_execution")
+
+
+def _created(reply: list[Any]) -> tuple[int, str, bool]:
+    """CREATE's reply as (code, text, cancel requested), or the wrong-typed key it names."""
+    code, text, cancel = reply
+    if int(code) == 4:
+        raise ExecutionKeyError(reply_text(text), "holds the wrong type")
+    return int(code), reply_text(text), int(cancel) == 1
 
 
 def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
@@ -143,6 +152,16 @@ class ExecutionStore(KeeperAccess, EventAccess):
     ) -> tuple[int, str, bool]:
         """Create the state under the lease: (code, text, cancel requested); see CREATE.
         ExecutionKeyError (nothing written) when one of its keys holds the wrong type."""
+        if not self._registered:  # before the state exists: the keeper must find every tenant's
+            self.client.sadd(TENANTS_KEY, self.ks.tenant)
+            self._registered = True
+        return cast(tuple[int, str, bool], self.create_call(execution_id, generation, state_json, now_s, dedup).run())
+
+    def create_call(
+        self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
+    ) -> ScriptCall:
+        """``create`` as a call to send (alone or in a batch: ``run_calls``); only once this
+        store's tenant is registered (``registered``)."""
         ks, p = self.ks, self.ks.partition_of(execution_id)
         keys = [
             ks.lease_key(execution_id),
@@ -154,13 +173,12 @@ class ExecutionStore(KeeperAccess, EventAccess):
         if dedup:
             keys.append(ks.dedup_key(p, dedup))
         args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
-        if not self._registered:  # before the state exists: the keeper must find every tenant's
-            self.client.sadd(TENANTS_KEY, ks.tenant)
-            self._registered = True
-        code, text, cancel = CREATE(self.client, keys, args)
-        if int(code) == 4:
-            raise ExecutionKeyError(reply_text(text), "holds the wrong type")
-        return int(code), reply_text(text), int(cancel) == 1
+        return ScriptCall(self.client, CREATE, keys, args, _created)
+
+    @property
+    def registered(self) -> bool:
+        """This store's tenant is in ``TENANTS_KEY`` (its creates need no SADD first)."""
+        return self._registered
 
     def checkpoint(
         self,
@@ -180,6 +198,32 @@ class ExecutionStore(KeeperAccess, EventAccess):
         or by the script against the key's current type and value), ExecutionKeyError for a
         wrong-typed index: in both cases nothing was written.
         """
+        call = self.checkpoint_call(
+            execution_id,
+            generation,
+            state_json,
+            status=status,
+            now_s=now_s,
+            deadline_s=deadline_s,
+            retention_s=retention_s,
+            staged=staged,
+        )
+        return cast(tuple[bool, bool], call.run())
+
+    def checkpoint_call(
+        self,
+        execution_id: str,
+        generation: int,
+        state_json: str,
+        *,
+        status: str,
+        now_s: float,
+        deadline_s: float | None = None,
+        retention_s: int = 0,
+        staged: Sequence[Staged] = (),
+    ) -> ScriptCall:
+        """``checkpoint`` as a call to send (alone or in a batch: ``run_calls``); its bad
+        values (deadline, staged writes) are refused here, before anything is sent."""
         if deadline_s is not None and not math.isfinite(deadline_s):
             raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
         ks, p = self.ks, self.ks.partition_of(execution_id)
@@ -198,7 +242,7 @@ class ExecutionStore(KeeperAccess, EventAccess):
             len(staged),
             *plan_staged(staged),
         ]
-        return _checkpointed(cast(list[Any], CHECKPOINT(self.client, keys, args)))
+        return ScriptCall(self.client, CHECKPOINT, keys, args, _checkpointed)
 
     def reopen(self, execution_id: str, generation: int, state_json: str, now_s: float) -> bool:
         """A terminal execution back to ``running`` under the lease (a restart): index, no TTL,

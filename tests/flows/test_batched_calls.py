@@ -1,0 +1,139 @@
+"""Checkpoints and creates sent in one pipeline (``plaita.store.calls.run_calls``, the runner's
+``CallBatcher``) keep every guarantee of a call sent alone: each is fenced on its own (a stale
+writer is refused, the others in its batch are written), each staged write runs exactly once
+(also when Redis lost the scripts: NOSCRIPT re-sends only the calls it refused), and a
+refusal or error reaches only the call it belongs to. Real Redis, real leases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from plaita.flows.batch import CallBatcher
+from plaita.store.calls import ScriptCall, batchable, run_calls
+from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
+from plaita.store.leases import Lease, LeaseManager
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    """Bytes replies, as the worker's client has."""
+    c = redis.Redis.from_url(redis_url, socket_timeout=5)
+    yield c
+    c.close()
+
+
+def created(client: redis.Redis, store: ExecutionStore, eids: list[str]) -> dict[str, int]:
+    """Each execution created (state ``{}``) under a lease of its own: id -> generation."""
+    leases = LeaseManager(client, consumer="batched", ttl_s=30.0)
+    out: dict[str, int] = {}
+    for eid in eids:
+        lease = leases.acquire(eid)
+        assert isinstance(lease, Lease)
+        assert store.create(eid, lease.generation, "{}", time.time(), None)[0] == 1
+        out[eid] = lease.generation
+    return out
+
+
+def checkpoint(store: ExecutionStore, eid: str, generation: int, n: int, **kw: Any) -> ScriptCall:
+    return store.checkpoint_call(eid, generation, json.dumps({"n": n}), status="running", now_s=time.time(), **kw)
+
+
+def test_one_pipeline_fences_each_call_on_its_own(client: redis.Redis) -> None:
+    store = ExecutionStore(client)
+    gens = created(client, store, ["b1", "b2", "b3"])
+    calls = [
+        checkpoint(store, "b1", gens["b1"], 1, staged=[Staged("incrby", "app:b1", "1")]),
+        checkpoint(store, "b2", gens["b2"] - 1, 1, staged=[Staged("incrby", "app:b2", "1")]),  # a stale writer
+        checkpoint(store, "b3", gens["b3"], 1, staged=[Staged("incrby", "app:b3", "1")]),
+    ]
+    assert batchable(client)
+    assert run_calls(client, calls) == [(True, False), (False, False), (True, False)]
+    assert [store.get(e) for e in ("b1", "b2", "b3")] == [{"n": 1}, {}, {"n": 1}]
+    assert [client.get(f"app:{e}") for e in ("b1", "b2", "b3")] == [b"1", None, b"1"]
+
+
+def test_a_refused_staged_write_fails_only_its_own_call(client: redis.Redis) -> None:
+    store = ExecutionStore(client)
+    gens = created(client, store, ["r1", "r2"])
+    client.rpush("app:r1:list", "x")
+    calls = [
+        checkpoint(store, "r1", gens["r1"], 1, staged=[Staged("incrby", "app:r1:list", "1")]),
+        checkpoint(store, "r2", gens["r2"], 1, staged=[Staged("set", "app:r2", "v")]),
+    ]
+    refused, written = run_calls(client, calls)
+    assert isinstance(refused, StagedWriteRefused)
+    assert written == (True, False)
+    assert store.get("r1") == {} and store.get("r2") == {"n": 1}
+    assert client.get("app:r2") == b"v"
+
+
+def test_noscript_resends_only_the_refused_calls(client: redis.Redis) -> None:
+    """SCRIPT FLUSH between batches (a restarted server): every call of the next batch is
+    refused with NOSCRIPT and sent again once; each INCRBY is applied exactly once."""
+    store = ExecutionStore(client)
+    eids = [f"ns{i}" for i in range(4)]
+    gens = created(client, store, eids)
+    client.script_flush()
+    calls = [checkpoint(store, e, gens[e], 1, staged=[Staged("incrby", "app:ns:count", "1")]) for e in eids]
+    assert run_calls(client, calls) == [(True, False)] * len(eids)
+    assert client.get("app:ns:count") == str(len(eids)).encode()
+
+
+def test_batcher_resolves_each_await_with_its_own_outcome(client: redis.Redis) -> None:
+    store = ExecutionStore(client)
+    eids = [f"cb{i}" for i in range(16)]
+    gens = created(client, store, eids)
+    client.set("app:cb:wrong", "text")
+    batcher = CallBatcher()
+
+    async def all_at_once() -> list[Any]:
+        calls = [checkpoint(store, e, gens[e] + (1 if e == "cb3" else 0), 2) for e in eids]
+        calls.append(checkpoint(store, "cb0", gens["cb0"], 3, staged=[Staged("incrby", "app:cb:wrong", "1")]))
+        return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(all_at_once())
+    finally:
+        batcher.stop()
+    assert outcomes[:16] == [(False, False) if e == "cb3" else (True, False) for e in eids]
+    assert isinstance(outcomes[16], StagedWriteRefused)
+    assert store.get("cb0") == {"n": 2} and store.get("cb3") == {}
+    assert client.get("app:cb:wrong") == b"text"
+
+
+def test_batcher_reports_a_connection_error_to_every_waiting_call(private_redis: Any) -> None:
+    client = redis.Redis.from_url(private_redis.url, socket_timeout=5)
+    store = ExecutionStore(client)
+    gens = created(client, store, ["ce1", "ce2"])
+    calls = [checkpoint(store, e, gens[e], 1) for e in ("ce1", "ce2")]
+    private_redis.kill()
+    batcher = CallBatcher()
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(both())
+    finally:
+        batcher.stop()
+        client.close()
+    assert all(isinstance(o, redis.ConnectionError) for o in outcomes), outcomes
+
+
+def test_a_stopped_batcher_refuses_new_calls(client: redis.Redis) -> None:
+    store = ExecutionStore(client)
+    gens = created(client, store, ["st1"])
+    batcher = CallBatcher()
+    batcher.stop()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(batcher.run(checkpoint(store, "st1", gens["st1"], 1)))
+    assert store.get("st1") == {}
