@@ -82,7 +82,7 @@ def plaita(url: str, *args: str, timeout_s: float = 20.0, queue: str = QUEUE) ->
     )
 
 
-def plaita_many(url: str, commands: list[tuple[str, ...]], timeout_s: float = 30.0) -> list[tuple[int, str, str]]:
+def plaita_many(url: str, commands: list[tuple[str, ...]], timeout_s: float = 60.0) -> list[tuple[int, str, str]]:
     """Run independent CLI commands concurrently; (exit code, stdout, stderr) of each, in order."""
     procs = []
     for args in commands:
@@ -100,9 +100,14 @@ def plaita_many(url: str, commands: list[tuple[str, ...]], timeout_s: float = 30
             )  # fmt: skip
         )
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout_s)
-        results.append((proc.returncode, out, err))
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout_s)
+            results.append((proc.returncode, out, err))
+    finally:  # a timeout fails the test; it must not leave processes and their pipes behind
+        for proc in procs[len(results) :]:
+            proc.kill()
+            proc.communicate(timeout=10)
     return results
 
 
