@@ -2,14 +2,15 @@
 
 One worker process, no-op handler, configurations ``raw`` (``bench/rawloop.py``), ``c1``/``c4``
 (plain bodies at ``--concurrency`` 1/4) and ``c1e``/``c4e`` (bodies with an ``execution_id``:
-leased before they run). Per run: tasks/s and its ratio to the raw loop of the same block, CPU
+leased before they run). Per run: tasks/s and its ratio to the raw loop run just before, CPU
 per task (utime+stime) of the worker and of redis-server, Redis commands per task from ``INFO
 commandstats`` (every command, those run inside scripts included, since ``CONFIG RESETSTAT``
 just before the enqueue) and the worker's round trips per task (``bench.countrt``).
+``--scripts-only``: redis-server CPU of the acquire and release scripts alone, per execution.
 
-``--baseline DIR``: a checkout of another plaita; each round runs a block (raw first, then every
-configuration) for it and for this checkout, alternating which goes first, so both see the same
-machine load and the per-round ratios are what to compare.
+``--baseline DIR``: a checkout of another plaita; each round runs, per configuration, the raw
+loop and then that configuration for it and for this checkout (alternating which goes first), so
+both see the same machine load and the per-round ratios are what to compare.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import redis
 from bench.common import ROOT, Subprocess, WorkerProcess, cpu_seconds, enqueue, start_all, wait_for
 from bench.flowcurve import _source_dir
 from bench.throughput import GROUP, _drain
+from plaita.store import scripts
+from plaita.store.keyspace import DEFAULT
+from plaita.store.leases import FENCE_TTL_S
 from tests.support.redis_server import RedisServer
 
 CONFIGS = {"raw": (0, False), "c1": (1, False), "c4": (4, False), "c1e": (1, True), "c4e": (4, True)}
@@ -114,23 +118,66 @@ def measure(url: str, redis_pid: int, cwd: Path, config: str, tasks: int) -> Run
 
 
 def rounds(args: argparse.Namespace) -> list[Run]:
+    """Per round and configuration: the raw loop, then each tree (alternating which goes first),
+    so a configuration's before and after are measured next to each other and next to the raw
+    loop their ratio is taken against."""
     variants = [("after", ROOT)]
     if args.baseline:
         variants.insert(0, ("before", _source_dir(Path(args.baseline))))
     runs: list[Run] = []
     with RedisServer(persist=False) as server:
         assert server.proc is not None
+
+        def one(name: str, cwd: Path, config: str, round_no: int, raw_rate: float) -> Run:
+            run = measure(server.url, server.proc.pid, cwd, config, args.tasks)  # type: ignore[union-attr]
+            run.variant, run.round_no = name, round_no
+            run.ratio = run.tasks_per_s / raw_rate if raw_rate else 1.0
+            print(json.dumps(asdict(run)), flush=True)
+            runs.append(run)
+            return run
+
         for r in range(args.rounds):
-            for name, cwd in variants if r % 2 == 0 else variants[::-1]:
-                raw_rate = 0.0
-                for config in args.configs:
-                    run = measure(server.url, server.proc.pid, cwd, config, args.tasks)
-                    run.variant, run.round_no = name, r + 1
-                    raw_rate = run.tasks_per_s if config == "raw" else raw_rate
-                    run.ratio = run.tasks_per_s / raw_rate if raw_rate else 0.0
-                    print(json.dumps(asdict(run)), flush=True)
-                    runs.append(run)
+            for i, config in enumerate(c for c in args.configs if c != "raw"):
+                raw = one("raw", ROOT, "raw", r + 1, 0.0)
+                for name, cwd in variants if (r + i) % 2 == 0 else variants[::-1]:
+                    one(name, cwd, config, r + 1, raw.tasks_per_s)
     return runs
+
+
+def _scripts_of(tree: Path) -> tuple[str, str]:
+    """The acquire and release scripts of ``tree``'s plaita, as the server runs them."""
+    lua = tree / "plaita" / "store" / "lua"
+    names = ("acquire_leases-n.lua", "release_leases-n.lua")
+    acquire, release = (scripts.assemble(n, (lua / n).read_text(), scripts.INCLUDES)[0] for n in names)
+    return acquire, release
+
+
+def script_cost(args: argparse.Namespace) -> None:
+    """``--scripts-only``: redis-server CPU per execution of the two lease scripts alone, as the
+    worker calls them (acquire per batch of 128 fresh executions, then release), per tree."""
+    trees = {"after": ROOT, **({"before": Path(args.baseline)} if args.baseline else {})}
+    holder, batch = "worker:bench@0123456789ab", 128
+    with RedisServer(persist=False) as server:
+        assert server.proc is not None
+        client, pid = redis.Redis.from_url(server.url), server.proc.pid
+        shas = {name: [client.script_load(src) for src in _scripts_of(tree)] for name, tree in trees.items()}
+        for r in range(args.rounds):
+            for name in sorted(trees) if r % 2 == 0 else sorted(trees, reverse=True):
+                acquire, release = shas[name]
+                client.flushdb()
+                held, cpu0 = [], cpu_seconds(pid)
+                for lo in range(0, args.tasks, batch):
+                    ids = [f"bench-exec-{i}" for i in range(lo, min(lo + batch, args.tasks))]
+                    keys = [k for e in ids for k in (DEFAULT.lease_key(e), DEFAULT.fence_key(e))]
+                    reply = client.evalsha(acquire, len(keys), *keys, holder, 10_000, FENCE_TTL_S, "worker:bench@")
+                    held.append((keys[0::2], [f"{holder}:{g}" for g in reply[1::2]]))
+                cpu1 = cpu_seconds(pid)
+                for lease_keys, values in held:
+                    client.evalsha(release, len(lease_keys), *lease_keys, *values)
+                cpu2 = cpu_seconds(pid)
+                us = [(b - a) / args.tasks * 1e6 for a, b in ((cpu0, cpu1), (cpu1, cpu2))]
+                print(f"round {r + 1} {name}: acquire {us[0]:.2f}, release {us[1]:.2f} µs per execution", flush=True)
+        client.close()
 
 
 def render(runs: list[Run]) -> str:
@@ -162,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=20_000, help="tasks per run (default 20000)")
     p.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated of {','.join(CONFIGS)}")
+    p.add_argument("--scripts-only", action="store_true", help="redis-server CPU of the lease scripts alone")
     a = p.parse_args(argv)
     a.configs = [c for c in a.configs.split(",") if c]
     if any(c not in CONFIGS for c in a.configs) or a.tasks < 100 or a.rounds < 1:
@@ -174,6 +222,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if args.scripts_only:
+        script_cost(args)
+        return
     runs = rounds(args)
     print(f"\n{args.tasks} tasks per run, {args.rounds} rounds, one consumer process.\n")
     print(render(runs))
