@@ -44,9 +44,9 @@ DEFAULT_REPLY_TIMEOUT_S = 30.0
 _Waiting = tuple[ScriptCall, "asyncio.Future[Any]"]
 
 #: Writes on the wire at once per connection: the calls queued meanwhile go out in one write
-#: as soon as one is answered. Two keep Redis busy while the loop computes the next calls and
-#: still make bigger writes, which ``appendfsync always`` wants (one fsync per server pass):
-#: measured against one and against no limit (docs/benchmarks.md).
+#: as soon as one is answered. Two let Redis work on one while the loop computes the next and
+#: still make the writes big, which ``appendfsync always`` wants (one fsync per server pass);
+#: one and no limit measured within noise of it (docs/benchmarks.md, "Flows over concurrency").
 MAX_WRITES_IN_FLIGHT = 2
 
 
