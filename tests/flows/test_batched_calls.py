@@ -224,3 +224,29 @@ def test_loop_connection_reconnects_after_the_server_dropped_it(client: redis.Re
         batcher.stop()
     assert outcomes[0] == (True, False) and outcomes[-1] == (True, False)
     assert all(isinstance(o, redis.ConnectionError) for o in outcomes[1:-1]) and len(outcomes) <= 3, outcomes
+
+
+def test_loop_connection_sends_a_write_larger_than_the_socket_takes_at_once(client: redis.Redis) -> None:
+    """Documents of several MB: the socket takes part of the write, the rest goes out when it
+    has room, in order, and every call gets its own reply."""
+    store = ExecutionStore(client)
+    eids = ["big1", "big2", "big3"]
+    gens = created(client, store, eids)
+    batcher = CallBatcher(loop_connection=True)
+    blob = "x" * (6 << 20)
+
+    async def big() -> list[Any]:
+        calls = [
+            store.checkpoint_call(e, gens[e], json.dumps({"n": i, "blob": blob}), status="running", now_s=time.time())
+            for i, e in enumerate(eids)
+        ]
+        return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(big())
+    finally:
+        batcher.stop()
+    assert outcomes == [(True, False)] * len(eids)
+    for i, e in enumerate(eids):
+        doc = store.get(e)
+        assert doc is not None and doc["n"] == i and len(doc["blob"]) == len(blob)
