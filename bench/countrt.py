@@ -1,6 +1,8 @@
 """``python -m bench.countrt <module> args…``: run ``<module>`` (e.g. ``plaita``) counting its
 Redis round trips: every ``send_packed_command`` of redis-py is one request written to a socket
-(a pipeline is one), and the count goes to ``$PLAITA_BENCH_RT_FILE`` every 20 ms and at exit."""
+(a pipeline is one), as is every write of a flow runner's loop connection
+(``plaita.store.loop_calls``); the count goes to ``$PLAITA_BENCH_RT_FILE`` every 20 ms and at
+exit."""
 
 from __future__ import annotations
 
@@ -36,9 +38,26 @@ def _flusher(path: Path) -> None:
         threading.Event().wait(0.02)
 
 
+def _count_loop_writes() -> None:
+    """A loop connection's write (``plaita.store.loop_calls``) is one request too; a tree
+    without that module (an older baseline) has none to count."""
+    try:
+        from plaita.store import loop_calls
+    except ImportError:
+        return
+    original = loop_calls._Connection._write
+
+    def counted(self: loop_calls._Connection, data: bytes) -> None:
+        _last[0] = next(_sent) + 1
+        original(self, data)
+
+    loop_calls._Connection._write = counted  # type: ignore[method-assign]
+
+
 def main() -> None:
     path = Path(os.environ["PLAITA_BENCH_RT_FILE"])
     redis.connection.AbstractConnection.send_packed_command = _counted  # type: ignore[method-assign]
+    _count_loop_writes()
     threading.Thread(target=_flusher, args=(path,), daemon=True).start()
     atexit.register(_write, path)
     module, sys.argv = sys.argv[1], sys.argv[1:]

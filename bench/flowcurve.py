@@ -2,7 +2,8 @@
 1..64, sync and ``async def`` steps, with and without ``appendfsync always``: executions/s,
 EVALSHA per step (``INFO commandstats``), commands per step (commands run inside scripts left
 out, as in ``bench/flows.py``) and round trips per step (requests the worker's redis-py wrote to
-a socket, a pipeline being one: ``bench.countrt``).
+a socket, a pipeline being one: ``bench.countrt``), and CPU µs per execution of the worker
+(utime + stime from ``/proc``) and of redis-server (``INFO cpu``) over the drain.
 
 ``--baseline DIR``: a checkout of another plaita (``git worktree add /tmp/base <commit>``); each
 point is measured for it and for this checkout side by side (alternating which runs first), so
@@ -42,6 +43,8 @@ class Point:
     evalsha_per_step: float
     commands_per_step: float
     round_trips_per_step: float
+    worker_cpu_us_per_execution: float = 0.0
+    redis_cpu_us_per_execution: float = 0.0
 
 
 def _source_dir(baseline: Path) -> Path:
@@ -69,8 +72,23 @@ def _round_trips(path: Path) -> int:
         return 0
 
 
-def measure(url: str, cwd: Path, flow_id: str, n: int, concurrency: int) -> tuple[float, float, float, float]:
-    """(executions/s, EVALSHA/step, commands/step, round trips/step) of ``n`` executions."""
+def _worker_cpu_s(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _redis_cpu_s(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+Measured = tuple[float, float, float, float, float, float]
+
+
+def measure(url: str, cwd: Path, flow_id: str, n: int, concurrency: int) -> Measured:
+    """(executions/s, EVALSHA/step, commands/step, round trips/step, worker CPU µs/execution,
+    redis-server CPU µs/execution) of ``n`` executions."""
     client = client_for(url)
     stream = "bench:flowcurve:queue"
     rt_file = Path(tempfile.mkdtemp(prefix="plaita-flowcurve-rt-")) / "count"
@@ -86,16 +104,20 @@ def measure(url: str, cwd: Path, flow_id: str, n: int, concurrency: int) -> tupl
             time.sleep(0.1)  # the counter file is written every 20 ms
             client.config_resetstat()
             rt_before, started = _round_trips(rt_file), time.monotonic()
+            cpu_before = _worker_cpu_s(w.pid), _redis_cpu_s(client)
             _fill(client, stream, flow_id, n)
             if not wait_for(lambda: int(client.zcard(COMPLETED)) >= n, 300, poll_s=0.005):
                 raise RuntimeError(f"bench flowcurve: not done within 300 s: {w.stderr_tail()}")
             elapsed = time.monotonic() - started
+            cpu_after = _worker_cpu_s(w.pid), _redis_cpu_s(client)
             time.sleep(SETTLE_S)
             stats, rt_after = _commandstats(client), _round_trips(rt_file)
     finally:
         client.close()
     steps = n * STEPS
-    return n / elapsed, stats.get("evalsha", 0) / steps, _top_level(stats) / steps, (rt_after - rt_before) / steps
+    worker_us, redis_us = ((a - b) * 1e6 / n for a, b in zip(cpu_after, cpu_before, strict=True))
+    per_step = stats.get("evalsha", 0) / steps, _top_level(stats) / steps, (rt_after - rt_before) / steps
+    return n / elapsed, *per_step, worker_us, redis_us
 
 
 def curve(args: argparse.Namespace) -> list[Point]:
@@ -109,7 +131,7 @@ def curve(args: argparse.Namespace) -> list[Point]:
         with RedisServer(persist=fsync == "always") as server:
             for i, c in enumerate(args.concurrency):
                 for kind in args.steps:
-                    runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _ in variants}
+                    runs: dict[str, list[Measured]] = {name: [] for name, _ in variants}
                     for r in range(args.repeats):
                         order = variants if (i + r) % 2 == 0 else variants[::-1]
                         for name, cwd in order:
@@ -126,8 +148,10 @@ def render(points: list[Point]) -> str:
     by = {(p.variant, p.fsync, p.steps, p.concurrency): p for p in points}
     has_base = any(p.variant == "baseline" for p in points)
     head = "| appendfsync | steps | concurrency | executions/s | EVALSHA/step | commands/step | round trips/step |"
+    head += " worker CPU µs/execution | redis CPU µs/execution |"
     if has_base:
-        head += " baseline executions/s | baseline EVALSHA/step | baseline round trips/step | speed-up |"
+        head += " baseline executions/s | baseline EVALSHA/step | baseline round trips/step |"
+        head += " baseline worker CPU µs/execution | speed-up |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for p in points:
         if p.variant != "after":
@@ -135,13 +159,14 @@ def render(points: list[Point]) -> str:
         fsync = "always" if p.fsync == "always" else "no AOF"
         row = (
             f"| {fsync} | {p.steps} | {p.concurrency} | {p.executions_per_s:,.0f} | {p.evalsha_per_step:.2f} | "
-            f"{p.commands_per_step:.2f} | {p.round_trips_per_step:.2f} |"
+            f"{p.commands_per_step:.2f} | {p.round_trips_per_step:.2f} | {p.worker_cpu_us_per_execution:,.0f} | "
+            f"{p.redis_cpu_us_per_execution:,.0f} |"
         )
         b = by.get(("baseline", p.fsync, p.steps, p.concurrency))
         if b is not None:
             row += (
                 f" {b.executions_per_s:,.0f} | {b.evalsha_per_step:.2f} | {b.round_trips_per_step:.2f} | "
-                f"{p.executions_per_s / b.executions_per_s:.2f}× |"
+                f"{b.worker_cpu_us_per_execution:,.0f} | {p.executions_per_s / b.executions_per_s:.2f}× |"
             )
         lines.append(row)
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from plaita.store.calls import ScriptCall, run_calls
+from plaita.store.loop_calls import LoopCalls, LoopUnsupported, servable
 
 #: Calls one round trip carries at most (more wait for the next one).
 MAX_BATCH = 256
@@ -25,9 +26,12 @@ _Queued = tuple[ScriptCall, asyncio.Future[Any], asyncio.AbstractEventLoop]
 
 
 class CallBatcher:
-    """One daemon thread (started with the first call) sending queued calls in batches."""
+    """One daemon thread (started with the first call) sending queued calls in batches; the
+    calls of a client a loop connection can serve go over that instead (``loop_connection``,
+    ``plaita.store.loop_calls``: no thread hand-offs, batches pipelined)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, loop_connection: bool = True) -> None:
+        self._loop_calls = LoopCalls() if loop_connection else None
         self._cond = threading.Condition()
         self._queued: list[_Queued] = []
         self._stopped = False
@@ -35,6 +39,11 @@ class CallBatcher:
 
     async def run(self, call: ScriptCall) -> Any:
         """``call.run()``, sent with whatever else is queued; raises what the call raised."""
+        if self._loop_calls is not None and servable(call.client):
+            try:
+                return await self._loop_calls.run(call)
+            except LoopUnsupported:  # nothing was sent: the thread sends it, and every later call
+                self._loop_calls = None
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._cond:
@@ -48,7 +57,9 @@ class CallBatcher:
         return await future
 
     def stop(self) -> None:
-        """Send what is queued, then end the thread."""
+        """Send what is queued, then end the thread (and close the loop connections)."""
+        if self._loop_calls is not None:
+            self._loop_calls.stop()
         with self._cond:
             self._stopped = True
             self._cond.notify()

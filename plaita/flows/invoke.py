@@ -12,13 +12,20 @@ so it has to reach the runner as data, whatever Python does with it on the way:
   catches everything: the throw stops there;
 - ``KeyboardInterrupt`` and ``SystemExit`` leaving a task's root would also stop the event loop
   running every other execution; the same root catches them.
+
+An ``async def`` step's first stretch (up to its first real wait) runs at once, in a context of
+its own as a task would: nothing can be thrown into code that has not awaited yet. Only a step
+that does wait goes on in a task of its own, from where it stopped; a step that never waits
+(most steps that only compute) costs no task and no turn of the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +53,39 @@ async def _settle(awaitable: Awaitable[Any]) -> Attempt:
         return Attempt(raised=exc)
 
 
+@types.coroutine
+def _continued(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    """The rest of ``coro`` once its first stretch yielded ``yielded``: what ``yield from coro``
+    would do from there (what the driving task sends or throws in goes on to ``coro``)."""
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # noqa: B036 - thrown in by the task: a cancel, a future's exception
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
 async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
-    """Await a step's coroutine as a task of its own (see the module docstring)."""
-    return await asyncio.ensure_future(_settle(awaitable))
+    """Await a step's coroutine: its first stretch here, the rest (if it waits) as a task of
+    its own (see the module docstring)."""
+    if not isinstance(awaitable, types.CoroutineType):  # another awaitable: a task from the start
+        return await asyncio.ensure_future(_settle(awaitable))
+    context = contextvars.copy_context()
+    try:
+        yielded = context.run(awaitable.send, None)
+    except StopIteration as stop:
+        return Attempt(stop.value)
+    except BaseException as exc:  # noqa: B036 - the step's own raise: a failed attempt
+        return Attempt(raised=exc)
+    rest = _settle(_continued(awaitable, yielded))
+    return await asyncio.get_running_loop().create_task(rest, context=context)
 
 
 async def invoke(

@@ -66,6 +66,9 @@ class Operations:
         self._server_checked = False
         self._server_check_due = False
         self._task_counters: dict[str, Any] = {}
+        #: Labelled children of the per-execution and per-step metrics, looked up once each.
+        self._execution_counters: dict[tuple[str, str], Any] = {}
+        self._step_histograms: dict[tuple[str, str, str], Any] = {}
         #: Set for a flow worker: the suspended-executions gauge is sampled with the queue's.
         self.executions: ExecutionStore | None = None
         #: The alert webhook's events (``--alert-webhook``), or None.
@@ -176,10 +179,18 @@ class Operations:
 
     # -- ExecutionObserver -----------------------------------------------------------------
     def execution_event(self, flow_id: str, event: str) -> None:
-        self.metrics.executions.labels(flow=flow_id, event=event).inc()
+        child = self._execution_counters.get((flow_id, event))
+        if child is None:  # once per flow and event, as for tasks_counted (flows are the loaded ones)
+            child = self._execution_counters[flow_id, event] = self.metrics.executions.labels(flow=flow_id, event=event)
+        child.inc()
 
     def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
-        self.metrics.step_seconds.labels(flow=flow_id, step=step, outcome=outcome).observe(duration_s)
+        key = (flow_id, step, outcome)
+        child = self._step_histograms.get(key)
+        if child is None:  # every step of every execution comes here: labels() once per step and outcome
+            child = self.metrics.step_seconds.labels(flow=flow_id, step=step, outcome=outcome)
+            self._step_histograms[key] = child
+        child.observe(duration_s)
 
     def execution_failed(self, flow_id: str, execution_id: str, error: dict[str, Any] | None) -> None:
         if self.alerts is not None:

@@ -88,12 +88,17 @@ def test_noscript_resends_only_the_refused_calls(client: redis.Redis) -> None:
     assert client.get("app:ns:count") == str(len(eids)).encode()
 
 
-def test_batcher_resolves_each_await_with_its_own_outcome(client: redis.Redis) -> None:
+#: The batcher's two ways: its I/O thread, and the loop's own connection (plaita.store.loop_calls).
+WAYS = pytest.mark.parametrize("loop_connection", [False, True], ids=["thread", "loop"])
+
+
+@WAYS
+def test_batcher_resolves_each_await_with_its_own_outcome(client: redis.Redis, loop_connection: bool) -> None:
     store = ExecutionStore(client)
     eids = [f"cb{i}" for i in range(16)]
     gens = created(client, store, eids)
     client.set("app:cb:wrong", "text")
-    batcher = CallBatcher()
+    batcher = CallBatcher(loop_connection=loop_connection)
 
     async def all_at_once() -> list[Any]:
         calls = [checkpoint(store, e, gens[e] + (1 if e == "cb3" else 0), 2) for e in eids]
@@ -110,13 +115,14 @@ def test_batcher_resolves_each_await_with_its_own_outcome(client: redis.Redis) -
     assert client.get("app:cb:wrong") == b"text"
 
 
-def test_batcher_reports_a_connection_error_to_every_waiting_call(private_redis: Any) -> None:
+@WAYS
+def test_batcher_reports_a_connection_error_to_every_waiting_call(private_redis: Any, loop_connection: bool) -> None:
     client = redis.Redis.from_url(private_redis.url, socket_timeout=5)
     store = ExecutionStore(client)
     gens = created(client, store, ["ce1", "ce2"])
     calls = [checkpoint(store, e, gens[e], 1) for e in ("ce1", "ce2")]
     private_redis.kill()
-    batcher = CallBatcher()
+    batcher = CallBatcher(loop_connection=loop_connection)
 
     async def both() -> list[Any]:
         return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
@@ -129,11 +135,118 @@ def test_batcher_reports_a_connection_error_to_every_waiting_call(private_redis:
     assert all(isinstance(o, redis.ConnectionError) for o in outcomes), outcomes
 
 
-def test_a_stopped_batcher_refuses_new_calls(client: redis.Redis) -> None:
+@WAYS
+def test_a_stopped_batcher_refuses_new_calls(client: redis.Redis, loop_connection: bool) -> None:
     store = ExecutionStore(client)
     gens = created(client, store, ["st1"])
-    batcher = CallBatcher()
+    batcher = CallBatcher(loop_connection=loop_connection)
     batcher.stop()
     with pytest.raises(RuntimeError, match="closed"):
         asyncio.run(batcher.run(checkpoint(store, "st1", gens["st1"], 1)))
     assert store.get("st1") == {}
+
+
+def test_loop_connection_resends_only_the_calls_refused_with_noscript(client: redis.Redis) -> None:
+    """A restarted server's empty script cache, met on the loop connection: each staged INCRBY
+    is applied exactly once, and a stale writer among them is still refused."""
+    store = ExecutionStore(client)
+    eids = [f"lns{i}" for i in range(6)]
+    gens = created(client, store, eids)
+    batcher = CallBatcher(loop_connection=True)
+
+    async def warm_then_flushed() -> list[Any]:
+        await batcher.run(checkpoint(store, eids[0], gens[eids[0]], 1))  # the connection is up
+        client.script_flush()
+        calls = [
+            checkpoint(store, e, gens[e] - (1 if e == "lns2" else 0), 2, staged=[Staged("incrby", "app:lns", "1")])
+            for e in eids
+        ]
+        return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(warm_then_flushed())
+    finally:
+        batcher.stop()
+    assert outcomes == [(False, False) if e == "lns2" else (True, False) for e in eids]
+    assert client.get("app:lns") == str(len(eids) - 1).encode()
+    assert store.get("lns2") == {} and store.get("lns5") == {"n": 2}
+
+
+def test_loop_connection_times_out_a_stalled_server(private_redis: Any) -> None:
+    """No reply within the client's socket_timeout: the waiting call fails with TimeoutError
+    (as a blocking call would) instead of waiting forever; the next call connects anew."""
+    client = redis.Redis.from_url(private_redis.url, socket_timeout=0.5)
+    admin = redis.Redis.from_url(private_redis.url, socket_timeout=5)
+    store = ExecutionStore(client)
+    gens = created(client, store, ["to1"])
+    batcher = CallBatcher(loop_connection=True)
+
+    async def stalled() -> tuple[Any, Any]:
+        await batcher.run(checkpoint(store, "to1", gens["to1"], 1))
+        admin.client_pause(60_000, all=False)  # WRITE: EVALSHA waits, CLIENT UNPAUSE does not
+        try:
+            stuck = await asyncio.gather(batcher.run(checkpoint(store, "to1", gens["to1"], 2)), return_exceptions=True)
+        finally:
+            admin.client_unpause()
+        return stuck[0], await batcher.run(checkpoint(store, "to1", gens["to1"], 3))
+
+    try:
+        stuck, after = asyncio.run(stalled())
+    finally:
+        batcher.stop()
+        admin.close()
+        client.close()
+    assert isinstance(stuck, redis.TimeoutError), stuck
+    assert after == (True, False)
+
+
+def test_loop_connection_reconnects_after_the_server_dropped_it(client: redis.Redis) -> None:
+    """CLIENT KILL of the loop's connection: calls sent on it before the loop saw it close fail
+    as disconnected (nothing is retried blindly), and a later call goes over a new connection."""
+    store = ExecutionStore(client)
+    gens = created(client, store, ["rc1"])
+    batcher = CallBatcher(loop_connection=True)
+
+    async def dropped() -> list[Any]:
+        outcomes: list[Any] = [await batcher.run(checkpoint(store, "rc1", gens["rc1"], 1))]
+        client.client_kill_filter(_type="normal", skipme=True)
+        for n in range(2, 50):  # bounded: one failure at most is expected, then a new connection
+            try:
+                outcomes.append(await batcher.run(checkpoint(store, "rc1", gens["rc1"], n)))
+                return outcomes
+            except redis.ConnectionError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    try:
+        outcomes = asyncio.run(dropped())
+    finally:
+        batcher.stop()
+    assert outcomes[0] == (True, False) and outcomes[-1] == (True, False)
+    assert all(isinstance(o, redis.ConnectionError) for o in outcomes[1:-1]) and len(outcomes) <= 3, outcomes
+
+
+def test_loop_connection_sends_a_write_larger_than_the_socket_takes_at_once(client: redis.Redis) -> None:
+    """Documents of several MB: the socket takes part of the write, the rest goes out when it
+    has room, in order, and every call gets its own reply."""
+    store = ExecutionStore(client)
+    eids = ["big1", "big2", "big3"]
+    gens = created(client, store, eids)
+    batcher = CallBatcher(loop_connection=True)
+    blob = "x" * (6 << 20)
+
+    async def big() -> list[Any]:
+        calls = [
+            store.checkpoint_call(e, gens[e], json.dumps({"n": i, "blob": blob}), status="running", now_s=time.time())
+            for i, e in enumerate(eids)
+        ]
+        return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(big())
+    finally:
+        batcher.stop()
+    assert outcomes == [(True, False)] * len(eids)
+    for i, e in enumerate(eids):
+        doc = store.get(e)
+        assert doc is not None and doc["n"] == i and len(doc["blob"]) == len(blob)
