@@ -22,6 +22,9 @@ Handler = Callable[[Task], object]
 
 #: A task slower than this reports its outcome at once instead of with its chunk.
 _REPORT_EVERY_S = 0.05
+#: Finished tasks a handler thread reports at once at most (one router call: counts, metrics,
+#: in-flight table, settler); fewer at the end of a chunk or when the ack window is full.
+_REPORT_EVERY_TASKS = 32
 #: Exponential moving average weight for handler duration.
 _EWMA_ALPHA = 0.2
 
@@ -197,10 +200,17 @@ class HandlerPool(PoolBase):
         started = clock()
         while True:
             if not slots:
-                if done:  # routed first: their acks are what frees the window
+                if len(done) >= _REPORT_EVERY_TASKS:
                     self._report(done)
                     done = []
-                slots = self._slots.take(self._grant)
+                # More slots without a report while the window has room: a report per grant
+                # would route a chunk in halves or quarters (a grant shrinks with concurrency).
+                slots = self._slots.take(self._grant, block=False)
+                if not slots:
+                    if done:  # routed first: their acks are what frees the window
+                        self._report(done)
+                        done = []
+                    slots = self._slots.take(self._grant)
                 started = clock()
             try:
                 task = chunk.popleft()
