@@ -19,6 +19,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,15 +67,32 @@ class Run:
     calls: dict[str, float]
 
 
-def _drain(client: redis.Redis, stream: str, total: int, proc: Subprocess, timeout_s: float) -> float:
-    """Wait until nothing is left in the stream or pending; the seconds it took."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout_s
+def _arrival(client: redis.Redis, stream: str) -> tuple[threading.Thread, list[float]]:
+    """A thread noting when the stream first holds entries: the moment the enqueue's EXEC ran
+    (all at once), well before the producer has parsed the replies (the consumer is at work then)."""
+    seen: list[float] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while not seen and time.monotonic() < deadline:
+            if int(client.xlen(stream)) > 0:
+                seen.append(time.monotonic())
+                return
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+def _drain(client: redis.Redis, stream: str, proc: Subprocess, timeout_s: float) -> float:
+    """Wait until nothing is left in the stream or pending; when that was (monotonic)."""
+    deadline = time.monotonic() + timeout_s
     while True:
         if not proc.alive():
             raise RuntimeError(f"consumer exited: {proc.stderr_tail()}")
         if int(client.xlen(stream)) == 0 and group_pending(client, stream, GROUP) == 0:
-            return time.monotonic() - t0
+            return time.monotonic()
         if time.monotonic() > deadline:
             raise RuntimeError(f"not drained after {timeout_s} s: {proc.stderr_tail()}")
         time.sleep(POLL_S)
@@ -92,8 +110,10 @@ def _measure(
         time.sleep(1.0)  # attached before the tasks arrive
     calls0 = _calls(client)
     cpu0, rcpu0, sys0 = cpu_seconds(proc.pid), cpu_seconds(redis_pid), _sys_seconds(proc.pid)
+    watcher, arrived = _arrival(redis.Redis(connection_pool=client.connection_pool), stream)
     enqueue(client, stream, total, atomic=True)
-    seconds = _drain(client, stream, total, proc, timeout_s=600)
+    watcher.join(60)
+    seconds = _drain(client, stream, proc, timeout_s=600) - arrived[0]
     worker_us = (cpu_seconds(proc.pid) - cpu0) / total * 1e6
     redis_us = (cpu_seconds(redis_pid) - rcpu0) / total * 1e6
     sys_us = (_sys_seconds(proc.pid) - sys0) / total * 1e6
