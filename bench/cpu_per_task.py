@@ -50,6 +50,18 @@ def _sys_seconds(pid: int) -> float:
     return int(text[text.rindex(")") + 2 :].split()[12]) / os.sysconf("SC_CLK_TCK")
 
 
+def _switches(pid: int) -> int:
+    """Context switches of every thread of ``pid`` so far (voluntary: a wait, a lock, the GIL)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:
+            continue  # a thread that just ended
+        total += sum(int(ln.split()[1]) for ln in lines if ln.endswith("ctxt_switches") or "ctxt_switches:" in ln)
+    return total
+
+
 def _calls(client: redis.Redis) -> dict[str, int]:
     stats = client.info("commandstats")
     return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in COUNTED}
@@ -110,6 +122,7 @@ def _measure(
         time.sleep(1.0)  # attached before the tasks arrive
     calls0 = _calls(client)
     cpu0, rcpu0, sys0 = cpu_seconds(proc.pid), cpu_seconds(redis_pid), _sys_seconds(proc.pid)
+    switches0 = _switches(proc.pid)
     watcher, arrived = _arrival(redis.Redis(connection_pool=client.connection_pool), stream)
     enqueue(client, stream, total, atomic=True)
     watcher.join(60)
@@ -118,6 +131,7 @@ def _measure(
     redis_us = (cpu_seconds(redis_pid) - rcpu0) / total * 1e6
     sys_us = (_sys_seconds(proc.pid) - sys0) / total * 1e6
     calls = {k: (v - calls0[k]) / total for k, v in _calls(client).items()}
+    calls["switches"] = (_switches(proc.pid) - switches0) / total
     calls["exec"] -= 1 / total  # the enqueue's
     if spier is not None:
         spier.send_signal(signal.SIGINT)
