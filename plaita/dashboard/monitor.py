@@ -19,9 +19,8 @@ from typing import Any
 
 from plaita.dashboard.probe import MAX_PROBED, probe, probe_address
 from plaita.store.errors import cause, is_redis_failure
-from plaita.store.executions import ExecutionStore
 from plaita.store.fleet import list_workers
-from plaita.store.stats import stream_stats_or_empty
+from plaita.store.stats import execution_counts, stream_stats_or_empty
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -125,6 +124,7 @@ class FleetMonitor:
         self._workers: list[dict[str, Any]] = []
         self._stats: dict[str, Any] | None = None
         self._executions: dict[str, int] | None = None
+        self._tenants: dict[str, Any] = {"tenants": {}, "more": 0}
         self._outage: Outage | None = None
         self._probed: dict[str, dict[str, Any]] = {}
         self._sampled_at_s: float | None = None
@@ -170,7 +170,7 @@ class FleetMonitor:
         try:
             workers = list_workers(self.queue.client)
             stats = read_stats(self.queue)
-            executions = self._execution_counts()
+            counted = self._execution_counts()
         except Exception as exc:
             if not is_redis_failure(exc):
                 raise
@@ -180,17 +180,20 @@ class FleetMonitor:
             if self._outage is not None:
                 logger.info("Redis answers again after %.1f s", now_s - self._outage.since_s)
             self._workers, self._stats, self._outage = workers, stats, None
-            self._executions = executions
+            self._executions = counted["default"] if counted else None
+            if counted:
+                self._tenants = {"tenants": counted["tenants"], "more": counted["tenants_more"]}
             self._probed = {}
             self._sampled_at_s = now_s
             self.throughput.observe(now_s, workers)
         self._in_outage.clear()
 
-    def _execution_counts(self) -> dict[str, int] | None:
-        """Executions by status, or None when the ACL user may not count them (rules from before
-        the executions tab): the fleet and queue figures are still worth showing."""
+    def _execution_counts(self) -> dict[str, Any] | None:
+        """Executions by status, the default tenant's and each named tenant's (``execution_counts``),
+        or None when the ACL user may not count them (rules from before the executions tab): the
+        fleet and queue figures are still worth showing."""
         try:
-            return ExecutionStore(self.queue.client, self.queue.keyspace).counts()
+            return execution_counts(self.queue.client, self.queue.keyspace)
         except Exception as exc:
             if cause(exc) != "acl":
                 raise
@@ -235,6 +238,7 @@ class FleetMonitor:
             rows = [_worker_row(w, probed.get(str(w.get("instance_id"))), outage, now_s) for w in self._workers]
             stats = dict(self._stats) if self._stats is not None else None
             executions = dict(self._executions) if self._executions is not None else None
+            tenants = dict(self._tenants)
             points = list(self.throughput.points)
             rate = self.throughput.current()
             sampled_at_s = self._sampled_at_s
@@ -253,6 +257,7 @@ class FleetMonitor:
             "by_state": by_state,
             "stats": stats,
             "executions": executions,
+            "tenant_executions": tenants,
             "throughput": {
                 "rate": rate,
                 "points": points,

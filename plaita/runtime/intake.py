@@ -126,23 +126,31 @@ class Intake:
             self.inflight.suspect_orphans(lease_ref(t) for t, _ in eager)
             raise
         orphaned: list[tuple[Task, Entry]] = []
-        for (task, entry), got in zip(eager, leases, strict=True):
-            if isinstance(got, str):
-                if (
-                    retry_own
-                    and self.leases.ours(task.execution_id, got, task.keyspace) is not None
-                    and not self.inflight.runs_execution(lease_ref(task))
-                ):
-                    orphaned.append((task, entry))  # our own lease, yet nothing of it runs here
-                else:
-                    self._refused(task, got)
-                continue
-            task.fencing_token = got.generation
-            assert entry.fields is not None
-            self.inflight.add(InFlight(task, entry.fields, got, now, read_at_s=now))
-            started.append(task)
+        leased: list[InFlight] = []
+        try:
+            for (task, entry), got in zip(eager, leases, strict=True):
+                if isinstance(got, str):
+                    if retry_own and self._orphaned(task, got, leased):
+                        orphaned.append((task, entry))  # our own lease, yet nothing of it runs here
+                    else:
+                        self._refused(task, got)
+                    continue
+                task.fencing_token = got.generation
+                assert entry.fields is not None
+                leased.append(InFlight(task, entry.fields, got, now, read_at_s=now))
+                started.append(task)
+        finally:
+            self.inflight.add_many(leased)  # one lock round for the batch, before any can start
         if orphaned:
             self._release_and_retry(orphaned, now, started)
+
+    def _orphaned(self, task: Task, holder: str, leased: list[InFlight]) -> bool:
+        """The refusal names our own lease, yet no task of that execution runs here (nor was
+        leased earlier in this batch): left by an acquire whose reply was lost."""
+        if self.leases.ours(task.execution_id, holder, task.keyspace) is None:
+            return False
+        ref = lease_ref(task)
+        return not self.inflight.runs_execution(ref) and all(lease_ref(i.task) != ref for i in leased)
 
     def _release_and_retry(self, orphaned: list[tuple[Task, Entry]], now: float, started: list[Task]) -> None:
         """Leases of ours that nothing here runs were left by an acquire whose reply was lost (on a

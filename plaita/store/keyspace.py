@@ -165,6 +165,14 @@ class Keyspace:
     def fence_key(self, name: str) -> str:
         return self.named(FENCE_PREFIX) + self._t(self.partition_of(name)) + name
 
+    def lease_and_fence_keys(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """``lease_key`` and ``fence_key`` of every name. Untagged (or with one partition) each is
+        a fixed prefix + the name: the prefixes are built once for a read batch, not per task."""
+        if self.tagged and self.partitions > 1:
+            return [self.lease_key(n) for n in names], [self.fence_key(n) for n in names]
+        lease, fence = self.lease_prefix(0), self.named(FENCE_PREFIX) + self._t(0)
+        return [lease + n for n in names], [fence + n for n in names]
+
     def execution_key(self, execution_id: str) -> str:
         return self.named(EXECUTION_PREFIX) + self._t(self.partition_of(execution_id)) + execution_id
 

@@ -276,3 +276,16 @@ class TestTenants:
         doc = h.run(body)
         assert doc is not None and doc["status"] == "cancelled"
         assert 'id="execution-status">suspended<' in dash.get("/executions/same").text  # the default's: untouched
+
+    def test_the_overview_counts_each_tenants_executions(self, make_dashboard: MakeDashboard, h: Harness) -> None:
+        h.run(start("d1", "ledger3"))
+        h.run({**start("a1", "ledger3"), "tenant_id": "t1"})
+        h.run({**start("a2", "signup"), "tenant_id": "t1"})
+        dash = make_dashboard()
+        snap = sample(dash)
+        assert snap["executions"]["completed"] == 1, "the default tenant's own counts, as before"
+        assert snap["tenant_executions"]["tenants"]["t1"]["completed"] == 1
+        assert snap["tenant_executions"]["tenants"]["t1"]["suspended"] == 1
+        live = dash.get("/fragment/overview").text
+        row = live.split('data-tenant="t1"', 1)[1].split("</tr>", 1)[0]
+        assert '<td>2</td>' in row and 'href="/executions?status=suspended&amp;tenant=t1">1 suspended<' in row

@@ -40,7 +40,14 @@ class Leases:
         self.asked.append(list(execution_ids))
         if self.fail:
             raise ConnectionError("redis down")
-        return [self.held.get(e) or Lease(e, f"lease:{e}", ME, 7) for e in execution_ids]
+        granted: dict[str, Lease] = {}
+        out: list[Lease | str] = []
+        for e in execution_ids:  # as the script: a second task of one execution sees our value
+            got = self.held.get(e) or (granted[e].value if e in granted else Lease(e, f"lease:{e}", f"{ME}:7", 7))
+            if not isinstance(got, str):
+                granted[e] = got
+            out.append(got)
+        return out
 
     def ours(self, execution_id: str, value: str, keyspace: object = None) -> Lease | None:
         return Lease(execution_id, f"lease:{execution_id}", value, 7) if value.startswith(ME) else None
@@ -136,6 +143,13 @@ def test_our_own_orphan_lease_is_released_and_taken_again(s: Setup) -> None:
     s.leases.held["e1"] = f"{ME}:6"  # an earlier acquire whose reply was lost
     assert s.intake.accept([entry("1-0", {"execution_id": "e1"})]) == 1
     assert s.leases.released == ["e1"] and s.leases.asked == [["e1"], ["e1"]]
+
+
+def test_a_second_task_of_an_execution_in_the_same_batch_waits_and_is_no_orphan(s: Setup) -> None:
+    """Refused with our own value (the first task of the batch has the lease): a conflict."""
+    assert s.intake.accept([entry("1-0", {"execution_id": "e1"}), entry("1-1", {"execution_id": "e1"})]) == 1
+    assert s.started() == ["1-0"] and "1-1" not in s.inflight
+    assert s.leases.released == [] and s.counters.lease_conflicts == 1
 
 
 def test_a_failed_acquire_still_starts_the_plain_tasks_and_suspects_orphans(s: Setup) -> None:

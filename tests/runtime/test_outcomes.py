@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from plaita.runtime.counters import Counters
 from plaita.runtime.inflight import InFlight, InFlightTable
 from plaita.runtime.observer import Observers
-from plaita.runtime.outcomes import ACK, DEAD, HANDBACK, RETRY, Done, Outcome, OutcomeRouter
+from plaita.runtime.outcomes import ACK, DEAD, HANDBACK, RETRY, Done, Outcome, OutcomeRouter, _with_release
 from plaita.store.leases import Lease
 from plaita.tasks import Task
 
@@ -91,6 +92,14 @@ def test_the_lease_is_released_with_the_outcome(setup: Setup) -> None:
     task = setup.read("1-0", lease=Lease("e1", "lease:e1", "me:1", 3))
     setup.route([done(task, Outcome("1-0"))])
     assert setup.sink.outcomes[0].release == ("lease:e1", "me:1")
+
+
+def test_attaching_a_release_copies_every_other_field() -> None:
+    """``_with_release`` passes the fields one by one: a field added to Outcome must be too."""
+    names = [f.name for f in dataclasses.fields(Outcome)]
+    values = {name: f"value of {name}" for name in names}
+    copy = _with_release(Outcome(**values), ("k", "v"))  # type: ignore[arg-type]
+    assert {name: getattr(copy, name) for name in names} == {**values, "release": ("k", "v")}
 
 
 def test_a_hand_back_carries_the_entry_fields_and_without_them_is_a_retry(setup: Setup) -> None:

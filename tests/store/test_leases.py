@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from plaita.store.keyspace import DEFAULT
-from plaita.store.leases import LeaseManager, fenced_set
+from plaita.store.leases import FENCE_TTL_S, Lease, LeaseManager, fenced_set
 from plaita.tasks import Task
 from tests.support.lease_workers import (
     QUEUE,
@@ -250,3 +250,81 @@ def _assert_only_the_successor_writes(client: redis.Redis, run: Run, successor: 
     assert [m.decode() for m, _f in client.xrange(QUEUE)] == [mid]
     assert pending_count(client) == 1
     assert client.get(DEFAULT.lease_key("fz-2")) == successor.value.encode()
+
+
+class TestAcquireScript:
+    """The acquire and release scripts on hostile and leftover keys (one call per batch)."""
+
+    def test_bad_keys_are_refused_one_by_one_and_the_rest_of_the_batch_is_leased(self, bclient: redis.Redis) -> None:
+        """Wrong types, a fence that is no decimal integer and a lease without TTL each refuse
+        their own execution with a '!' reason; the good ones in the same call are leased."""
+        bclient.hset(DEFAULT.lease_key("hash-lease"), "a", "b")
+        bclient.rpush(DEFAULT.fence_key("list-fence"), "1")
+        for i, text in enumerate(("five", "1.5", "-3", "0x10", " 7", "", "1234567890123456")):
+            bclient.set(DEFAULT.fence_key(f"bad-fence-{i}"), text)
+        bclient.set(DEFAULT.lease_key("no-ttl"), "garbage")
+        bad = ["hash-lease", "list-fence", *(f"bad-fence-{i}" for i in range(7)), "no-ttl"]
+        leases = LeaseManager(bclient, consumer="w1", ttl_s=10)
+        got = leases.acquire_many(["good-1", *bad, "good-2"])
+        assert [g.generation for g in (got[0], got[-1]) if not isinstance(g, str)] == [1, 1]
+        reasons = got[1:-1]
+        assert reasons[:2] == ["!wrongtype lease=hash fence=none", "!wrongtype lease=none fence=list"]
+        assert reasons[2:9] == ["!fence is not an integer"] * 7
+        assert reasons[9] == "!no ttl: garbage"
+        assert bclient.type(DEFAULT.lease_key("hash-lease")) == b"hash"  # nothing touched
+        assert bclient.get(DEFAULT.fence_key("bad-fence-0")) == b"five"
+        assert bclient.pttl(DEFAULT.lease_key("no-ttl")) == -1
+        assert bclient.exists(DEFAULT.fence_key("hash-lease"), DEFAULT.lease_key("list-fence")) == 0  # none left
+
+    def test_a_key_of_another_type_is_reported_before_a_holder_or_takeover(self, bclient: redis.Redis) -> None:
+        """The fence of a held or taken-over lease is a hash: a '!' refusal, the lease untouched."""
+        old = LeaseManager(bclient, consumer="w1", ttl_s=10)
+        held = [old.acquire(e) for e in ("by-other", "by-previous")]
+        assert not isinstance(held[0], str) and not isinstance(held[1], str)
+        for e in ("by-other", "by-previous"):
+            bclient.delete(DEFAULT.fence_key(e))
+            bclient.hset(DEFAULT.fence_key(e), "a", "b")
+        restarted = LeaseManager(bclient, consumer="w1", ttl_s=10)
+        assert LeaseManager(bclient, consumer="w2", ttl_s=10).acquire("by-other") == (
+            "!wrongtype lease=string fence=hash"
+        )
+        assert restarted.acquire("by-previous") == "!wrongtype lease=string fence=hash"
+        assert bclient.get(DEFAULT.lease_key("by-previous")) == held[1].value.encode()
+
+    def test_a_second_task_of_an_execution_in_the_same_batch_is_refused_like_ours(self, bclient: redis.Redis) -> None:
+        leases = LeaseManager(bclient, consumer="w1", ttl_s=10)
+        first, second, other = leases.acquire_many(["d", "d", "x"])
+        assert not isinstance(first, str) and first.generation == 1 and second == first.value
+        assert not isinstance(other, str) and other.generation == 1
+        assert bclient.get(DEFAULT.fence_key("d")) == b"1"
+
+    def test_generations_continue_the_fence_and_both_keys_get_their_ttl(self, bclient: redis.Redis) -> None:
+        """A fence left by earlier acquires (or an older worker's INCR) goes on from its value."""
+        bclient.set(DEFAULT.fence_key("e1"), "41")
+        bclient.set(DEFAULT.fence_key("e2"), "007")  # still a decimal integer
+        leases = LeaseManager(bclient, consumer="w1", ttl_s=10)
+        e1, e2 = leases.acquire_many(["e1", "e2"])
+        assert not isinstance(e1, str) and not isinstance(e2, str)
+        assert (e1.generation, e2.generation) == (42, 8)
+        assert bclient.get(DEFAULT.lease_key("e1")) == f"{leases.holder}:42".encode() == e1.value.encode()
+        assert bclient.get(DEFAULT.fence_key("e1")) == b"42"
+        assert 9_000 < bclient.pttl(DEFAULT.lease_key("e1")) <= 10_000
+        assert FENCE_TTL_S - 60 < bclient.ttl(DEFAULT.fence_key("e1")) <= FENCE_TTL_S
+        assert leases.release(e1)
+        assert leases.acquire_many(["e1"])[0] == Lease("e1", DEFAULT.lease_key("e1"), f"{leases.holder}:43", 43)
+
+    def test_release_and_renew_skip_keys_of_other_types_and_other_values(self, bclient: redis.Redis) -> None:
+        """Compare-and-delete and compare-and-extend touch only a lease holding the exact value."""
+        leases = LeaseManager(bclient, consumer="w1", ttl_s=10)
+        mine = leases.acquire("e1")
+        assert not isinstance(mine, str)
+        bclient.hset(DEFAULT.lease_key("e2"), "a", "b")
+        bclient.set(DEFAULT.lease_key("e3"), f"{leases.holder}:9", px=10_000)
+        others = [Lease("e2", DEFAULT.lease_key("e2"), "x", 1), Lease("e3", DEFAULT.lease_key("e3"), "x", 1)]
+        assert leases.renew_many([*others, mine]) == [False, False, True]
+        assert not leases.release(others[0]) and not leases.release(others[1])
+        assert bclient.type(DEFAULT.lease_key("e2")) == b"hash" and bclient.exists(DEFAULT.lease_key("e3")) == 1
+        assert not leases.release_orphan("e2")
+        assert leases.release_orphan("e3")  # ours, whatever the generation
+        assert leases.release(mine) and not leases.release(mine)
+        assert bclient.exists(DEFAULT.lease_key("e1")) == 0

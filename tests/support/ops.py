@@ -178,12 +178,17 @@ class OpsWorker:
         return self.try_http("/readyz")
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
+        last: list[tuple[int, str] | None] = [None]
+
         def ready() -> bool:
             self.assert_alive()
-            r = self.readyz()
+            last[0] = r = self.readyz()
             return r is not None and r[0] == 200
 
-        wait_until(ready, timeout_s, f"{self.instance_id} /readyz 200")
+        try:
+            wait_until(ready, timeout_s, f"{self.instance_id} /readyz 200")
+        except AssertionError as e:  # say why it was not ready: the reason is the whole diagnosis
+            raise AssertionError(f"{e}; last /readyz reply: {last[0]!r}") from None
 
     # -- files --------------------------------------------------------------------------
     def status(self) -> dict[str, Any] | None:

@@ -2,9 +2,15 @@
 -- A lease held by another holder is refused; one of this consumer's previous incarnation (a
 -- restarted worker with the same stable name) is taken over; one this incarnation already holds
 -- is refused too (a second task of the same execution must wait like on any other worker).
--- A lease or fence key that is not a plaita lease (another type, a fence that is no integer, a
--- value without TTL) is refused with a reply starting with '!': one bad key blocks only its
--- own execution, never the batch.
+-- A lease or fence key that is not a plaita lease (another type, a fence that is no decimal
+-- integer, a value without TTL) is refused with a reply starting with '!': one bad key blocks
+-- only its own execution, never the batch.
+-- Every call inside a script is a command redis-server runs, so the usual execution costs two
+-- (was five: TYPE x2, INCR, EXPIRE, SET): one MGET reads every key of the batch (a key of another
+-- type reads as nil, like an absent one), then SET fence EX and SET lease PX. A key MGET read as
+-- nil is written with NX, which leaves a key of another type alone and so tells the two apart
+-- (see take). TYPE and PTTL run only on the way to a refusal. The fence is read once and written
+-- as one SET EX: the same as INCR + EXPIRE, since a script runs atomically.
 -- KEYS[2i-1]  lease key of execution i
 -- KEYS[2i]    fence counter of execution i
 -- ARGV[1]     holder (worker:{consumer}@{incarnation})
@@ -13,30 +19,87 @@
 -- ARGV[4]     takeover prefix (worker:{consumer}@)
 -- Returns     flat {1, generation | 0, current value or '!why', ...}, one pair per execution
 local out = {}
-local function refuse(why)
-  table.insert(out, 0)
-  table.insert(out, why)
+local lease_ttl, fence_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local takeover, own = ARGV[4], ARGV[1] .. ':'
+local takeover_len, own_len = string.len(takeover), string.len(own)
+-- MGET in slices: unpack of thousands of keys would overflow Lua's C stack.
+local vals = {}
+for first = 1, #KEYS, 1000 do
+  local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 999, #KEYS)))
+  for j = 1, #got do vals[first + j - 1] = got[j] end
 end
-for i = 1, #KEYS, 2 do
-  local lt = redis.call('TYPE', KEYS[i]).ok
-  local ft = redis.call('TYPE', KEYS[i + 1]).ok
-  local cur = nil
-  if lt == 'string' then cur = redis.call('GET', KEYS[i]) end
+-- Lease keys this call wrote: a second task of the same execution in the batch sees our value.
+local written = {}
+
+local function refuse(why)
+  out[#out + 1] = 0
+  out[#out + 1] = why
+end
+
+-- The '!wrongtype' reason when either key holds another type, else nil.
+local function wrongtype(lease_key, fence_key)
+  local lt, ft = redis.call('TYPE', lease_key).ok, redis.call('TYPE', fence_key).ok
   if (lt ~= 'string' and lt ~= 'none') or (ft ~= 'string' and ft ~= 'none') then
-    refuse('!wrongtype lease=' .. lt .. ' fence=' .. ft)
-  elseif ft == 'string' and not tonumber(redis.call('GET', KEYS[i + 1])) then
-    refuse('!fence is not an integer')
-  elseif cur and redis.call('PTTL', KEYS[i]) == -1 then
-    refuse('!no ttl: ' .. string.sub(cur, 1, 100))
-  elseif cur and (string.sub(cur, 1, string.len(ARGV[4])) ~= ARGV[4]
-      or string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. ':') then
-    refuse(cur)
+    return '!wrongtype lease=' .. lt .. ' fence=' .. ft
+  end
+  return nil
+end
+
+-- SET one key; NX unless MGET read it as a string (then it is one, and is overwritten).
+local function put(key, value, known, unit, ttl)
+  if known then return redis.call('SET', key, value, unit, ttl) end
+  return redis.call('SET', key, value, 'NX', unit, ttl)
+end
+
+-- Why execution i's lease is refused, or nil to take it ('cur' and 'fence' as MGET read them).
+local function refusal(lease_key, fence_key, cur, fence)
+  local why = nil
+  if fence and not (string.find(fence, '^%d+$') and string.len(fence) <= 15) then
+    why = '!fence is not an integer'  -- at most 15 digits: the next generation is exact in a double
+  elseif cur and redis.call('PTTL', lease_key) == -1 then
+    why = '!no ttl: ' .. string.sub(cur, 1, 100)
+  elseif cur and (string.sub(cur, 1, takeover_len) ~= takeover or string.sub(cur, 1, own_len) == own) then
+    why = cur
+  end
+  if why and not (cur and fence) then
+    why = wrongtype(lease_key, fence_key) or why  -- a key of another type is reported first
+  end
+  return why
+end
+
+-- Take execution i's lease at generation gen: false (nothing left written) if a key holds
+-- another type. The key MGET could not vouch for is written first, so a failing first write
+-- leaves nothing behind; a failing second one means both were unknown, and the first, which
+-- its NX found absent, is deleted again.
+local function take(lease_key, fence_key, cur, fence, gen)
+  local text = string.format('%d', gen)
+  local value = own .. text
+  local lease_known, fence_known = type(cur) == 'string', type(fence) == 'string'
+  if fence_known and not lease_known then
+    if not put(lease_key, value, false, 'PX', lease_ttl) then return false end
+    put(fence_key, text, true, 'EX', fence_ttl)
   else
-    local gen = redis.call('INCR', KEYS[i + 1])
-    redis.call('EXPIRE', KEYS[i + 1], tonumber(ARGV[3]))
-    redis.call('SET', KEYS[i], ARGV[1] .. ':' .. gen, 'PX', tonumber(ARGV[2]))
-    table.insert(out, 1)
-    table.insert(out, gen)
+    if not put(fence_key, text, fence_known, 'EX', fence_ttl) then return false end
+    if not put(lease_key, value, lease_known, 'PX', lease_ttl) then
+      redis.call('DEL', fence_key)
+      return false
+    end
+  end
+  written[lease_key] = value
+  return true
+end
+
+for i = 1, #KEYS, 2 do
+  local lease_key, fence_key, cur, fence = KEYS[i], KEYS[i + 1], vals[i], vals[i + 1]
+  local why = written[lease_key] or refusal(lease_key, fence_key, cur, fence)
+  local gen = (tonumber(fence) or 0) + 1
+  if why then
+    refuse(why)  -- written: a second task of an execution this call leased, refused like ours
+  elseif take(lease_key, fence_key, cur, fence, gen) then
+    out[#out + 1] = 1
+    out[#out + 1] = gen
+  else
+    refuse(wrongtype(lease_key, fence_key) or '!wrongtype')
   end
 end
 return out

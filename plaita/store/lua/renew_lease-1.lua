@@ -2,8 +2,9 @@
 -- KEYS[1]  lease key
 -- ARGV[1]  the value it must still hold
 -- ARGV[2]  new ttl (ms)
--- Returns  1 extended, 0 lost (another holder, expired, or replaced by a key of another type)
-if redis.call('TYPE', KEYS[1]).ok == 'string' and redis.call('GET', KEYS[1]) == ARGV[1] then
+-- Returns  1 extended, 0 lost (another holder, expired, or replaced by a key of another type:
+--          pcall answers that GET with an error table, which equals no value)
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]))
 end
 return 0
