@@ -180,13 +180,16 @@ class WorkerProcess(Subprocess):
         env: dict[str, str] | None = None,
         wrapper: str | None = None,
         cwd: Path = ROOT,
+        prefix: list[str] | None = None,
     ) -> None:
         """``wrapper``: a module running ``plaita`` (``python -m WRAPPER plaita …``, e.g. the round
-        trip counter ``bench.countrt``); ``cwd``: where ``python -m`` finds ``plaita`` first."""
+        trip counter ``bench.countrt``); ``cwd``: where ``python -m`` finds ``plaita`` first;
+        ``prefix``: a command the interpreter runs under (``valgrind --tool=callgrind …``)."""
         self.consumer_name = consumer_name or f"bench-{os.getpid()}-{time.monotonic_ns()}"
         status_dir = Path(tempfile.mkdtemp(prefix="plaita-bench-status-"))
         self.status_path = status_dir / "status.json"
         args = [
+            *(prefix or []),
             sys.executable,
             "-m",
             *([wrapper] if wrapper else []),

@@ -211,8 +211,13 @@ def _decode_payload(raw: bytes | str) -> Any:
             body = _FAST_DECODER.decode(raw)
         except Exception:  # whatever it refuses, ``json`` decides (and words the reason)
             return _decode_payload_slowly(raw)
-        # It refuses lone surrogates and invalid UTF-8, so only the depth is left to check.
-        if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _depth_over(body, MAX_JSON_DEPTH):
+        # It refuses lone surrogates and invalid UTF-8, so only the depth is left to check; a
+        # payload this short cannot hold that many brackets (most skip the count as well).
+        if (
+            len(raw) > MAX_JSON_DEPTH
+            and raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+            and _depth_over(body, MAX_JSON_DEPTH)
+        ):
             raise BadTaskError(f"payload is nested too deep (more than {MAX_JSON_DEPTH} levels)")
         return body
     return _decode_payload_slowly(raw)

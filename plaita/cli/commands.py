@@ -13,6 +13,9 @@ from plaita.cli.tracing import configure_tracing
 from plaita.config import DEFAULT_REDIS_URL, Settings, environ, redact_url
 from plaita.errors import ConfigError
 
+#: Allocations between two young collections of a worker (CPython's default is 700).
+YOUNG_GC_THRESHOLD = 7000
+
 
 def run_worker(args: argparse.Namespace) -> int:
     """argv -> Settings -> ``plaita.ops.service.run_worker``: the wiring is the Python API's."""
@@ -23,6 +26,10 @@ def run_worker(args: argparse.Namespace) -> int:
     # Everything imported so far lives as long as the process: frozen, the cyclic collector
     # stops re-scanning it every few thousand tasks (a full collection walks every object).
     gc.freeze()
+    # A young collection walks every young object still alive (the tasks in flight, whatever
+    # triggered it): at 700 allocations, one every ~100 no-op tasks cost ~4 % of their CPU.
+    # Cycles are rare here (refcounting frees the rest), so ten times fewer collections lose nothing.
+    gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
     return run(settings, handler=args.handler, flows=args.flows or (), keeper=args.keeper)
 
 

@@ -25,11 +25,15 @@ def observe_many(histogram: Any, values: Sequence[float]) -> None:
         for value in values:
             histogram.observe(value)
         return
-    counts = [0] * len(bounds)
-    for value in values:
-        # observe() counts a value in the first bucket whose upper bound is >= it (the last is +Inf).
-        counts[bisect_left(bounds, value)] += 1
-    for bucket, n in zip(buckets, counts, strict=True):
-        if n:
-            bucket.inc(n)
+    # observe() counts a value in the first bucket whose upper bound is >= it (the last is +Inf).
+    first = bisect_left(bounds, min(values))
+    if first == bisect_left(bounds, max(values)):  # the usual chunk: every value in one bucket
+        buckets[first].inc(len(values))
+    else:
+        counts = [0] * len(bounds)
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        for bucket, n in zip(buckets, counts, strict=True):
+            if n:
+                bucket.inc(n)
     total.inc(sum(values))

@@ -21,9 +21,9 @@ def lease_ref(task: Task) -> LeaseRef:
     return (task.execution_id, task.keyspace) if task.tenant_id else task.execution_id
 
 
-@dataclass
+@dataclass(slots=True)
 class InFlight:
-    """A task read by this worker and not yet settled."""
+    """A task read by this worker and not yet settled (slotted: one is built per task read)."""
 
     task: Task
     fields: dict[str, bytes]

@@ -220,13 +220,15 @@ class Intake:
             )
             self._dead_letter(entry, "max_deliveries", task.body)
             return None
-        home = self.leases.keyspace.home_of_misrouted(entry.message_id, task.body.get("execution_id"))
-        if home is not None:  # its lease and state live in another partition's slot
-            self._misrouted(entry, task, home)
-            return None
-        # Validated by parse_entry: a tenant's task takes its lease in the tenant's namespace.
         ks = self.leases.keyspace
-        task.keyspace = ks.for_tenant(task.tenant_id) if task.tenant_id else ks
+        if ks.partitions > 1:  # only then can an entry sit on the wrong partition
+            home = ks.home_of_misrouted(entry.message_id, task.body.get("execution_id"))
+            if home is not None:  # its lease and state live in another partition's slot
+                self._misrouted(entry, task, home)
+                return None
+        # Validated by parse_entry: a tenant's task takes its lease in the tenant's namespace.
+        tenant = task.tenant_id
+        task.keyspace = ks.for_tenant(tenant) if tenant else ks
         return task
 
     def _misrouted(self, entry: Entry, task: Task, home: int) -> None:

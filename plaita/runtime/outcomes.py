@@ -82,25 +82,34 @@ class OutcomeRouter:
 
     def __call__(self, done: list[Done]) -> None:
         self.observers.tasks_finished([duration_s for _, _, duration_s in done])
+        ids = [task.message_id for task, _, _ in done]
         # Marked settling before the settler can release their leases (see LeaseRenewer).
-        items = self.inflight.begin_settling(task.message_id for task, _, _ in done)
+        items = self.inflight.begin_settling(ids)
         outcomes: list[Outcome] = []
         counts = {"completed": 0, "failed": 0, "dead_lettered": 0, "handed_back": 0}
+        completed = 0
         for (task, outcome, _), item in zip(done, items, strict=True):
-            if item is not None and item.lost:
-                # A successor may own this entry now: acking or releasing would touch its delivery.
-                logger.warning(
-                    "task %s finished after it was handed back or lost its lease; not acked (its successor decides)",
-                    task.message_id,
-                )
-                continue
+            if item is not None:
+                if item.lost:
+                    # A successor may own this entry now: acking or releasing would touch its delivery.
+                    logger.warning(
+                        "task %s finished after it was handed back or lost its lease; not acked (its successor "
+                        "decides)",
+                        task.message_id,
+                    )
+                    continue
+                if item.lease is None and outcome.kind == ACK:  # a plain task done: nothing to add
+                    outcomes.append(outcome)
+                    completed += 1
+                    continue
             outcomes.append(_routed(outcome, item, counts))
+        counts["completed"] += completed
         for name, n in counts.items():
             self.counters.add(name, n)
         # Settler first, then out of the in-flight map: at every instant the id is in one of the
         # two, so no scan of our own pending list can mistake finished work for abandoned work.
         self.settler.put_many(outcomes)
-        self.inflight.pop(task.message_id for task, _, _ in done)
+        self.inflight.pop(ids)
         self.slot_freed.set()
 
 

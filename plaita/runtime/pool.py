@@ -22,6 +22,9 @@ Handler = Callable[[Task], object]
 
 #: A task slower than this reports its outcome at once instead of with its chunk.
 _REPORT_EVERY_S = 0.05
+#: Finished tasks a handler thread reports at once at most (one router call: counts, metrics,
+#: in-flight table, settler); fewer at the end of a chunk or when the ack window is full.
+_REPORT_EVERY_TASKS = 32
 #: Exponential moving average weight for handler duration.
 _EWMA_ALPHA = 0.2
 
@@ -130,8 +133,8 @@ class HandlerPool(PoolBase):
             threading.Thread(target=self._run, name=f"plaita-handler-{i}", daemon=True) for i in range(concurrency)
         ]
         self._lock = threading.Lock()
+        #: Tasks submitted and not yet reported (queued, running or finished on their way to the router).
         self._queued = 0
-        self._running = 0
         self._chunks: list[collections.deque[Task]] = []  # every chunk not yet worked through
 
     def start(self) -> None:
@@ -154,14 +157,21 @@ class HandlerPool(PoolBase):
     def busy(self) -> int:
         """Tasks queued or running."""
         with self._lock:
-            return self._queued + self._running
+            return self._queued
 
     def take_unstarted(self) -> list[Task]:
         """Remove and return every task no handler has started, in stream order."""
+        taken: list[Task] = []
         with self._lock:
-            taken = [task for chunk in self._chunks for task in chunk]
             for chunk in self._chunks:
-                chunk.clear()  # a thread working on it finds it empty and moves on
+                # Popped one by one, as the handlers pop theirs (``popleft`` is atomic): each task
+                # goes either here or to a handler, never to both. A thread working on a chunk
+                # finds it empty and moves on.
+                while chunk:
+                    try:
+                        taken.append(chunk.popleft())
+                    except IndexError:
+                        break
             self._chunks.clear()
             self._queued -= len(taken)
         return sorted(taken, key=lambda t: stream_order(t.message_id))
@@ -179,34 +189,51 @@ class HandlerPool(PoolBase):
             self._work_through(chunk)
 
     def _work_through(self, chunk: collections.deque[Task]) -> None:
-        """Run a chunk's tasks in order, one lock round per task. A finished task counts as
-        running until it is reported, so the drain never sees an idle pool with an outcome
-        still on its way to the settler."""
+        """Run a chunk's tasks in order, with no lock round per task: a task is taken with an
+        atomic ``popleft`` (``take_unstarted`` pops the same way, so each goes to one side only)
+        and counts as queued until it is reported, so ``busy`` never misses a task, and the drain
+        never sees an idle pool with an outcome still on its way to the settler. One clock
+        reading per task: each one ends a task's run and starts the next one's."""
         done: list[Done] = []
         slots = 0  # ack-window slots this thread holds, one per task it may still start
+        handler, clock = self._handler, time.monotonic
+        started = clock()
         while True:
             if not slots:
-                if done:  # routed first: their acks are what frees the window
+                if len(done) >= _REPORT_EVERY_TASKS:
                     self._report(done)
                     done = []
-                slots = self._slots.take(self._grant)
-            with self._lock:
-                if not chunk:
-                    # By identity: deques compare equal by content, and empty ones are all equal.
-                    self._chunks = [c for c in self._chunks if c is not chunk]
-                    break
+                # More slots without a report while the window has room: a report per grant
+                # would route a chunk in halves or quarters (a grant shrinks with concurrency).
+                slots = self._slots.take(self._grant, block=False)
+                if not slots:
+                    if done:  # routed first: their acks are what frees the window
+                        self._report(done)
+                        done = []
+                    slots = self._slots.take(self._grant)
+                started = clock()
+            try:
                 task = chunk.popleft()
-                self._queued -= 1
-                self._running += 1
+            except IndexError:
+                break
             slots -= 1
-            started = time.monotonic()
-            outcome = self._call(task)
-            duration_s = time.monotonic() - started
-            done.append((task, outcome, duration_s))
-            if duration_s > _REPORT_EVERY_S:
+            try:
+                handler(task)
+            except BaseException as exc:  # noqa: B036 - see judge()
+                outcome = judge(task, exc, self._max_deliveries)
+            else:
+                outcome = Outcome(task.message_id)
+            now = clock()
+            done.append((task, outcome, now - started))
+            if now - started > _REPORT_EVERY_S:
                 # A slow task reports at once: its ack must not wait for the rest of the chunk.
                 self._report(done)
                 done = []
+                now = clock()
+            started = now
+        with self._lock:
+            # By identity: deques compare equal by content, and empty ones are all equal.
+            self._chunks = [c for c in self._chunks if c is not chunk]
         if done:
             self._report(done)
         self._slots.give_back(slots)
@@ -218,18 +245,12 @@ class HandlerPool(PoolBase):
             self._on_done(done)
         finally:
             with self._lock:
-                self._running -= len(done)
-                for _, _, duration_s in done:
-                    self._note_duration(duration_s)
+                self._queued -= len(done)
+                m = self.mean_duration_s
+                for _, _, duration_s in done:  # the moving average, folded in task by task
+                    m = duration_s if m is None else m + _EWMA_ALPHA * (duration_s - m)
+                self.mean_duration_s = m
             self._slots.give_back(len(done))
-
-    def _call(self, task: Task) -> Outcome:
-        """Run the handler and say what to do with its message (see ``judge``)."""
-        try:
-            self._handler(task)
-        except BaseException as exc:  # noqa: B036 - see judge()
-            return judge(task, exc, self._max_deliveries)
-        return Outcome(task.message_id)
 
 
 def exception_text(exc: BaseException) -> str:

@@ -102,7 +102,14 @@ class Settler:
     def put_many(self, outcomes: list[Outcome]) -> None:
         """Queue outcomes for the next batch (one lock round for all of them)."""
         # A failed task without a lease to release leaves nothing to tell Redis: it stays pending.
-        wanted = [o for o in outcomes if o.kind != RETRY or o.release is not None]
+        # One pass (no generator per outcome): this runs for every finished task.
+        wanted: list[Outcome] = []
+        waits = False
+        for o in outcomes:
+            if o.kind != RETRY or o.release is not None:
+                wanted.append(o)
+                if o.not_before_s:
+                    waits = True
         if not wanted:
             return
         with self._cond:
@@ -110,20 +117,23 @@ class Settler:
                 return  # after the drain deadline nothing more is acked: it stays pending
             self._open += len(wanted)
             overflow = len(self._pending) + len(wanted) - MAX_UNSETTLED
-            for _ in range(min(max(0, overflow), len(self._pending))):
-                self._pending.popleft()
-                self._open -= 1
-                self._dropped += 1
-                if self._dropped == 1 or self._dropped % 1000 == 0:
-                    logger.warning(
-                        "%d acks dropped during a long outage; those tasks will be redelivered", self._dropped
-                    )
-            if any(o.not_before_s for o in wanted):
+            if overflow > 0:
+                self._drop_oldest(overflow)
+            if waits:
                 self._defer(wanted)
             else:  # no hand-back waits: every outcome goes to the next batch
                 self._pending.extend(wanted)
             if self._phase is not Phase.SENDING:  # wake it only when it may sleep: a notify per task is costly
                 self._cond.notify_all()
+
+    def _drop_oldest(self, overflow: int) -> None:
+        """Drop the ``overflow`` oldest queued outcomes (lock held): a long outage filled the queue."""
+        for _ in range(min(overflow, len(self._pending))):
+            self._pending.popleft()
+            self._open -= 1
+            self._dropped += 1
+            if self._dropped == 1 or self._dropped % 1000 == 0:
+                logger.warning("%d acks dropped during a long outage; those tasks will be redelivered", self._dropped)
 
     # -- the ack window ----------------------------------------------------------------------
     def take(self, n: int, *, block: bool = True) -> int:
@@ -147,18 +157,18 @@ class Settler:
         """Return ``n`` slots: unused ones, or those of finished tasks already routed (``put_many``
         took a slot of its own for each outcome it queued)."""
         if n:
-            with self._cond:
-                self._open -= n
-            self._room_made()
+            self._free(n)
 
     def on_room(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the settler's or a handler's thread) when slots come back after a
         ``take(block=False)`` found none: how an event loop learns it may start tasks again."""
         self._room_listeners.append(listener)
 
-    def _room_made(self) -> None:
-        """Wake whoever waits for slots (lock not held)."""
+    def _free(self, n: int) -> None:
+        """``n`` slots come back; wake whoever waits for slots (one lock round; listeners are
+        called with the lock not held)."""
         with self._cond:
+            self._open -= n
             if not self._room_wanted or self._open >= self.window:
                 return
             self._room_wanted = False
@@ -166,11 +176,13 @@ class Settler:
         for listener in self._room_listeners:
             listener()
 
+    def _room_made(self) -> None:
+        """Wake whoever waits for slots (lock not held)."""
+        self._free(0)
+
     def _confirmed(self, n: int) -> None:
         """``n`` outcomes reached Redis: their slots come back."""
-        with self._cond:
-            self._open -= n
-        self._room_made()
+        self._free(n)
 
     def _defer(self, wanted: list[Outcome]) -> None:
         """Queue ``wanted``, holding those whose ``not_before_s`` is still ahead (lock held)."""

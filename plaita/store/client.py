@@ -12,12 +12,15 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+import hiredis
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import HiredisRespSerializer
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.utils import HIREDIS_AVAILABLE
 
 from plaita.config import (
     SENTINEL_SCHEME,
@@ -39,6 +42,32 @@ Client = redis.Redis
 
 class NotAClusterError(redis.RedisError):
     """A ``redis+cluster://`` URL names a server that is no cluster: waiting will not help."""
+
+
+class _Packer(HiredisRespSerializer):
+    """redis-py's hiredis packer without its per-argument generator.
+
+    redis-py's ``pack`` rebuilds the argument tuple through a generator to turn bytearray and
+    memoryview arguments into bytes, once per argument: for an ack batch (XACK and XDEL, each with
+    every id) that generator cost as much as the packing itself. hiredis packs str, bytes, int
+    and float as they are and refuses anything else with TypeError, so those go the generic way
+    (converted there, or refused with redis-py's DataError): the bytes sent are the same.
+    """
+
+    def pack(self, *args: Any) -> list[bytes]:
+        first = args[0]
+        if isinstance(first, str):
+            args = (*first.encode().split(), *args[1:])
+        elif b" " in first:
+            args = (*first.split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:
+            return cast(list[bytes], super().pack(*args))
+
+
+#: Only where redis-py packs with hiredis itself (an older hiredis leaves it the pure-Python packer).
+_PACKER = _Packer() if HIREDIS_AVAILABLE else None
 
 
 def make_client(
@@ -65,6 +94,8 @@ def make_client(
         return _cluster_client(parse_cluster_url(url), options, tls)
     if url.startswith(f"{SENTINEL_SCHEME}://"):
         return _sentinel_client(parse_sentinel_url(url), options)
+    if _PACKER is not None:
+        options["command_packer"] = _PACKER  # stateless: one for every connection
     return redis.Redis.from_url(url, **options)
 
 

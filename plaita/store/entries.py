@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.errors import PlaitaError
-from plaita.tasks import decode_fields, field_name_bytes
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, field_name_bytes
 
 
 def _raw_reply(response: Any, **_options: Any) -> Any:
@@ -71,11 +71,21 @@ def parse_read(reply: Any) -> list[Entry]:
     entries: list[Entry] = []
     for items in streams:
         for message_id, flat in items:
+            mid = message_id.decode("utf-8", "replace") if type(message_id) is bytes else as_text(message_id)
             if not flat:
-                entries.append(Entry(as_text(message_id), None))
+                entries.append(Entry(mid, None))
                 continue
             if isinstance(flat, dict):  # a client with redis-py's callback (tests' shared client)
                 flat = [x for kv in flat.items() for x in kv]
+            elif (
+                len(flat) == 4
+                and flat[0] == b"payload"
+                and flat[2] == b"schema_version"
+                and type(flat[1]) is bytes
+                and type(flat[3]) is bytes
+            ):  # what every producer writes: ``decode_fields``'s own fast path, without its call
+                entries.append(Entry(mid, {PAYLOAD_FIELD: flat[1], SCHEMA_FIELD: flat[3]}))
+                continue
             fields, problems = decode_fields(flat)
-            entries.append(Entry(as_text(message_id), fields, 1, tuple(problems)))
+            entries.append(Entry(mid, fields, 1, tuple(problems)))
     return entries

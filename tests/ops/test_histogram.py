@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from plaita.ops.histogram import observe_many
@@ -30,3 +31,18 @@ def test_a_chunk_lands_in_the_same_buckets_sum_and_count_as_value_by_value() -> 
     h_one.observe(0.5)
     h_one.observe(0.5)
     assert _samples(many) == _samples(one)
+
+
+def test_a_chunk_in_one_bucket_counts_as_value_by_value() -> None:
+    """The usual chunk (fast handlers: every value in the first bucket) takes one ``inc``."""
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h_one = Histogram("d", "durations", buckets=DURATION_BUCKETS_S, registry=one)
+    h_many = Histogram("d", "durations", buckets=DURATION_BUCKETS_S, registry=many)
+    for chunk in ([1e-6] * 40, [DURATION_BUCKETS_S[2]] * 5, [1e9] * 8, [0.0, 1e-9, 0.0, 1e-7]):
+        observe_many(h_many, chunk)
+        for v in chunk:
+            h_one.observe(v)
+    got, want = _samples(many), _samples(one)
+    # The sum is added per chunk (``sum`` of the chunk), so it may differ in the last bits.
+    assert got.pop(("d_sum", ())) == pytest.approx(want.pop(("d_sum", ())), rel=1e-12)
+    assert got == want

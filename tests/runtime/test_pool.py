@@ -71,3 +71,39 @@ def test_both_pools_report_every_task_and_learn_its_duration(pool_class: type[Ha
         assert pool.mean_duration_s is not None and pool.mean_duration_s >= 0.005
     finally:
         pool.stop()
+
+
+def test_tasks_taken_back_while_handlers_pop_are_either_run_or_taken_never_both() -> None:
+    """``take_unstarted`` and the handler threads pop the same chunks without a lock round per
+    task: every task goes to exactly one side, and ``busy`` ends at 0."""
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def handler(task: Task) -> None:
+        with lock:
+            ran.append(task.message_id)
+
+    reported: list[Done] = []
+
+    def on_done(done: list[Done]) -> None:
+        with lock:
+            reported.extend(done)
+
+    pool = HandlerPool(handler, concurrency=2, max_deliveries=3, on_done=on_done)
+    pool.start()
+    try:
+        for round_ in range(20):
+            ran.clear()
+            reported.clear()
+            ids = [f"{round_}-{i}" for i in range(2000)]
+            pool.submit([Task(mid, {}, 1) for mid in ids])
+            taken = [t.message_id for t in pool.take_unstarted()]
+            assert pool.wait_idle(time.monotonic() + 10, threading.Event())
+            with lock:
+                assert len(ran) == len(set(ran)) and not set(ran) & set(taken)
+                assert sorted(ran + taken) == sorted(ids)
+                assert sorted(t.message_id for t, _, _ in reported) == sorted(ran)
+            assert taken == sorted(taken, key=lambda mid: int(mid.split("-")[1]))  # stream order
+            assert pool.busy == 0
+    finally:
+        pool.stop()
