@@ -26,8 +26,12 @@ def redis_cluster() -> Iterator[ClusterServers]:
 
 
 @pytest.fixture
-def clean_cluster(redis_cluster: ClusterServers) -> ClusterServers:
-    """The shared cluster, whole (every node up) and empty (FLUSHALL on each of its masters)."""
+def clean_cluster(redis_cluster: ClusterServers) -> Iterator[ClusterServers]:
+    """The shared cluster, whole (every node up) and empty (FLUSHALL on each of its masters);
+    the clients the test took from it are closed after it."""
     redis_cluster.heal()
     redis_cluster.flushall()
-    return redis_cluster
+    try:
+        yield redis_cluster
+    finally:
+        redis_cluster.close_clients()

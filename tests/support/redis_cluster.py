@@ -112,6 +112,10 @@ class ClusterServers:
         self.startup_ports: list[int] = []
         #: What each killed master was (id, slots): after the kill no node can tell us.
         self._killed: dict[int, Node] = {}
+        #: Clients handed out by ``client()``, closed by ``close_clients()`` (the fixture's teardown):
+        #: a test that forgets one must not leave an unclosed socket for the collector to find
+        #: (with warnings as errors, its ResourceWarning fails whichever test runs then).
+        self._handed: list[RedisCluster] = []
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -168,6 +172,7 @@ class ClusterServers:
 
     def stop(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL) and remove every temp dir. Safe to call twice."""
+        self.close_clients()
         for server in self.servers.values():
             server.stop()
         self.servers.clear()
@@ -190,7 +195,15 @@ class ClusterServers:
 
     def client(self, **kw: object) -> RedisCluster:
         nodes = [StartupNode("127.0.0.1", p) for p in self.startup_ports]
-        return RedisCluster(startup_nodes=nodes, socket_timeout=5, **kw)  # type: ignore[arg-type]
+        client = RedisCluster(startup_nodes=nodes, socket_timeout=5, **kw)  # type: ignore[arg-type]
+        self._handed.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        """Close every client ``client()`` handed out (closing one twice is harmless)."""
+        handed, self._handed = self._handed, []
+        for client in handed:
+            client.close()
 
     def node_client(self, port: int, timeout_s: float = 1.0) -> redis.Redis:
         """A plain client of one node (not cluster-aware: no redirects followed)."""
