@@ -8,6 +8,7 @@ Every staged INCRBY is applied at most once: a call whose outcome is unknown is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -17,14 +18,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import pytest
 import redis
 
 from plaita.flows.batch import CallBatcher
+from plaita.flows.client import FlowClient
+from plaita.ops.service import start_worker
 from plaita.store import loop_calls
 from plaita.store.calls import ScriptCall
 from plaita.store.executions import ExecutionStore, Staged
 from plaita.store.leases import Lease, LeaseManager
+from tests.support.lease_workers import QUEUE, settings
 from tests.support.proxy import FaultProxy
 from tests.support.redis_server import RedisServer
 
@@ -362,3 +367,58 @@ def test_calls_in_flight_when_the_loop_ends_leave_no_socket_open(client: redis.R
     batcher.stop()
     assert len(conns) == 1 and conns[0].sock.fileno() == -1
     assert int(client.get("app:lf") or 0) <= 1 + len(EIDS)  # those sent ran once at most
+
+
+def test_replies_read_a_byte_at_a_time_each_reach_their_own_call(client: redis.Redis) -> None:
+    """The loop end of a socket pair, its far end played by hand: pipelined replies (an
+    integer, an error, a bulk string, an array, an integer) arriving one byte per read are
+    each matched to the call they answer, in order, and the error reaches only its own."""
+    store, gens = created(client, ["pr1"])
+    template = step(store, "pr1", gens["pr1"], 1)
+    calls = [dataclasses.replace(template, args=[str(i)], parse=lambda r: r) for i in range(5)]
+    replies = b":0\r\n-ERR boom\r\n$5\r\nhello\r\n*2\r\n:1\r\n:2\r\n:4\r\n"
+    near, far = socket.socketpair()
+    near.setblocking(False)
+    far.setblocking(False)
+
+    async def scenario() -> list[Any]:
+        loop = asyncio.get_running_loop()
+        conn = loop_calls._Connection(loop, client, near, 10.0, {})
+        futures = [loop.create_future() for _ in calls]
+        for call, future in zip(calls, futures, strict=True):
+            conn.send(call, future)
+        wanted = sum(len(hiredis.pack_command(("EVALSHA", c.script.sha, 1, *c.keys, *c.args))) for c in calls)
+        received = b""
+        while len(received) < wanted:  # bounded by the bytes the five calls make
+            received += await loop.sock_recv(far, wanted - len(received))
+        for i in range(len(replies)):
+            await loop.sock_sendall(far, replies[i : i + 1])
+            await asyncio.sleep(0)  # one read per byte
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        conn.close()
+        return outcomes
+
+    try:
+        outcomes = asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        far.close()
+    assert outcomes[0] == 0 and outcomes[2] == b"hello" and outcomes[3] == [1, 2] and outcomes[4] == 4, outcomes
+    assert isinstance(outcomes[1], redis.ResponseError) and str(outcomes[1]) == "boom"
+    assert near.fileno() == -1
+
+
+def test_a_stopped_flow_worker_closes_its_loop_connection(private_redis: RedisServer) -> None:
+    """``start_worker(flows=...)`` then ``stop``: the runner's loop connection is closed with
+    it (not left open until the process exits, as an embedding application would see)."""
+    admin = private_redis.client()
+    service = start_worker(settings(private_redis.url, "loopstop", concurrency=2), flows=["tests.chaos.loopflows"])
+    try:
+        flows = FlowClient.from_url(private_redis.url, queue_name=QUEUE, socket_timeout_s=5.0)
+        eids = [flows.start("relay", {"pause_s": 0.0}) for _ in range(3)]
+        assert all(flows.wait(eid, 30)["status"] == "completed" for eid in eids)
+        flows.close()
+        assert loop_connections(admin) >= 1  # the worker's loop connection (and its pool's)
+    finally:
+        assert service.stop(20)
+    wait_until(lambda: loop_connections(admin) == 0, "the worker's connections closed")
+    admin.close()
