@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from typing import Any
 
 from plaita.store.calls import ScriptCall, run_calls
 from plaita.store.loop_calls import LoopCalls, LoopUnsupported, servable
+
+logger = logging.getLogger(__name__)
 
 #: Calls one round trip carries at most (more wait for the next one).
 MAX_BATCH = 256
@@ -42,8 +45,10 @@ class CallBatcher:
         if self._loop_calls is not None and servable(call.client):
             try:
                 return await self._loop_calls.run(call)
-            except LoopUnsupported:  # nothing was sent: the thread sends it, and every later call
-                self._loop_calls = None
+            except LoopUnsupported as exc:  # nothing was sent: the thread sends it, and every later call
+                if self._loop_calls is not None:  # once: the calls that met it at the same time say nothing
+                    logger.warning("flow runner: Redis calls go through a thread, not the loop connection: %s", exc)
+                    self._loop_calls = None
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._cond:

@@ -137,6 +137,7 @@ class WorkerService:
         finally:
             self._stop_keeper(keeper_thread)
             if self.runner is not None:
+                _close_quietly(self.runner)  # its loop connection and cancel watcher: no task runs now
                 _close_quietly(self.runner.store.client)
             self._done.set()
 

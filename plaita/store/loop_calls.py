@@ -18,7 +18,10 @@ for a blocking call); the next call connects anew.
 
 The connection is made by redis-py itself (AUTH, SELECT, CLIENT SETNAME as the client is
 configured), then its socket is handed to asyncio. Only a client this can serve the same way
-(``servable``: not TLS, not RESP3, not a cluster) may be given to it.
+(``servable``: not TLS, not RESP3, not a cluster) may be given to it. Where the redis-py
+installed lacks the private parts this relies on (``BaseParser.parse_error``, a connection's
+``_sock``), ``run`` raises ``LoopUnsupported`` before any call is sent, and the runner's batcher
+sends through its thread instead (with one warning): slower, never wrong.
 """
 
 from __future__ import annotations
@@ -32,11 +35,23 @@ from typing import Any
 
 import hiredis
 import redis
-from redis._parsers.base import BaseParser
 
 from plaita.store.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
+
+#: redis-py internals this relies on (pinned ``redis>=8.0,<9``, but private): where a
+#: redis-py version lacks them, ``run`` raises ``LoopUnsupported`` before anything is sent and
+#: the calls go the thread batcher's way instead of failing.
+_parse_error: Any = None
+try:
+    from redis._parsers.base import BaseParser
+
+    _parse_error = getattr(BaseParser, "parse_error", None)
+except ImportError:  # pragma: no cover - a redis-py without it
+    pass
+#: The attribute of a connected ``redis.Connection`` holding its socket.
+_SOCK_ATTRIBUTE = "_sock"
 
 #: No reply for this long with calls waiting (and no ``socket_timeout`` set): the connection is dropped.
 DEFAULT_REPLY_TIMEOUT_S = 30.0
@@ -59,8 +74,8 @@ class _ReplyError(Exception):
     """An error reply as hiredis hands it over; turned into redis-py's exception (``_error``)."""
 
 
-def _error(reply: _ReplyError) -> redis.RedisError:
-    error: redis.RedisError = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
+def _error(reply: _ReplyError) -> Exception:
+    error: Exception = _parse_error(str(reply))
     return error
 
 
@@ -79,11 +94,11 @@ def _connected_socket(client: redis.Redis) -> socket.socket:
     pool = client.connection_pool
     conn = pool.connection_class(**pool.connection_kwargs)
     conn.connect()
-    sock = getattr(conn, "_sock", None)
-    if not isinstance(sock, socket.socket):
+    sock = getattr(conn, _SOCK_ATTRIBUTE, None)
+    if not isinstance(sock, socket.socket):  # only the handshake was sent: the call may go another way
         conn.disconnect()
-        raise redis.ConnectionError("redis-py gave no plain socket for the loop connection")
-    conn._sock = None  # ours now: the connection object must not shut it down when collected
+        raise LoopUnsupported(f"redis-py {redis.__version__} keeps no socket in Connection.{_SOCK_ATTRIBUTE}")
+    setattr(conn, _SOCK_ATTRIBUTE, None)  # ours now: the connection object must not shut it down when collected
     sock.setblocking(False)
     return sock
 
@@ -170,15 +185,27 @@ class _Connection:
         if not data:
             self._fail(redis.ConnectionError("connection to Redis closed by the server"))
             return
-        self._reader.feed(data)
-        while (reply := self._reader.gets()) is not False:
-            self._progress_s = time.monotonic()
-            call, future = self._waiting.popleft()
+        try:
+            self._reader.feed(data)
+            while (reply := self._reader.gets()) is not False:
+                self._progress_s = time.monotonic()
+                self._answered(reply)
+        except Exception as exc:  # a reply we cannot read or match: the rest of the stream is unusable
+            self._fail(redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
+
+    def _answered(self, reply: Any) -> None:
+        """``reply`` is the oldest waiting call's (the server answers in order)."""
+        if not self._waiting:
+            raise redis.ConnectionError("a reply with no call waiting for it")
+        call, future = self._waiting.popleft()
+        try:
             self._settle(call, future, reply)
-            self._in_flight[0] -= 1
-            if not self._in_flight[0]:
-                self._in_flight.popleft()
-                self._arm_flush()
+        except Exception as exc:  # e.g. an error reply redis-py no longer parses: still that call's
+            _resolve(future, redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
+        self._in_flight[0] -= 1
+        if not self._in_flight[0]:
+            self._in_flight.popleft()
+            self._arm_flush()
 
     def _settle(self, call: ScriptCall, future: asyncio.Future[Any], reply: Any) -> None:
         if isinstance(reply, _ReplyError):
@@ -263,6 +290,8 @@ class LoopCalls:
         """``call.run()``, pipelined with the loop's other calls; raises what the call raised."""
         if self._stopped:
             raise RuntimeError("flow runner closed: no more Redis calls")
+        if _parse_error is None:
+            raise LoopUnsupported(f"redis-py {redis.__version__} has no BaseParser.parse_error")
         loop = asyncio.get_running_loop()
         key = (id(loop), id(call.client))
         conn = self._conns.get(key)
@@ -276,21 +305,23 @@ class LoopCalls:
         """The loop's connection for ``client``: one connect at a time, awaited by every caller."""
         pending = self._connecting.get(key)
         if pending is None:
-            pending = self._connecting[key] = loop.create_task(self._open(loop, client))
+            pending = self._connecting[key] = loop.create_task(self._open(key, loop, client))
             pending.add_done_callback(lambda _: self._connecting.pop(key, None))
-        conn = await asyncio.shield(pending)
-        self._conns[key] = conn
-        return conn
+        return await asyncio.shield(pending)  # stored by ``_open``: also when every caller was cancelled
 
-    async def _open(self, loop: asyncio.AbstractEventLoop, client: redis.Redis) -> _Connection:
+    async def _open(self, key: tuple[int, int], loop: asyncio.AbstractEventLoop, client: redis.Redis) -> _Connection:
         kwargs = client.connection_pool.connection_kwargs
         timeout_s = float(kwargs.get("socket_timeout") or DEFAULT_REPLY_TIMEOUT_S)
         decode: dict[str, Any] = {}
         if kwargs.get("decode_responses"):  # as redis-py's own parser would decode them
             decode = {"encoding": kwargs.get("encoding", "utf-8"), "errors": kwargs.get("encoding_errors", "strict")}
         sock = await asyncio.to_thread(_connected_socket, client)
+        if self._stopped:  # stopped while connecting: ``stop`` did not see this one
+            sock.close()
+            raise RuntimeError("flow runner closed: no more Redis calls")
         try:
-            return _Connection(loop, client, sock, timeout_s, decode)
+            conn = self._conns[key] = _Connection(loop, client, sock, timeout_s, decode)
+            return conn
         except NotImplementedError:
             sock.close()
             raise LoopUnsupported(f"{type(loop).__name__} has no add_reader") from None
