@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 
-echo "== ruff" && .venv/bin/ruff check plaita tests bench
+echo "== ruff" && .venv/bin/ruff check plaita tests bench && .venv/bin/ruff format --check plaita tests bench
 echo "== mypy --strict plaita" && .venv/bin/mypy plaita
 echo "== import layers (lint-imports)" && .venv/bin/lint-imports --no-cache
 echo "== diagrams" && .venv/bin/python -m plaita diagram --check

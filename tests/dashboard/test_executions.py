@@ -288,4 +288,4 @@ class TestTenants:
         assert snap["tenant_executions"]["tenants"]["t1"]["suspended"] == 1
         live = dash.get("/fragment/overview").text
         row = live.split('data-tenant="t1"', 1)[1].split("</tr>", 1)[0]
-        assert '<td>2</td>' in row and 'href="/executions?status=suspended&amp;tenant=t1">1 suspended<' in row
+        assert "<td>2</td>" in row and 'href="/executions?status=suspended&amp;tenant=t1">1 suspended<' in row

@@ -20,8 +20,6 @@ ARGS = ("--flows", "tests.flows.flowdefs", "--claim-min-idle-ms", "2000", "--rec
         "--lease-ttl-seconds", "5", "--max-deliveries", "3", "--read-block-ms", "200")  # fmt: skip
 
 
-
-
 def test_refused_checkpoints_end_in_error_with_nothing_written(
     redis_url: str, flows: FlowClient, tmp_path: Path
 ) -> None:

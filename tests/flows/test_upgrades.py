@@ -30,9 +30,6 @@ V1 = ("--flows", "tests.flows.fleet_v1", *ARGS)
 V2 = ("--flows", "tests.flows.fleet_v2", *ARGS)
 
 
-
-
-
 def steps_log(eid: str) -> list[str]:
     return list(flowdefs.client().lrange(f"plaita:test:up:{eid}", 0, -1))  # type: ignore[arg-type]
 

@@ -28,9 +28,6 @@ FLOW_ARGS = (
 )  # fmt: skip
 
 
-
-
-
 def test_kill9_during_a_step_another_worker_finishes(redis_url: str, flows: FlowClient, tmp_path: Path) -> None:
     eid = flows.start("ledger3", {"sleep_step": "two", "sleep_s": 60})
     with worker_proc(redis_url, tmp_path, "fa", *FLOW_ARGS) as a:
