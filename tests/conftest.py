@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.support.redis_server import RedisServer  # noqa: E402
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """Collect garbage after each test, so a socket or pipe it dropped unclosed fails *that*
+    test (warnings are errors: pytest's own wrapper around this one reports the ResourceWarning
+    at this teardown) instead of whichever test runs when the collector happens to find it."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
