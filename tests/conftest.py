@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,11 +17,12 @@ if str(ROOT) not in sys.path:
 from tests.support.redis_server import RedisServer  # noqa: E402
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
-    """Collect garbage after each test, so a socket or pipe it dropped unclosed fails *that*
-    test (warnings are errors: pytest's own wrapper around this one reports the ResourceWarning
-    at this teardown) instead of whichever test runs when the collector happens to find it."""
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """Collect garbage once the test's own fixtures are torn down (an autouse fixture of the
+    root conftest is set up first, so it is torn down last), so a socket or pipe the test
+    dropped unclosed in a reference cycle fails *that* test (warnings are errors) instead of
+    whichever test runs when the collector happens to find it."""
     yield
     gc.collect()
 
