@@ -15,6 +15,7 @@ from bench.common import ROOT
 from bench.latency import LatencyResult
 from bench.recovery import FAULT_TITLES, FaultResult
 from bench.shutdown import ShutdownResult
+from bench.speed_targets import speed_rows
 from bench.storm import ReclaimResult, StormResult
 from bench.throughput import CONCURRENCIES, PROCESSES, ThroughputResult
 from tests.support.redis_server import redis_server_binary
@@ -171,6 +172,7 @@ class Renderer:
                     why,
                 )
             )
+            rows += speed_rows(tp)
         if self.res.recovery is not None:
             for fr in self.res.recovery:
                 slow = max(fr.trials, key=lambda t: t.recovery_s)
