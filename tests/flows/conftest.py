@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from plaita.flows.client import FlowClient
 from tests.support.lease_workers import QUEUE
@@ -17,3 +18,11 @@ def flows(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlowClien
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
     with FlowClient.from_url(redis_url, queue_name=QUEUE, socket_timeout_s=5.0) as client:
         yield client
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client of the private server with bytes replies, as the worker's client has."""
+    c = redis.Redis.from_url(redis_url, socket_timeout=5)
+    yield c
+    c.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,14 +20,6 @@ from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.leases import Lease, LeaseManager
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    """Bytes replies, as the worker's client has."""
-    c = redis.Redis.from_url(redis_url, socket_timeout=5)
-    yield c
-    c.close()
 
 
 def created(client: redis.Redis, store: ExecutionStore, eids: list[str]) -> dict[str, int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -77,13 +76,6 @@ class Setup:
             staged=staged,
         )
         return ok
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, socket_timeout=5)
-    yield c
-    c.close()
 
 
 def test_control_the_same_checkpoint_without_its_bad_write_lands_whole(client: redis.Redis) -> None:

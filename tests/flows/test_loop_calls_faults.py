@@ -14,7 +14,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,6 @@ from tests.support.proxy import FaultProxy
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, socket_timeout=5)
-    yield c
-    c.close()
 
 
 def created(client: redis.Redis, eids: list[str]) -> tuple[ExecutionStore, dict[str, int]]:
