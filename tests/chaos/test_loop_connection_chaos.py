@@ -17,7 +17,7 @@ from plaita.flows.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.streams import StreamQueue
 from tests.chaos.loopflows import STEPS
-from tests.support.lease_workers import QUEUE, WorkerProc, wait_for, worker_proc
+from tests.support.lease_workers import FAST_RECLAIM_ARGS, QUEUE, WorkerProc, wait_for, worker_proc
 from tests.support.proxy import FaultProxy
 from tests.support.redis_server import RedisServer
 
@@ -29,10 +29,7 @@ FAULT_S = 4.0  # longer than the worker's socket timeout (read block 0.2 s + 1.5
 FLOW_ARGS = (
     "--flows", "tests.chaos.loopflows",
     "--concurrency", str(CONCURRENCY),
-    "--claim-min-idle-ms", "500",
-    "--lease-ttl-seconds", "2",
-    "--reclaim-interval-s", "0.3",
-    "--read-block-ms", "200",
+    *FAST_RECLAIM_ARGS,
 )  # fmt: skip
 
 

@@ -16,17 +16,14 @@ from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.tasks import CancelFlag
 from tests.flows import flowdefs, sleepdefs
 from tests.flows.support import Harness, ledgers, resume, start
-from tests.support.lease_workers import wait_for, worker_proc
+from tests.support.lease_workers import FAST_RECLAIM_ARGS, wait_for, worker_proc
 
 pytestmark = pytest.mark.redis
 
 WORKER_ARGS = (
     "--flows", "tests.flows.flowdefs",
     "--flows", "tests.flows.sleepdefs",
-    "--claim-min-idle-ms", "500",
-    "--lease-ttl-seconds", "2",
-    "--reclaim-interval-s", "0.3",
-    "--read-block-ms", "200",
+    *FAST_RECLAIM_ARGS,
 )  # fmt: skip
 
 

@@ -14,17 +14,14 @@ from plaita.store.executions import ExecutionStore
 from plaita.store.streams import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import dlq, ledgers
-from tests.support.lease_workers import QUEUE, inproc_worker, settings, wait_for, worker_proc
+from tests.support.lease_workers import FAST_RECLAIM_ARGS, QUEUE, inproc_worker, settings, wait_for, worker_proc
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
 FLOW_ARGS = (
     "--flows", "tests.flows.flowdefs",
-    "--claim-min-idle-ms", "500",
-    "--lease-ttl-seconds", "2",
-    "--reclaim-interval-s", "0.3",
-    "--read-block-ms", "200",
+    *FAST_RECLAIM_ARGS,
 )  # fmt: skip
 
 

@@ -36,6 +36,14 @@ from plaita.tasks import Task
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 QUEUE = "plaita:test:lease"
+#: Flags of a worker that takes a dead one's executions over fast (the chaos and flow worker
+#: tests): claimable after 0.5 s idle and a 2 s lease, a reclaim pass every 0.3 s.
+FAST_RECLAIM_ARGS = (
+    "--claim-min-idle-ms", "500",
+    "--lease-ttl-seconds", "2",
+    "--reclaim-interval-s", "0.3",
+    "--read-block-ms", "200",
+)  # fmt: skip
 GROUP = "plaita-workers"
 
 _clients: dict[str, redis.Redis] = {}
