@@ -54,6 +54,14 @@ def _count_loop_writes() -> None:
     loop_calls._Connection._write = counted  # type: ignore[method-assign]
 
 
+def read_round_trips(path: Path) -> int:
+    """What the counted process has written to ``path`` so far (0 before its first write)."""
+    try:
+        return int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
 def main() -> None:
     path = Path(os.environ["PLAITA_BENCH_RT_FILE"])
     redis.connection.AbstractConnection.send_packed_command = _counted  # type: ignore[method-assign]

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import redis
 
-from bench.common import ROOT, WorkerProcess, client_for, median, wait_for
+from bench.common import ROOT, WorkerProcess, client_for, cpu_seconds, median, wait_for
+from bench.countrt import read_round_trips
 from bench.flows import _commandstats, _top_level
 from tests.support.redis_server import RedisServer
 
@@ -65,19 +66,6 @@ def _fill(client: redis.Redis, stream: str, flow_id: str, n: int) -> None:
     pipe.execute()
 
 
-def _round_trips(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def _worker_cpu_s(pid: int) -> float:
-    """utime + stime of process ``pid`` (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _redis_cpu_s(client: redis.Redis) -> float:
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
@@ -103,15 +91,15 @@ def measure(url: str, cwd: Path, flow_id: str, n: int, concurrency: int) -> Meas
             w.wait_state("READING")
             time.sleep(0.1)  # the counter file is written every 20 ms
             client.config_resetstat()
-            rt_before, started = _round_trips(rt_file), time.monotonic()
-            cpu_before = _worker_cpu_s(w.pid), _redis_cpu_s(client)
+            rt_before, started = read_round_trips(rt_file), time.monotonic()
+            cpu_before = cpu_seconds(w.pid), _redis_cpu_s(client)
             _fill(client, stream, flow_id, n)
             if not wait_for(lambda: int(client.zcard(COMPLETED)) >= n, 300, poll_s=0.005):
                 raise RuntimeError(f"bench flowcurve: not done within 300 s: {w.stderr_tail()}")
             elapsed = time.monotonic() - started
-            cpu_after = _worker_cpu_s(w.pid), _redis_cpu_s(client)
+            cpu_after = cpu_seconds(w.pid), _redis_cpu_s(client)
             time.sleep(SETTLE_S)
-            stats, rt_after = _commandstats(client), _round_trips(rt_file)
+            stats, rt_after = _commandstats(client), read_round_trips(rt_file)
     finally:
         client.close()
     steps = n * STEPS

@@ -27,6 +27,7 @@ from pathlib import Path
 import redis
 
 from bench.common import ROOT, Subprocess, WorkerProcess, cpu_seconds, enqueue, start_all, wait_for
+from bench.countrt import read_round_trips
 from bench.flowcurve import _source_dir
 from bench.throughput import GROUP, _drain
 from plaita.store import scripts
@@ -67,13 +68,6 @@ def _commandstats(client: redis.Redis, tasks: int) -> dict[str, tuple[float, flo
     return out
 
 
-def _round_trips(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (OSError, ValueError):
-        return 0
-
-
 def _consumer(url: str, stream: str, cwd: Path, config: str, rt_file: Path) -> Subprocess:
     concurrency, _ = CONFIGS[config]
     env = {"PYTHONPATH": str(cwd), "PLAITA_BENCH_RT_FILE": str(rt_file)}
@@ -101,7 +95,7 @@ def measure(url: str, redis_pid: int, cwd: Path, config: str, tasks: int) -> Run
             raise RuntimeError(f"raw loop not reading after 20 s: {proc.stderr_tail()}")
         time.sleep(0.05)  # the round-trip file is written every 20 ms
         client.config_resetstat()
-        rt0, cpu0, rcpu0 = _round_trips(rt_file), cpu_seconds(proc.pid), cpu_seconds(redis_pid)
+        rt0, cpu0, rcpu0 = read_round_trips(rt_file), cpu_seconds(proc.pid), cpu_seconds(redis_pid)
         t_enq = time.monotonic()
         enqueue(client, stream, tasks, atomic=True, execution_ids=CONFIGS[config][1])
         _, rate = _drain(client, stream, tasks, [proc], config, 300.0, t_enq)
@@ -109,7 +103,7 @@ def measure(url: str, redis_pid: int, cwd: Path, config: str, tasks: int) -> Run
         rcpu_us = (cpu_seconds(redis_pid) - rcpu0) / tasks * 1e6
         commands = _commandstats(client, tasks)
         time.sleep(0.05)
-        rt = (_round_trips(rt_file) - rt0) / tasks
+        rt = (read_round_trips(rt_file) - rt0) / tasks
         proc.terminate()
     finally:
         proc.close()

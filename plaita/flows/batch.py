@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from plaita.store.calls import ScriptCall, run_calls
-from plaita.store.loop_calls import LoopCalls, LoopUnsupported, servable
+from plaita.store.loop_calls import LoopCalls, LoopUnsupported, resolve, servable
 
 logger = logging.getLogger(__name__)
 
@@ -115,12 +115,7 @@ def _hand_back(loop: asyncio.AbstractEventLoop, settled: list[tuple[asyncio.Futu
 
 def _resolve(settled: list[tuple[asyncio.Future[Any], Any]]) -> None:
     for future, outcome in settled:
-        if future.done():  # the awaiting step was cancelled meanwhile
-            continue
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+        resolve(future, outcome)
 
 
 async def send(call: ScriptCall, *, offload: bool, batcher: CallBatcher | None) -> Any:

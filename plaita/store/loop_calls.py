@@ -201,7 +201,7 @@ class _Connection:
         try:
             self._settle(call, future, reply)
         except Exception as exc:  # e.g. an error reply redis-py no longer parses: still that call's
-            _resolve(future, redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
+            resolve(future, redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
         self._in_flight[0] -= 1
         if not self._in_flight[0]:
             self._in_flight.popleft()
@@ -221,7 +221,7 @@ class _Connection:
                 outcome = call.parse(reply)
             except Exception as exc:  # the refusal the reply names: that call's outcome
                 outcome = exc
-        _resolve(future, outcome)
+        resolve(future, outcome)
 
     def _check_progress(self) -> None:
         self._watch = None
@@ -238,7 +238,7 @@ class _Connection:
         self.close()
         waiting, self._waiting = self._waiting, collections.deque()
         for _, future in waiting:
-            _resolve(future, error)
+            resolve(future, error)
 
     def shut(self) -> None:
         """Closed by its owner: calls still waiting fail as disconnected (a closed loop has
@@ -266,10 +266,11 @@ async def _rerun(call: ScriptCall, future: asyncio.Future[Any]) -> None:
         outcome: Any = await asyncio.to_thread(call.run)
     except Exception as exc:  # that call's outcome, as in run_calls
         outcome = exc
-    _resolve(future, outcome)
+    resolve(future, outcome)
 
 
-def _resolve(future: asyncio.Future[Any], outcome: Any) -> None:
+def resolve(future: asyncio.Future[Any], outcome: Any) -> None:
+    """Hand ``outcome`` (a result, or an exception to raise) to the call awaiting ``future``."""
     if future.done():  # the awaiting step was cancelled meanwhile
         return
     if isinstance(outcome, BaseException):
