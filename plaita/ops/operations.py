@@ -65,10 +65,9 @@ class Operations:
         #: successful read: a worker started while Redis is down waits for it, never for them.
         self._server_checked = False
         self._server_check_due = False
-        self._task_counters: dict[str, Any] = {}
-        #: Labelled children of the per-execution and per-step metrics, looked up once each.
-        self._execution_counters: dict[tuple[str, str], Any] = {}
-        self._step_histograms: dict[tuple[str, str, str], Any] = {}
+        #: Labelled children of the per-task, per-execution and per-step metrics, each looked up
+        #: once (``_child``): ``labels()`` costs a lock and a dict build, and these come per task.
+        self._children: dict[tuple[Any, ...], Any] = {}
         #: Set for a flow worker: the suspended-executions gauge is sampled with the queue's.
         self.executions: ExecutionStore | None = None
         #: The alert webhook's events (``--alert-webhook``), or None.
@@ -162,10 +161,7 @@ class Operations:
         self.status_file.write(force=True)
 
     def tasks_counted(self, outcome: str, n: int) -> None:
-        child = self._task_counters.get(outcome)
-        if child is None:  # labels() costs a lock and a dict build: look each child up once
-            child = self._task_counters[outcome] = self.metrics.tasks.labels(outcome=outcome)
-        child.inc(n)
+        self._child(self.metrics.tasks, outcome).inc(n)
 
     def tasks_finished(self, durations_s: list[float]) -> None:
         observe_many(self.metrics.handler_seconds, durations_s)
@@ -179,18 +175,19 @@ class Operations:
 
     # -- ExecutionObserver -----------------------------------------------------------------
     def execution_event(self, flow_id: str, event: str) -> None:
-        child = self._execution_counters.get((flow_id, event))
-        if child is None:  # once per flow and event, as for tasks_counted (flows are the loaded ones)
-            child = self._execution_counters[flow_id, event] = self.metrics.executions.labels(flow=flow_id, event=event)
-        child.inc()
+        self._child(self.metrics.executions, flow_id, event).inc()
 
     def step_finished(self, flow_id: str, step: str, outcome: str, duration_s: float) -> None:
-        key = (flow_id, step, outcome)
-        child = self._step_histograms.get(key)
-        if child is None:  # every step of every execution comes here: labels() once per step and outcome
-            child = self.metrics.step_seconds.labels(flow=flow_id, step=step, outcome=outcome)
-            self._step_histograms[key] = child
-        child.observe(duration_s)
+        self._child(self.metrics.step_seconds, flow_id, step, outcome).observe(duration_s)
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per metric and label values (the flows and
+        steps are the loaded ones, outcomes and events fixed lists: the cache is bounded)."""
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def execution_failed(self, flow_id: str, execution_id: str, error: dict[str, Any] | None) -> None:
         if self.alerts is not None:
