@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -22,6 +23,8 @@ from plaita.errors import ConfigError
 if TYPE_CHECKING:
     from plaita.flows.definition import Flow
     from plaita.flows.keeper import Keeper, KeeperSettings
+    from plaita.ops.keeper_metrics import KeeperMetrics
+    from plaita.ops.metrics import HealthServer
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +55,17 @@ def add_parser(
         metavar="MODULE",
         default=[],
         help="start the scheduled flows of MODULE on their ticks (repeatable)",
+    )
+    k.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("PLAITA_KEEPER_METRICS_PORT") or 0),
+        help="serve /metrics, /healthz and /readyz on this port (env PLAITA_KEEPER_METRICS_PORT; default 0 = off)",
+    )
+    k.add_argument(
+        "--metrics-host",
+        default=os.environ.get("PLAITA_KEEPER_METRICS_HOST") or "0.0.0.0",
+        help="address for --metrics-port (env PLAITA_KEEPER_METRICS_HOST; default %(default)s)",
     )
     options = (
         ("--interval-s", 5.0, "seconds between passes"),
@@ -87,10 +101,12 @@ def run_keeper(args: argparse.Namespace) -> int:
     queue = open_queue(queue_settings, client=client)
     store = ExecutionStore(client, queue.keyspace)
     keeper = Keeper(store, queue, settings, scheduler=Scheduler(flows, queue, store=store))
+    metrics, http = _serve_metrics(args, keeper)  # a port in use: exit 2 before anything runs
     alerts = None
     if webhook:
         secret = getattr(args, "alert_webhook_secret", None)
-        alerts = keeper_sender(webhook, secret, holder=keeper.holder, queue=queue.stream).start()
+        on_count = metrics.count_alert if metrics is not None else None
+        alerts = keeper_sender(webhook, secret, holder=keeper.holder, queue=queue.stream, on_count=on_count).start()
         keeper.on_orphaned = orphan_alert(alerts)
 
     _stop_on_signals(keeper)
@@ -102,8 +118,28 @@ def run_keeper(args: argparse.Namespace) -> int:
             # Bounded: a hanging webhook never holds a stop; --once gives the last pass's events
             # one request's time to go out.
             alerts.close(REQUEST_TIMEOUT_S if args.once else CLOSE_TIMEOUT_S)
+        if http is not None:
+            http.stop()
         client.close()
         logger.info("plaita keeper stopped")
+
+
+def _serve_metrics(args: argparse.Namespace, keeper: Keeper) -> tuple[KeeperMetrics | None, HealthServer | None]:
+    """With ``--metrics-port``: the keeper's metrics, told of every pass, served over HTTP."""
+    from plaita.ops.keeper_metrics import KeeperMetrics
+    from plaita.ops.metrics import HealthServer
+
+    port = int(args.metrics_port)
+    if port == 0:
+        return None, None
+    if not 0 < port < 65536:
+        raise ConfigError(f"--metrics-port must be 0 (off) or a port 1-65535, not {port}")
+    metrics = KeeperMetrics()
+    http = HealthServer(args.metrics_host, port, metrics, metrics.readiness)
+    keeper.on_pass, keeper.on_failure = metrics.on_pass, metrics.on_failure
+    http.start()
+    logger.info("keeper metrics on http://%s:%d/metrics", args.metrics_host, http.port)
+    return metrics, http
 
 
 def _keeper_settings(args: argparse.Namespace) -> KeeperSettings:

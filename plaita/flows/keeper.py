@@ -69,6 +69,10 @@ class Keeper:
         self.store = store
         #: Told (execution id, reason, last update) of each execution marked orphaned (alerts).
         self.on_orphaned = on_orphaned
+        #: Told of every pass (its ``duration_s`` set) and of every full pass that failed: the
+        #: standalone keeper's metrics and readiness. Must not block; an exception is logged only.
+        self.on_pass: Callable[[KeeperPass], None] | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
         #: Starts the ticks of scheduled flows (the flows the keeper was given), if any.
         self.scheduler = scheduler
         self.queue = queue
@@ -107,12 +111,13 @@ class Keeper:
             report = self.run_once()
         except Exception as exc:
             logger.error("keeper pass failed: %s: %s", type(exc).__name__, exc)
+            self._tell(self.on_failure, exc)
             return 1
         if not report.acting:
             holder = self._lease_holder()
             logger.error("keeper: %s is held by %s; this pass did nothing", KEEPER_LEASE_KEY, holder)
             return 1
-        self.log_pass(report)
+        self._passed(report)
         return 0
 
     def _lease_holder(self) -> str:
@@ -127,10 +132,11 @@ class Keeper:
         failing_since: float | None = None
         while not self._stop.is_set():
             try:
-                self.log_pass(self.run_once())
+                self._passed(self.run_once())
             except Exception as exc:
                 if self._stop.is_set():
                     break
+                self._tell(self.on_failure, exc)
                 kind = classify(exc)
                 delay_s = backoff.schedule(persistent=kind is not ErrorKind.TRANSIENT)
                 level = logging.WARNING if failing_since is None else logging.DEBUG
@@ -162,18 +168,20 @@ class Keeper:
                     self._hold_lease()  # renewed (or taken over) every third of its TTL
                 earliest_s = min((e for st in self._stores if (e := st.earliest_deadline()) is not None), default=None)
                 if any(self._untaken.values()) or (earliest_s is not None and earliest_s <= self._clock()):
-                    self.log_pass(self.run_deadlines())
+                    self._passed(self.run_deadlines())
             except Exception as exc:
                 logger.debug("keeper: deadline check failed (%s: %s)", type(exc).__name__, exc)
                 return
 
     def run_deadlines(self) -> KeeperPass:
         """The deadline part of a pass only (timeouts and wakes), under the keeper lease."""
+        started_s = time.monotonic()
         if not self._hold_lease():
-            return KeeperPass(acting=False)
-        report = KeeperPass()
+            return KeeperPass(acting=False, full=False, duration_s=time.monotonic() - started_s)
+        report = KeeperPass(full=False)
         for store in self._stores:
             self._timeouts(store, self._clock(), report)
+        report.duration_s = time.monotonic() - started_s
         return report
 
     def _hold_lease(self) -> bool:
@@ -201,11 +209,25 @@ class Keeper:
 
     log_pass = staticmethod(log_pass)
 
+    def _passed(self, report: KeeperPass) -> None:
+        self.log_pass(report)
+        self._tell(self.on_pass, report)
+
+    @staticmethod
+    def _tell(hook: Callable[[Any], None] | None, what: object) -> None:
+        """A metrics hook must never fail a pass (nor the keeper's loop)."""
+        if hook is None:
+            return
+        try:
+            hook(what)
+        except Exception:
+            logger.exception("keeper: a pass hook failed")
+
     def run_once(self) -> KeeperPass:
         """One pass. A dry run reads only: it neither takes nor waits for the keeper lease."""
-        s = self.settings
+        s, started_s = self.settings, time.monotonic()
         if not s.dry_run and not self._hold_lease():
-            return KeeperPass(acting=False)
+            return KeeperPass(acting=False, duration_s=time.monotonic() - started_s)
         report = KeeperPass()
         now_s = self._clock()
         self._stores = self._tenant_stores()
@@ -217,6 +239,7 @@ class Keeper:
         in_stream: set[str] | None = None  # read once per pass, by the first tenant that needs it
         for store in self._stores:
             in_stream = self._orphans(store, now_s, report, in_stream)
+        report.duration_s = time.monotonic() - started_s
         return report
 
     def _skip_unreadable(self, bad: UnreadableExecution, report: KeeperPass) -> None:

@@ -69,6 +69,10 @@ class KeeperPass:
     scheduled: list[str] = field(default_factory=list)
     #: Suspended executions past their whole-execution deadline, cancelled.
     expired: list[str] = field(default_factory=list)
+    #: A full pass (False: only the deadline part, run between full passes when one is due).
+    full: bool = True
+    #: How long the pass took (monotonic seconds), for the keeper's metrics.
+    duration_s: float = 0.0
 
 
 def log_pass(report: KeeperPass) -> None:

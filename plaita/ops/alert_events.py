@@ -148,7 +148,9 @@ class WorkerAlerts:
         self.sender.emit("backoff_stuck", fields, text=text)
 
 
-def keeper_sender(url: str, secret: str | None, *, holder: str, queue: str) -> AlertSender:
+def keeper_sender(
+    url: str, secret: str | None, *, holder: str, queue: str, on_count: CountHook | None = None
+) -> AlertSender:
     """The sender of a keeper running on its own (``plaita keeper --alert-webhook``)."""
     identity = {"source": "keeper", "instance_id": holder, "queue": queue, "host": socket.gethostname()}
-    return AlertSender(url, secret=secret, identity=identity)
+    return AlertSender(url, secret=secret, identity=identity, on_count=on_count)

@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -25,6 +25,24 @@ Readiness = Callable[[], tuple[bool, str]]
 
 #: Histogram buckets of handler and step run times, in seconds: 1 ms to 30 min.
 DURATION_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
+
+
+def alert_counters(r: CollectorRegistry) -> dict[str, Counter]:
+    """``plaita_alerts_{sent,failed,dropped}_total`` by event: the worker's and the keeper's."""
+    return {
+        outcome: Counter(f"plaita_alerts_{outcome}", f"Alert webhook events {text}", ["event"], registry=r)
+        for outcome, text in (
+            ("sent", "delivered (2xx)"),
+            ("failed", "not delivered after their retries"),
+            ("dropped", "dropped: the queue was full or the process stopping"),
+        )
+    }
+
+
+class Rendered(Protocol):
+    """What ``HealthServer`` serves as /metrics: the worker's ``Metrics`` or the keeper's."""
+
+    def render(self) -> bytes: ...
 
 
 class Metrics:
@@ -94,14 +112,7 @@ class Metrics:
         self.dlq_length = Gauge("plaita_queue_dlq_length", "Entries in the dead-letter stream", registry=r)
 
     def _declare_alerts(self, r: CollectorRegistry) -> None:
-        self.alerts = {
-            outcome: Counter(f"plaita_alerts_{outcome}", f"Alert webhook events {text}", ["event"], registry=r)
-            for outcome, text in (
-                ("sent", "delivered (2xx)"),
-                ("failed", "not delivered after their retries"),
-                ("dropped", "dropped: the queue was full or the worker stopping"),
-            )
-        }
+        self.alerts = alert_counters(r)
 
     def count_alert(self, outcome: str, event: str) -> None:
         self.alerts[outcome].labels(event=event).inc()
@@ -129,7 +140,7 @@ class Metrics:
 class HealthServer:
     """A small HTTP server: /metrics, /healthz (process up), /readyz (consuming or 503 + reason)."""
 
-    def __init__(self, host: str, port: int, metrics: Metrics, readiness: Readiness) -> None:
+    def __init__(self, host: str, port: int, metrics: Rendered, readiness: Readiness) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
