@@ -37,10 +37,13 @@ MAX_REASON_CHARS = 200
 class KeeperMetrics:
     """Every metric of one keeper process, in a registry of its own, and its readiness."""
 
-    def __init__(self, clock_s: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock_s: Callable[[], float] = time.time, *, registry: CollectorRegistry | None = None) -> None:
+        """``registry``: a worker's, for a keeper embedded in it (``--keeper``): its passes show on
+        the worker's /metrics, and its alerts already count there. None = a registry of its own."""
         self._clock_s = clock_s
         self._lock = threading.Lock()
-        r = self.registry = CollectorRegistry()
+        own = registry is None
+        r = self.registry = CollectorRegistry() if registry is None else registry
         self.up = Gauge("plaita_keeper_up", "1 while the keeper process runs", registry=r)
         self.acting = Gauge(
             "plaita_keeper_acting", "1 while this keeper holds plaita:keeper:lease and acts, 0 on standby", registry=r
@@ -64,7 +67,7 @@ class KeeperMetrics:
         self.last_success = Gauge(
             "plaita_keeper_last_success_timestamp_seconds", "When the last full pass went through (epoch)", registry=r
         )
-        self.alerts = alert_counters(r)
+        self.alerts = alert_counters(r) if own else {}
         self.up.set(1)
         for action in ACTIONS.values():
             self.actions.labels(action=action)  # every action shown, at 0 until it happens

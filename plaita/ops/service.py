@@ -25,6 +25,7 @@ from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
 from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.flows.scheduler import Scheduler
 from plaita.ops.alert_events import orphan_alert
+from plaita.ops.keeper_metrics import KeeperMetrics
 from plaita.ops.operations import Operations, attach_operations
 from plaita.runtime.handlers import load_handler
 from plaita.runtime.worker import Worker
@@ -269,13 +270,17 @@ def _keeper(settings: Settings, flows: FlowRegistry, ops: Operations) -> Keeper:
     queue = open_queue(settings, client=client)
     store = ExecutionStore(client, queue.keyspace)
     on_orphaned = orphan_alert(ops.alerts.sender) if ops.alerts is not None else None
-    return Keeper(
+    keeper = Keeper(
         store,
         queue,
         embedded_keeper_settings(settings),
         scheduler=Scheduler(flows, queue, store=store),
         on_orphaned=on_orphaned,
     )
+    # Its passes on the worker's /metrics (plaita_keeper_*); readiness stays the worker's own.
+    metrics = KeeperMetrics(registry=ops.metrics.registry)
+    keeper.on_pass, keeper.on_failure = metrics.on_pass, metrics.on_failure
+    return keeper
 
 
 def embedded_keeper_settings(settings: Settings) -> KeeperSettings:

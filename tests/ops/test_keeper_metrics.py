@@ -163,3 +163,21 @@ def test_keeper_metrics_port_in_use_exits_2_with_one_line(redis_url: str) -> Non
         done = plaita(redis_url, "keeper", "--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--once")
     assert done.returncode == 2
     assert "cannot listen" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_embedded_keeper_counts_its_passes_on_the_workers_metrics(redis_url: str) -> None:
+    from plaita import Settings, start_worker
+
+    settings = Settings(redis_url=redis_url, queue_name=QUEUE, consumer_name="embedded-metrics:0")
+    with start_worker(settings, flows=["tests.flows.flowdefs"], keeper=True) as service:
+
+        def full_passes() -> float:
+            text = service.ops.metrics.render().decode()
+            return sample(parse_metrics(text), "plaita_keeper_passes_total", kind="full", role="acting") or 0.0
+
+        wait_until(full_passes, 20, "the embedded keeper's first full pass on the worker's /metrics")
+        text = service.ops.metrics.render().decode()
+        assert sample(parse_metrics(text), "plaita_worker_up") == 1  # one registry: the worker's
+        assert text.count("# TYPE plaita_alerts_sent_total counter") == 1  # the worker's, not twice
+        service.request_stop()
+        assert service.join(10)
