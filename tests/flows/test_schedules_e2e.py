@@ -9,35 +9,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_env, worker_proc
+from tests.support.lease_workers import QUEUE, ROOT, keeper_proc, wait_for, worker_env, worker_proc
 
 pytestmark = pytest.mark.redis
 
 FLOWS = "tests.flows.scheduled"
-
-
-@contextmanager
-def keeper_proc(url: str, tmp_path: Path, tag: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "plaita", "keeper", "--redis-url", url, "--queue-name", QUEUE, *args]
-    with open(tmp_path / f"{tag}.stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, cwd=str(ROOT), env=worker_env(url), stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
 
 
 def plaita(url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -7,17 +7,16 @@ frozen for real, with a second keeper on standby.
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 from plaita.flows.keeper_types import KeeperPass
 from plaita.ops.keeper_metrics import KeeperMetrics
-from tests.support.ops import QUEUE, ROOT, clean_env, parse_metrics, plaita, wait_until
+from tests.support.lease_workers import keeper_proc
+from tests.support.ops import QUEUE, parse_metrics, plaita, wait_until
 from tests.support.redis_server import RedisServer, free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -83,26 +82,6 @@ def http(port: int, path: str) -> tuple[int, str] | None:
         return None  # not listening yet
 
 
-@contextmanager
-def keeper(url: str, port: int) -> Iterator[subprocess.Popen[str]]:
-    argv = [sys.executable, "-m", "plaita", "keeper", "--redis-url", url, "--queue-name", QUEUE]
-    argv += ["--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--interval-s", "0.2"]
-    argv += ["--keeper-lease-ttl-s", "3"]
-    proc = subprocess.Popen(
-        argv, cwd=str(ROOT), env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    , text=True)  # fmt: skip
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate(timeout=10)
-
-
 def acting(port: int) -> float:
     got = http(port, "/metrics")
     assert got is not None and got[0] == 200
@@ -114,11 +93,16 @@ def ready_with(port: int, code: int, text: str) -> bool:
     return got is not None and got[0] == code and text in got[1]
 
 
-def test_keeper_endpoint_acting_standby_outage_and_back(private_redis: RedisServer) -> None:
+def keeper(url: str, tmp_path: Path, port: int) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    args = ("--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--interval-s", "0.2")
+    return keeper_proc(url, tmp_path, f"keeper-{port}", *args, "--keeper-lease-ttl-s", "3")
+
+
+def test_keeper_endpoint_acting_standby_outage_and_back(private_redis: RedisServer, tmp_path: Path) -> None:
     port_a, port_b = free_port(), free_port()
-    with keeper(private_redis.url, port_a) as a:
+    with keeper(private_redis.url, tmp_path, port_a) as a:
         wait_until(lambda: ready_with(port_a, 200, "acting"), 20, "keeper A /readyz 200 acting")
-        with keeper(private_redis.url, port_b) as b:
+        with keeper(private_redis.url, tmp_path, port_b) as b:
             wait_until(lambda: ready_with(port_b, 200, "standby"), 20, "keeper B /readyz 200 standby")
             got_b = http(port_b, "/metrics")
             assert got_b is not None and got_b[0] == 200
@@ -144,7 +128,7 @@ def test_keeper_endpoint_acting_standby_outage_and_back(private_redis: RedisServ
         got_a = http(port_a, "/metrics")
         assert got_a is not None
         assert (sample(parse_metrics(got_a[1]), "plaita_keeper_passes_total", kind="full", role="acting") or 0) >= 1
-    assert a.returncode == 0, a.stderr
+    assert a.returncode == 0, (tmp_path / f"keeper-{port_a}.stderr").read_text()
 
 
 def test_keeper_metrics_port_out_of_range_exits_2_with_one_line(redis_url: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -384,3 +385,22 @@ def pending_count(client: redis.Redis) -> int:
     except redis.ResponseError:
         return 0
     return int(info["pending"])
+
+
+@contextmanager
+def keeper_proc(url: str, tmp_path: Path, tag: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``plaita keeper`` on QUEUE with ``args``, its stderr in ``tmp_path/<tag>.stderr``; SIGTERM
+    (then kill) on exit, so its return code is set afterwards."""
+    cmd = [sys.executable, "-m", "plaita", "keeper", "--redis-url", url, "--queue-name", QUEUE, *args]
+    with open(tmp_path / f"{tag}.stderr", "wb") as err:
+        proc = subprocess.Popen(cmd, cwd=str(ROOT), env=worker_env(url), stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
