@@ -17,14 +17,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from plaita.store.client import Client
-from plaita.store.fleet import list_workers
+from plaita.store.fleet import fleet_check_key, list_workers, share_problems, shared_problems
 from plaita.store.keyspace import Keyspace
 from plaita.store.stats import stray_streams
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Seconds between two checks of a worker (and so between two error lines about one problem).
 CHECK_EVERY_S = 60.0
@@ -95,8 +96,13 @@ class FleetCheck:
         me: Callable[[], dict[str, Any]],
         on_change: Callable[[str | None], None],
         every_s: float = CHECK_EVERY_S,
+        share: bool = True,
     ) -> None:
         self.client = client
+        #: Use and share the fleet's last result (``plaita:fleetcheck:v1:…``) instead of every
+        #: worker scanning the keyspace each interval. Off for a worker that is not registered:
+        #: the others' results cannot count it.
+        self.share = share
         self.ks = ks
         self.group = group
         self._me = me
@@ -114,7 +120,7 @@ class FleetCheck:
         with self._lock:
             self._next_at_s = time.monotonic() + self.every_s
             try:
-                found = check(self.client, self.ks, self.group, self._me())
+                found = self._find()
             except Exception as exc:  # a Redis failure: the worker's own loop reports outages
                 logger.debug("fleet check skipped: %s: %s", type(exc).__name__, exc)
                 return self.problems
@@ -125,3 +131,34 @@ class FleetCheck:
             self.problems = found
             self._on_change("; ".join(found) if found else None)
             return found
+
+    def _find(self) -> list[str]:
+        """The fleet's problems: those a worker like this one (same queue, group, partitions and
+        kind) shared within the interval, else checked here and shared. The check SCANs the
+        keyspace (registry entries, stray partition streams): once per interval per fleet, not
+        per worker."""
+        me = self._me()
+        key = fleet_check_key(self.ks.queue, self.group, self.ks.partitions, _kind(me)) if self.share else None
+        if key is not None:
+            shared = _best_effort(lambda: shared_problems(self.client, key))
+            if shared is not None:
+                return shared
+        found = check(self.client, self.ks, self.group, me)
+        if key is not None:
+            _best_effort(lambda: share_problems(self.client, key, found, self.every_s))
+        return found
+
+
+def _kind(entry: dict[str, Any]) -> str:
+    runs = entry.get("runs")
+    return "flows" if isinstance(runs, dict) and "flows" in runs else "handler"
+
+
+def _best_effort(call: Callable[[], T]) -> T | None:
+    """Sharing only saves work: a refusal (an ACL without that key, another type there) means
+    checking alone, never skipping the check."""
+    try:
+        return call()
+    except Exception as exc:
+        logger.debug("fleet check result not shared: %s: %s", type(exc).__name__, exc)
+        return None

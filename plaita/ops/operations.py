@@ -57,6 +57,7 @@ class Operations:
             settings.consumer_group,
             me=self._registry_entry,
             on_change=self._fleet_problem,
+            share=settings.registry_enabled,
         )
         self._stop = threading.Event()
         self._monitor = threading.Thread(target=self._monitor_loop, name="plaita-monitor", daemon=True)

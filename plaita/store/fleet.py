@@ -22,6 +22,8 @@ REGISTRY_PREFIX = "plaita:registry:flow_worker:"
 CONTROL_PREFIX = "plaita:control:"
 #: Channel every worker listens to.
 CONTROL_ALL = "plaita:control:all"
+#: Key prefix of the fleet check's shared result (``fleet_check_key``); v1: its JSON is a list of lines.
+FLEETCHECK_PREFIX = "plaita:fleetcheck:v1:"
 #: Prefix of the lists a worker pushes command replies to.
 REPLY_PREFIX = "plaita:control:reply:"
 #: Reply lists expire after this many seconds if nobody reads them.
@@ -69,6 +71,32 @@ def list_workers(client: redis.Redis) -> list[dict[str, Any]]:
             entry.setdefault("instance_id", name[len(REGISTRY_PREFIX) :])
             entries.append(entry)
     return entries
+
+
+def fleet_check_key(queue: str, group: str, partitions: int, kind: str) -> str:
+    """Where the workers of one queue, group, ``--partitions`` and kind (``handler``/``flows``)
+    share their last fleet check (all of them would find the same problems)."""
+    return f"{FLEETCHECK_PREFIX}{kind}:{partitions}:{group}:{queue}"
+
+
+def shared_problems(client: redis.Redis, key: str) -> list[str] | None:
+    """The problems a worker of the fleet found within its check interval, or None (none shared
+    yet, expired, or not a list of lines: then check alone)."""
+    raw = client.get(key)
+    if raw is None:
+        return None
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(found, list) or not all(isinstance(line, str) for line in found):
+        return None
+    return found
+
+
+def share_problems(client: redis.Redis, key: str, problems: list[str], ttl_s: float) -> None:
+    """Share a check's problems for ``ttl_s``: the other workers use them instead of scanning."""
+    client.set(key, json.dumps(problems), px=max(1, int(ttl_s * 1000)))
 
 
 def count_handover(client: redis.Redis, name: str, window_s: float) -> int:
