@@ -161,3 +161,21 @@ def test_flow_client_reads_events_through_its_own_queue(redis_url: str, h: Harne
     h.run(start("ev7", "ticker", n=1))
     with FlowClient.from_url(redis_url, queue_name="plaita:flow:queue") as flows:
         assert flows.get_event("ev7", "progress") == {"done": 1, "of": 1}
+
+
+def test_a_restart_keeps_the_earlier_events_while_the_execution_runs_again(h: Harness) -> None:
+    """The retention TTL an ended execution's events got is dropped with the state's when it is
+    restarted (``executions retry``), not left to expire under a running execution."""
+    flowdefs.client().set(deadline_flows.release_key("ev3"), 1)
+    assert h.run(start("ev3", "ticker"))["status"] == "completed"  # type: ignore[index]
+    assert h.client.ttl("plaita:execution:events:ev3") > 0
+    task, lease = leased_task(h, "ev3")
+    try:
+        doc = h.store.get("ev3")
+        assert doc is not None
+        running = json.dumps({**doc, "status": "running"})
+        assert h.store.reopen("ev3", task.fencing_token or 0, running, 1.0)
+    finally:
+        h.leases.release(lease)
+    assert h.client.ttl("plaita:execution:events:ev3") == -1 and h.client.ttl("plaita:execution:ev3") == -1
+    assert h.flows.get_event("ev3", "partial") == {"rows": [1, 2, 3, 4], "final": True}

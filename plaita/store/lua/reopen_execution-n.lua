@@ -1,7 +1,7 @@
 -- A restart of a terminal execution (``plaita executions retry``), fenced like a checkpoint:
 -- written only while the writer's lease generation holds the execution. Puts it back in the
 -- running index (out of the terminal ones and the deadlines), writes its state with no TTL (SET
--- drops the retention EXPIRE: a running execution never expires) and deletes its cancel flag
+-- drops the retention EXPIRE: a running execution never expires; PERSIST its events) and deletes its cancel flag
 -- (a cancelled execution would otherwise be cancelled again at once). All or nothing: the one
 -- command that can fail (the ZADD, on a wrong-typed index) is checked before the first write.
 -- KEYS[1]  lease key
@@ -10,6 +10,8 @@
 -- KEYS[4]  cancel flag
 -- KEYS[5]  suspension deadlines (sorted set)
 -- KEYS[6..10]  status index sets: running, suspended, completed, error, cancelled
+-- KEYS[11]  optional: the execution's events hash (its retention TTL dropped with the state's, so
+--           events published before the end do not expire while the execution runs again)
 -- ARGV[1]  the writer's generation
 -- ARGV[2]  state JSON (status running)
 -- ARGV[3]  now (epoch seconds; the index score)
@@ -25,4 +27,5 @@ redis.call('SET', KEYS[3], ARGV[2])
 for i = 7, 10 do redis.pcall('ZREM', KEYS[i], ARGV[4]) end
 redis.pcall('ZREM', KEYS[5], ARGV[4])
 redis.call('DEL', KEYS[4])
+if #KEYS >= 11 then redis.call('PERSIST', KEYS[11]) end
 return {1}
