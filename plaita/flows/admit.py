@@ -9,6 +9,7 @@ engine, or None when the task is a no-op. Every task is safe to deliver twice.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -49,6 +50,33 @@ class Run:
     trace: TaskTrace | None = None
 
 
+#: Creates sent ahead and not yet awaited that one admission keeps; past it the oldest is
+#: forgotten (its task, if it still runs, finds its execution created and continues it).
+MAX_AHEAD = 1024
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """A start's create, sent before its task ran (``Admission.create_ahead``)."""
+
+    flow: Flow
+    execution: Execution
+    dedup: str | None
+    created: asyncio.Future[tuple[int, str, bool]]
+
+
+def _ahead_key(task: Task) -> tuple[str, int]:
+    """One delivery under one lease: a redelivery (a new generation) never finds an old create."""
+    return task.message_id, task.fencing_token
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A create sent ahead whose task never came for it (handed back at a stop) may have failed:
+    retrieved here, so asyncio does not report the exception as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _decoded(store: ExecutionStore, execution_id: str, doc: dict[str, Any]) -> Execution:
     try:
         return Execution.decode(doc)
@@ -76,6 +104,8 @@ class Admission:
         self.batcher: CallBatcher | None = None
         #: Counts a child's ``child`` resume of its parent (``plaita.flows.children``).
         self.on_child: Callable[[Run], Run | None] | None = None
+        #: Creates sent ahead (``create_ahead``), by delivery: message id and lease generation.
+        self._ahead: dict[tuple[str, int], _Ahead] = {}
 
     async def admit(self, task: Task, offload: bool) -> Run | None:
         if task.body.get("type") == "start":
@@ -104,8 +134,30 @@ class Admission:
         return flow
 
     async def _start(self, task: Task, offload: bool) -> Run | None:
+        ahead = self._ahead.pop(_ahead_key(task), None)
+        if ahead is not None:  # its create went out while the task waited (``create_ahead``)
+            flow, execution, dedup = ahead.flow, ahead.execution, ahead.dedup
+            code, other, cancel = await ahead.created
+        else:
+            flow = await self._start_flow(task, offload)
+            execution, text, dedup = self._new_execution(task, flow)
+            code, other, cancel = await self._create(task, text, execution.created_at, dedup, offload)
+        eid = task.execution_id
+        if code == 0:
+            raise LeaseLostError(f"lease of execution {eid} lost before it was created")
+        if code == 2:
+            logger.info("start of execution %s: dedup key %r already started %s; duplicate ignored", eid, dedup, other)
+            return None
+        if code == 3:  # it exists: continue it if its worker died mid-run
+            existing = self.store.parse(eid, other)
+            assert existing is not None  # the script returns code 3 only with a state
+            return await self._restart(Run(task, flow, _decoded(self.store, eid, existing), cancel, offload))
+        return Run(task, flow, execution, cancel, offload, created=True)
+
+    def _new_execution(self, task: Task, flow: Flow) -> tuple[Execution, str, str | None]:
+        """The execution a start creates, its document and its dedup key; BadTaskError for a
+        start no worker can create."""
         body, eid = task.body, task.execution_id
-        flow = await self._start_flow(task, offload)
         params = {} if body.get("params") is None else body.get("params")
         if not isinstance(params, dict):
             raise BadTaskError(f"start 'params' must be a JSON object (got {type(params).__name__})")
@@ -118,17 +170,30 @@ class Admission:
         text = execution.encode()
         if len(text.encode("utf-8")) > self.max_state_bytes:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
-        code, other, cancel = await self._create(task, text, execution.created_at, dedup, offload)
-        if code == 0:
-            raise LeaseLostError(f"lease of execution {eid} lost before it was created")
-        if code == 2:
-            logger.info("start of execution %s: dedup key %r already started %s; duplicate ignored", eid, dedup, other)
-            return None
-        if code == 3:  # it exists: continue it if its worker died mid-run
-            existing = self.store.parse(eid, other)
-            assert existing is not None  # the script returns code 3 only with a state
-            return await self._restart(Run(task, flow, _decoded(self.store, eid, existing), cancel, offload))
-        return Run(task, flow, execution, cancel, offload, created=True)
+        return execution, text, dedup
+
+    def create_ahead(self, task: Task, flow: Flow) -> None:
+        """Send the create of ``task``, a start of ``flow`` that holds its lease and waits to
+        run, now (on the runner's loop): the creates of the starts a read brought go out in one
+        write, and each task, when it runs, awaits its reply instead of a round trip of its own.
+        The same fenced call, so it means what it means in ``_start`` (a duplicate or a taken
+        dedup key writes nothing). Only a start that ``_start`` would create without any other
+        I/O goes ahead; anything else (a version to hand over, bad params) is left to it."""
+        if self.batcher is None or not self.store.registered:
+            return
+        requested = task.body.get("version")
+        if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
+            return
+        try:
+            execution, text, dedup = self._new_execution(task, flow)
+        except Exception:  # its own admission meets the same error and reports it
+            return
+        call = self.store.create_call(task.execution_id, task.fencing_token, text, execution.created_at, dedup)
+        created = asyncio.ensure_future(self.batcher.run(call))
+        created.add_done_callback(_retrieved)
+        if len(self._ahead) >= MAX_AHEAD:  # tasks handed back unstarted never come for theirs
+            self._ahead.pop(next(iter(self._ahead)))
+        self._ahead[_ahead_key(task)] = _Ahead(flow, execution, dedup, created)
 
     async def _create(
         self, task: Task, text: str, now_s: float, dedup: str | None, offload: bool

@@ -106,6 +106,8 @@ class FlowRunner(StepWaits):
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
+        #: Tasks in ``run_async`` now (on the caller's loop).
+        self._running = 0
 
     def _scope(self, task: Task) -> Scope:
         """The parts working on ``task``'s tenant's store (its body's ``tenant_id``)."""
@@ -136,7 +138,27 @@ class FlowRunner(StepWaits):
         return loop
 
     async def run_async(self, task: Task) -> None:
-        await self._handle(task, offload=True)
+        self._running += 1
+        try:
+            await self._handle(task, offload=True)
+        finally:
+            self._running -= 1
+
+    def tasks_queued(self, tasks: list[Task]) -> None:
+        """The worker queued ``tasks`` (leased, none started yet) for ``run_async`` on this loop:
+        send the creates of their starts now, in one write (``Admission.create_ahead``). Only
+        while at most one task runs: with more, a create shares its write with their checkpoints
+        anyway, and a burst of creates ahead would only delay those checkpoints (without this
+        rule concurrency 4 measured 0.88-0.94x the executions/s). Not for a flow with limits: a
+        start waits for its slot before its execution exists."""
+        if self._running > 1:
+            return
+        for task in tasks:
+            if task.body.get("type") != "start":
+                continue
+            flow = self.flows.get(task.body.get("flow_id"))
+            if flow is not None and not self._limits.limited(flow, start=True):
+                self._scope(task).admission.create_ahead(task, flow)
 
     def add_observer(self, observer: ExecutionObserver) -> None:
         """Tell ``observer`` too about executions and steps (metrics); before the first task runs.

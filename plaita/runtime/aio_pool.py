@@ -4,6 +4,11 @@ The worker uses this pool instead of ``HandlerPool`` when its handler is an ``as
 function (or a callable whose ``__call__`` is one): a thousand waiting coroutines cost one
 thread, not a thousand. Same interface, same outcome rules (``judge``), same drain: tasks
 not started yet wait in one queue that ``take_unstarted`` empties.
+
+A handler (or the object of a bound-method handler) with a ``tasks_queued(tasks)`` method is
+told, on the loop and before any of them starts, of every batch of tasks queued: the flow runner
+sends their executions' creates ahead in one write. What it does there must not block the loop;
+an exception it raises is logged and changes nothing for the tasks.
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ class AsyncHandlerPool(PoolBase):
         window: int = 0,  # the thread pool's signature; a coroutine takes one slot at a time here
     ) -> None:
         self._handler = handler
+        #: Told of every batch queued (see the module docstring), or None.
+        self._on_queued: Callable[[list[Task]], object] | None = getattr(
+            getattr(handler, "__self__", handler), "tasks_queued", None
+        )
         #: One ack-window slot per coroutine started, back once its outcome is routed.
         self._slots = slots
         self._concurrency = concurrency
@@ -80,6 +89,8 @@ class AsyncHandlerPool(PoolBase):
             return
         with self._lock:
             self._waiting.extend(tasks)
+        if self._on_queued is not None:
+            self._call_soon(lambda: self._announce(tasks))  # before _fill: none started yet
         self._call_soon(self._fill)
 
     @property
@@ -119,6 +130,20 @@ class AsyncHandlerPool(PoolBase):
             # fail noisily as they finish; the process is exiting, so leave the loop to it.
             if not self._tasks:
                 self._loop.close()
+
+    def _announce(self, tasks: list[Task]) -> None:
+        """Tell ``tasks_queued`` of those of ``tasks`` still waiting (a task a finishing one's
+        ``_fill`` started meanwhile, or a drain took back, is left out)."""
+        assert self._on_queued is not None
+        with self._lock:
+            waiting = {id(t) for t in self._waiting}
+        queued = [t for t in tasks if id(t) in waiting]
+        if not queued:
+            return
+        try:
+            self._on_queued(queued)
+        except Exception:  # an optimisation only: the tasks run as they would without it
+            logger.exception("tasks_queued of the handler failed for %d task(s)", len(queued))
 
     def _fill(self) -> None:
         """Start waiting tasks while fewer than ``concurrency`` run and the ack window has room."""

@@ -4,10 +4,17 @@ Outcomes go to one thread that settles them in one MULTI/EXEC round trip per bat
 handler is not held back by a round trip per task and a slow Redis never blocks a handler. A
 failed batch is kept (bounded) and retried after the owner has seen Redis come back.
 
-The ack window bounds what a kill -9 costs. There is no flush timer: the thread sends whatever
-is queued the moment its previous batch is confirmed (so one batch is in flight while the next
-fills). A handler takes a slot of the window before it starts a task, and the slot comes back
-only when that task's ack is confirmed (or its outcome needs none), so at any instant at most
+A batch lingers a little: once an outcome is queued the thread waits until ``ACK_LINGER_TASKS``
+are queued or the oldest has waited ``ACK_LINGER_S``, whichever comes first, then sends what is
+queued (one batch in flight while the next fills). At a low rate (one flow execution at a time)
+an ack would otherwise go alone, a round trip per task; at a high rate the count ends the wait
+long before the time does. A flush (a stop's final one) cuts the linger short. Acks are off
+every handler's path (the window below is what a handler waits for), so the linger delays only
+when an entry leaves the pending list and its lease is released, by at most ``ACK_LINGER_S``.
+
+The ack window bounds what a kill -9 costs, with or without the linger. A handler takes a slot
+of the window before it starts a task, and the slot comes back only when that task's ack is
+confirmed (or its outcome needs none), so at any instant at most
 ``window`` tasks are running or finished-but-unconfirmed: a worker killed then re-runs at most
 ``--concurrency`` + ``ACK_WINDOW`` tasks. With Redis away the window fills and handlers wait
 instead of piling up finished work that would all run again.
@@ -37,6 +44,10 @@ SETTLE_BATCH = 500
 #: Finished tasks whose ack may be unconfirmed at once, beyond the running ones (the window is
 #: ``--concurrency`` + this): the bound on tasks a kill -9 makes run again.
 ACK_WINDOW = 256
+#: Longest wait of a queued outcome for others to share its batch (see the module docstring).
+ACK_LINGER_S = 0.002
+#: Queued outcomes that end the linger at once (capped by ``SETTLE_BATCH``).
+ACK_LINGER_TASKS = 64
 
 
 class Phase(enum.Enum):
@@ -45,6 +56,9 @@ class Phase(enum.Enum):
 
     #: Nothing to send: asleep on the condition until an outcome arrives (``put_many`` wakes it).
     IDLE = "idle"
+    #: Outcomes are queued and wait, at most the linger, for more to share their batch
+    #: (``put_many`` wakes it only once the count is reached; ``flush`` and ``close`` at once).
+    LINGERING = "lingering"
     #: A batch is on its way to Redis (``flush`` waits for it).
     SENDING = "sending"
     #: The last batch failed: its outcomes are kept, and nothing is sent until ``redis_ok``.
@@ -62,8 +76,14 @@ class Settler:
         max_defer_s: float = 1.0,
         on_dead: Callable[[list[DeadLetter]], None] | None = None,
         window: int = ACK_WINDOW,
+        linger_s: float = ACK_LINGER_S,
     ) -> None:
         self._queue = stream_queue
+        self.linger_s = linger_s
+        #: When the oldest queued outcome was queued (monotonic), for the linger.
+        self._oldest_s = 0.0
+        #: Callers of ``flush`` waiting now: while any waits, nothing lingers.
+        self._flushers = 0
         #: Told the dead letters each batch wrote to the DLQ (alerts); must not block.
         self._on_dead = on_dead
         #: Slots of the ack window (see the module docstring); ``_open`` of them are taken: by
@@ -119,11 +139,20 @@ class Settler:
             overflow = len(self._pending) + len(wanted) - MAX_UNSETTLED
             if overflow > 0:
                 self._drop_oldest(overflow)
+            if not self._pending:
+                self._oldest_s = time.monotonic()
             if waits:
                 self._defer(wanted)
             else:  # no hand-back waits: every outcome goes to the next batch
                 self._pending.extend(wanted)
-            if self._phase is not Phase.SENDING:  # wake it only when it may sleep: a notify per task is costly
+            # Wake it only when it may sleep, and while it lingers only once the count ends the
+            # linger: a notify per task is costly.
+            phase = self._phase
+            if (
+                phase is Phase.IDLE
+                or phase is Phase.HELD
+                or (phase is Phase.LINGERING and len(self._pending) >= self._linger_tasks())
+            ):
                 self._cond.notify_all()
 
     def _drop_oldest(self, overflow: int) -> None:
@@ -210,15 +239,21 @@ class Settler:
             self._cond.notify_all()
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until everything put so far is settled, at most ``timeout_s``."""
+        """Wait until everything put so far is settled, at most ``timeout_s`` (no lingering
+        meanwhile: what is queued goes at once)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._pending or self._phase is Phase.SENDING:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._phase is Phase.HELD:
-                    return False
-                self._cond.wait(min(remaining, 0.05))
-            return True
+            self._flushers += 1
+            self._cond.notify_all()
+            try:
+                while self._pending or self._phase is Phase.SENDING:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self._phase is Phase.HELD:
+                        return False
+                    self._cond.wait(min(remaining, 0.05))
+                return True
+            finally:
+                self._flushers -= 1
 
     def close(self) -> None:
         """Refuse further outcomes and let the thread end once idle (deferred ones go now)."""
@@ -238,16 +273,32 @@ class Settler:
         self._deferred = [o for o in self._deferred if o.not_before_s > now]
         return min([0.5, *(o.not_before_s - now for o in self._deferred)])
 
+    @staticmethod
+    def _linger_tasks() -> int:
+        return min(ACK_LINGER_TASKS, SETTLE_BATCH)
+
+    def _linger_left_s(self) -> float:
+        """How much longer the queued outcomes may wait for company (lock held); 0: send now."""
+        if self._closed or self._flushers or len(self._pending) >= self._linger_tasks():
+            return 0.0
+        return self._oldest_s + self.linger_s - time.monotonic()
+
     def _take_batch(self) -> list[Outcome] | None:
         with self._cond:
             while True:
                 wait_s = self._promote_due()
                 if self._pending and self._phase is not Phase.HELD:
-                    break
-                if self._closed:
+                    linger_s = self._linger_left_s()
+                    if linger_s <= 0:
+                        break
+                    self._phase = Phase.LINGERING
+                    wait_s = min(wait_s, linger_s)
+                elif self._closed:
                     return None
                 self._cond.wait(wait_s)
             batch = [self._pending.popleft() for _ in range(min(SETTLE_BATCH, len(self._pending)))]
+            # What is left waited at least as long as the batch (and is a full batch's worth).
+            self._oldest_s = time.monotonic()
             self._phase = Phase.SENDING
             self._batch = batch
             return batch

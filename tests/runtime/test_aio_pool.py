@@ -202,3 +202,48 @@ def test_sigterm_drains_running_coroutines_and_hands_back_the_rest(
     assert left == sorted(set(range(4)) - set(done))
     group = next(g for g in bclient.xinfo_groups(stream) if g["name"] == GROUP.encode())
     assert group["lag"] == 2 and pending() == 0
+
+
+class Announced:
+    """A bound-method handler whose object has ``tasks_queued``: records the order of what the
+    pool tells it and what it runs (``fail`` makes ``tasks_queued`` raise)."""
+
+    def __init__(self, *, fail: bool = False) -> None:
+        self.fail = fail
+        self.lock = threading.Lock()
+        self.events: list[tuple[str, list[str]]] = []
+
+    def tasks_queued(self, tasks: list[Task]) -> None:
+        with self.lock:
+            self.events.append(("queued", [t.message_id for t in tasks]))
+        if self.fail:
+            raise RuntimeError("tasks_queued broke")
+
+    async def run(self, task: Task) -> None:
+        with self.lock:
+            self.events.append(("ran", [task.message_id]))
+
+
+def _announced_pool(handler: Announced, done: list[str]) -> AsyncHandlerPool:
+    pool = AsyncHandlerPool(
+        handler.run, concurrency=1, max_deliveries=5, on_done=lambda d: done.extend(t.message_id for t, _, _ in d)
+    )
+    pool.start()
+    return pool
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_handlers_tasks_queued_hears_of_a_batch_before_any_of_it_starts(fail: bool) -> None:
+    """The flow runner sends creates ahead from ``tasks_queued``; it must hear of the whole batch
+    before the first task runs. One that raises is logged and changes nothing for the tasks."""
+    handler, done = Announced(fail=fail), []
+    pool = _announced_pool(handler, done)
+    try:
+        ids = ["1-0", "2-0", "3-0"]
+        pool.submit([Task(i, {}, 1) for i in ids])
+        wait_for(lambda: len(done) == 3, 5.0, "the three tasks to finish")
+    finally:
+        pool.stop()
+    assert handler.events[0] == ("queued", ids)
+    assert handler.events[1:] == [("ran", [i]) for i in ids]
+    assert done == ids

@@ -171,3 +171,64 @@ def test_an_outage_past_max_unsettled_drops_the_oldest(
     settler.redis_ok()
     assert settler.flush(5.0)
     assert queue.acked() == ["1-1", "1-2", "1-3"]  # the oldest stays pending in Redis: redelivered
+
+
+@pytest.fixture
+def lingering(queue: RecordingQueue) -> Iterator[Settler]:
+    """A settler whose linger is far longer than any test waits: only the count, a flush or a
+    close can end it."""
+    s = Settler(queue, on_failure=lambda _exc: None, linger_s=600.0)  # type: ignore[arg-type]
+    s.start()
+    yield s
+    s.close()
+
+
+def test_a_lone_ack_waits_at_most_the_linger_then_goes(queue: RecordingQueue) -> None:
+    linger_s = 0.3
+    s = Settler(queue, on_failure=lambda _exc: None, linger_s=linger_s)  # type: ignore[arg-type]
+    s.start()
+    try:
+        put_at = time.monotonic()
+        s.put(Outcome("1-0"))
+        wait_until(queue.acked, 5.0, "the lingering ack")
+        waited_s = time.monotonic() - put_at
+        assert linger_s <= waited_s < 3.0, waited_s
+        assert queue.acked() == ["1-0"]
+    finally:
+        s.close()
+
+
+def test_outcomes_put_while_lingering_share_one_batch_sent_once_the_count_is_reached(
+    lingering: Settler, queue: RecordingQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settler_module, "ACK_LINGER_TASKS", 4)
+    for i in range(3):
+        lingering.put(Outcome(f"1-{i}"))
+    wait_until(lambda: lingering.phase is Phase.LINGERING, 5.0, "the settler to linger")
+    holds_for(lambda: queue.acked() == [], 0.2, "three of four do not end the linger")
+    assert lingering.unsettled_ids() == {"1-0", "1-1", "1-2"}  # still ours: no reclaim takes them
+    lingering.put(Outcome("1-3"))
+    wait_until(queue.acked, 5.0, "the batch the fourth outcome completes")
+    assert [acks for acks, _, _ in queue.settled] == [["1-0", "1-1", "1-2", "1-3"]]
+
+
+def test_a_flush_cuts_the_linger_short(lingering: Settler, queue: RecordingQueue) -> None:
+    lingering.put(Outcome("1-0"))
+    wait_until(lambda: lingering.phase is Phase.LINGERING, 5.0, "the settler to linger")
+    started = time.monotonic()
+    assert lingering.flush(5.0)
+    assert time.monotonic() - started < 1.0
+    assert queue.acked() == ["1-0"]
+    # Once the flush returned, lingering is allowed again.
+    lingering.put(Outcome("1-1"))
+    holds_for(lambda: queue.acked() == ["1-0"], 0.2, "the next outcome lingers again")
+
+
+def test_close_cuts_the_linger_short_and_the_stop_flush_finds_it_sent(
+    lingering: Settler, queue: RecordingQueue
+) -> None:
+    lingering.put(Outcome("1-0"))
+    wait_until(lambda: lingering.phase is Phase.LINGERING, 5.0, "the settler to linger")
+    lingering.close()  # what a stop does first (plaita.runtime.stopping), then a bounded flush
+    wait_until(queue.acked, 5.0, "the ack close sent without lingering")
+    assert lingering.flush(5.0) and queue.acked() == ["1-0"]

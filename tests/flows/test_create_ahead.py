@@ -1,0 +1,182 @@
+"""Creates sent ahead (``FlowRunner.tasks_queued``, ``Admission.create_ahead``): the starts a read
+brought are created, under their leases, before any of them runs, and each task then uses its
+create's reply. Every start semantic holds: each step runs once, a duplicate or a taken dedup key
+is a no-op, a task handed back unstarted (or a worker killed) after its create is continued by its
+next delivery, and a flow with limits creates nothing ahead. Real Redis, real leases, the
+runner's own loop connection; then real worker processes stopped and killed mid-backlog."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from plaita.flows.client import FlowClient
+from tests.flows import flowdefs, limitdefs
+from tests.flows.support import Harness, harness, ledgers, start
+from tests.support.lease_workers import FAST_RECLAIM_ARGS, wait_for, worker_proc
+
+pytestmark = pytest.mark.redis
+
+STEPS = ["one", "two", "three"]
+
+
+class Events:
+    """An execution observer keeping the ``started`` events (told only when a task created its
+    execution, not when it found one already there)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def execution_event(self, flow_id: str, event: str) -> None:
+        self.started += event == "started"
+
+
+@pytest.fixture
+def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with harness(redis_url) as h:
+        yield h
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    """Poll ``predicate`` with the loop running (the replies are read on it), up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_queued_starts_are_created_before_any_runs_and_each_step_runs_once(h: Harness) -> None:
+    events = Events()
+    h.runner.add_observer(events)
+    eids = ["ca1", "ca2", "ca3"]
+
+    async def scenario() -> None:
+        queued = [h.task(start(eid)) for eid in eids]
+        h.runner.tasks_queued([t for t, _ in queued])
+        await until(lambda: all(h.store.get(e) is not None for e in eids), "the three creates")
+        assert [ledgers(e, STEPS) for e in eids] == [[0, 0, 0]] * 3  # created, nothing run yet
+        for task, lease in queued:
+            try:
+                await h.runner.run_async(task)
+            finally:
+                h.leases.release(lease)
+
+    asyncio.run(scenario())
+    for eid in eids:
+        doc = h.store.get(eid)
+        assert doc is not None and doc["status"] == "completed", doc
+        assert ledgers(eid, STEPS) == [1, 1, 1] and ledgers(eid, STEPS, "staged") == [1, 1, 1]
+    assert events.started == 3  # each task took its create's reply (created), not a second create
+
+
+def test_a_taken_dedup_key_and_a_duplicate_start_stay_no_ops(h: Harness) -> None:
+    assert h.run(start("dup1"))["status"] == "completed"  # type: ignore[index]
+
+    async def scenario() -> None:
+        queued = [
+            h.task({**start("dd1"), "dedup_key": "k1"}),
+            h.task({**start("dd2"), "dedup_key": "k1"}),  # the key dd1 takes first
+            h.task(start("dup1")),  # a redelivered start of an execution that ended
+        ]
+        h.runner.tasks_queued([t for t, _ in queued])
+        for task, lease in queued:
+            try:
+                await h.runner.run_async(task)
+            finally:
+                h.leases.release(lease)
+
+    asyncio.run(scenario())
+    assert h.store.get("dd1")["status"] == "completed"  # type: ignore[index]
+    assert h.store.get("dd2") is None and ledgers("dd2", STEPS) == [0, 0, 0]
+    assert ledgers("dup1", STEPS) == [1, 1, 1]
+
+
+def test_a_start_handed_back_after_its_create_is_continued_and_its_old_reply_never_reused(h: Harness) -> None:
+    """The create went ahead, then the task was handed back unstarted (its lease released, as a
+    stop does). Another delivery (a duplicate entry) finds the execution running at its first
+    step and runs each step once; a later delivery of the first entry, under a new lease, finds
+    it completed (a no-op): the create's reply of the handed-back delivery is never taken for it."""
+
+    async def deliver(message_id: str) -> None:
+        task, lease = h.task(start("hb1"), message_id=message_id)
+        try:
+            await h.runner.run_async(task)
+        finally:
+            h.leases.release(lease)
+
+    async def scenario() -> None:
+        task, lease = h.task(start("hb1"), message_id="77-0")
+        h.runner.tasks_queued([task])
+        await until(lambda: h.store.get("hb1") is not None, "the create sent ahead")
+        h.leases.release(lease)  # handed back unstarted
+        await deliver("78-0")
+        assert ledgers("hb1", STEPS) == [1, 1, 1]
+        await deliver("77-0")
+
+    asyncio.run(scenario())
+    assert h.store.get("hb1")["status"] == "completed"  # type: ignore[index]
+    assert ledgers("hb1", STEPS) == [1, 1, 1] and ledgers("hb1", STEPS, "staged") == [1, 1, 1]
+
+
+def test_a_flow_with_limits_creates_nothing_ahead(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with harness(redis_url) as h:
+        h.runner = type(h.runner)(limitdefs.FLOWS, h.store)
+
+        async def scenario() -> None:
+            task, lease = h.task({"type": "start", "flow_id": "solo", "execution_id": "lim1", "params": {}})
+            h.runner.tasks_queued([task])
+            await asyncio.sleep(0.3)  # a create sent ahead would have landed by now (the absence checked)
+            assert h.store.get("lim1") is None  # it waits for its slot before it exists
+            h.leases.release(lease)
+
+        asyncio.run(scenario())
+
+
+FLOW_ARGS = ("--flows", "tests.flows.flowdefs", "--concurrency", "1", *FAST_RECLAIM_ARGS)
+
+
+def _ended(client: redis.Redis, eids: list[str]) -> list[Any]:
+    with client.pipeline(transaction=False) as p:
+        for eid in eids:
+            p.get(f"plaita:execution:{eid}")
+        return p.execute()
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "kill9"])
+def test_a_worker_stopped_mid_backlog_loses_no_execution_and_commits_each_step_once(
+    redis_url: str, flows: FlowClient, tmp_path: Path, stop: str
+) -> None:
+    """A concurrency-1 worker with a backlog holds queued starts whose creates went ahead; it is
+    stopped (its queued tasks handed back) or killed -9 (its leases expire) mid-backlog, and a
+    second worker finishes: every execution completes, each staged write once; after a graceful
+    stop each step also ran once."""
+    eids = [flows.start("ledger3", {}) for _ in range(1500)]
+    client = flowdefs.client()
+    with worker_proc(redis_url, tmp_path, "ca-a", *FLOW_ARGS) as a:
+        wait_for(lambda: flowdefs.ledger(eids[50], "three") >= 1, 30, "the first worker to complete some executions")
+        if stop == "kill9":
+            a.kill9()
+        else:
+            assert a.terminate() == 0
+    # What the stop left: executions created ahead whose first step never ran (the scenario).
+    docs = _ended(client, eids)
+    ahead = [e for e, d in zip(eids, docs, strict=True) if d is not None and flowdefs.ledger(e, "one") == 0]
+    assert ahead, "no create went ahead of its task before the stop"
+    with worker_proc(redis_url, tmp_path, "ca-b", *FLOW_ARGS) as b:
+        for eid in eids:
+            doc = flows.wait(eid, 60)
+            assert doc["status"] == "completed", (eid, doc)
+        assert b.terminate() == 0
+    staged = [ledgers(e, STEPS, "staged") for e in eids]
+    assert all(s == [1, 1, 1] for s in staged), [e for e, s in zip(eids, staged, strict=True) if s != [1, 1, 1]][:5]
+    if stop == "sigterm":
+        runs = [ledgers(e, STEPS) for e in eids]
+        assert all(r == [1, 1, 1] for r in runs), [e for e, r in zip(eids, runs, strict=True) if r != [1, 1, 1]][:5]
