@@ -93,6 +93,20 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.
         time.sleep(poll_s)
 
 
+def scan_calls(client: redis.Redis) -> int:
+    """SCAN calls the server ran since its stats were last reset (``INFO commandstats``)."""
+    return int(client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+
+def wait_fleet_checked(client: redis.Redis, workers: int, scans_before: int, timeout_s: float = 5.0) -> bool:
+    """Wait until ``workers`` freshly started workers ran their first fleet check (``plaita.ops.fleetcheck``,
+    ~1 s after start): at least two SCANs each (the registry and the stray-stream lookups), over a
+    keyspace still nearly empty. Measured without this wait, that check lands inside a leased run and
+    SCANs every fence key the run has written (0.4-1 us of redis-server CPU per task, a pause of the
+    server's other work while it runs) although it runs once a minute, never once per second of work."""
+    return wait_for(lambda: scan_calls(client) >= scans_before + 2 * workers, timeout_s)
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM raises SystemExit(143), so every ``finally`` stops the servers and workers it started."""
 

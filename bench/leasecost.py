@@ -26,7 +26,17 @@ from pathlib import Path
 
 import redis
 
-from bench.common import ROOT, Subprocess, WorkerProcess, cpu_seconds, enqueue, start_all, wait_for
+from bench.common import (
+    ROOT,
+    Subprocess,
+    WorkerProcess,
+    cpu_seconds,
+    enqueue,
+    scan_calls,
+    start_all,
+    wait_fleet_checked,
+    wait_for,
+)
 from bench.countrt import read_round_trips
 from bench.flowcurve import _source_dir
 from bench.throughput import GROUP, _drain
@@ -87,10 +97,12 @@ def measure(url: str, redis_pid: int, cwd: Path, config: str, tasks: int) -> Run
     rt_file = Path(tempfile.mkdtemp(prefix="plaita-leasecost-rt-")) / "count"
     client.flushdb()
     client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    scans0 = scan_calls(client)
     proc = _consumer(url, stream, cwd, config, rt_file)
     try:
         if isinstance(proc, WorkerProcess):
             start_all([proc])
+            wait_fleet_checked(client, 1, scans0)
         elif not wait_for(lambda: len(client.xinfo_consumers(stream, GROUP)) >= 1, 20):
             raise RuntimeError(f"raw loop not reading after 20 s: {proc.stderr_tail()}")
         time.sleep(0.05)  # the round-trip file is written every 20 ms

@@ -25,8 +25,10 @@ from bench.common import (
     cpu_seconds,
     enqueue,
     group_pending,
+    scan_calls,
     start_all,
     status_kb,
+    wait_fleet_checked,
     wait_for,
 )
 
@@ -183,6 +185,7 @@ def worker_run(
     execution_ids: bool = False,
     redis_pid: int = 0,
 ) -> Throughput:
+    scans0 = scan_calls(client)  # before the workers start: their first fleet check comes ~1 s later
     workers = [
         WorkerProcess(
             url,
@@ -196,6 +199,7 @@ def worker_run(
     label = f"worker c{concurrency} x{processes}"
     try:
         start_all(workers)
+        wait_fleet_checked(client, processes, scans0)
         pids = [w.pid for w in workers]
         cpu0, rcpu0 = _cpu(pids), cpu_seconds(redis_pid)
         t_enq = time.monotonic()

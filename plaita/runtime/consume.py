@@ -13,10 +13,11 @@ import time
 from plaita.config import Settings
 from plaita.fsm import Lifecycle
 from plaita.runtime.counters import Counters
-from plaita.runtime.intake import Intake
+from plaita.runtime.intake import MIN_READ_AHEAD, Intake, ReadBatch
 from plaita.runtime.outage import Outage
 from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
+from plaita.store.entries import Entry
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,9 @@ RECLAIM_BATCH = 100
 #: Entries examined per residue sweep: one bounded XRANGE + XPENDING between two reads, so the
 #: sweep of acked-but-undeleted entries never holds up consuming.
 RESIDUE_SWEEP_BATCH = 256
+#: Batches read ahead in one READING step at most (each while the previous one's leases are
+#: acquired), so stop requests and reclaim passes are still looked at every few hundred tasks.
+READ_AHEAD_MAX = 4
 
 
 class ConsumePhases:
@@ -155,7 +159,44 @@ class ConsumePhases:
         entries = self.queue.read_new(free, self.settings.read_block_ms)
         self._read_succeeded()
         self.intake.backlog_seen = len(entries) >= free
-        self.intake.accept(entries)
+        batch = self.intake.parse_batch(entries)
+        for _ in range(READ_AHEAD_MAX):
+            ahead = self._read_ahead(batch)
+            if not ahead:
+                break
+            # The next batch was read before this one's acquire went out, so its reply was not
+            # held up by the script; its parse now runs while redis-server runs the script.
+            self.intake.send_acquire(batch)
+            try:
+                following = self.intake.parse_batch(ahead)
+            except BaseException:
+                self.intake.drop(batch)
+                raise
+            # Should this raise, ``following``'s leased tasks never asked for their leases: their
+            # entries stay in our pending list, and RESUMING_OWN re-reads them after the outage.
+            self.intake.start_leased(batch)
+            batch = following
+        self.intake.send_acquire(batch)
+        self.intake.start_leased(batch)
+
+    def _read_ahead(self, batch: ReadBatch) -> list[Entry]:
+        """With a backlog, the next batch (no BLOCK) to parse while ``batch``'s leases are being
+        acquired; [] when there is nothing to overlap (no leased task, no backlog, no room)."""
+        if not batch.eager or not self.intake.backlog_seen or time.monotonic() >= self._next_reclaim_at_s:
+            return []
+        room = self.intake.free_slots(unstarted=len(batch.eager))
+        if room < MIN_READ_AHEAD:
+            return []
+        try:
+            entries = self.queue.read_new(room, 0)
+        except Exception:
+            # ``batch`` was read and is ours alone now: start it (or leave it to the orphan
+            # release) before the read's error goes up.
+            self.intake.send_acquire(batch)
+            self.intake.start_leased(batch)
+            raise
+        self.intake.backlog_seen = len(entries) >= room
+        return entries
 
     def _read_succeeded(self) -> None:
         """A read answered: the outage (if any) is over and the backoff starts from its base again.

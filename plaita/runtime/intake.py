@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from plaita.config import DEFAULT_MAX_PREFETCH, READ_BATCH_MAX, Settings
@@ -18,7 +19,7 @@ from plaita.runtime.outcomes import Outcome
 from plaita.runtime.pool import Pool
 from plaita.runtime.settler import Settler
 from plaita.store.entries import Entry
-from plaita.store.leases import LeaseManager
+from plaita.store.leases import Lease, LeaseManager, PendingAcquire
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,23 @@ FAST_HANDLER_S = 0.005
 MIN_READ_AHEAD = READ_BATCH_MAX // 4
 #: Below this claim threshold every task takes its lease before it starts (see ``accept``).
 LAZY_LEASE_MIN_IDLE_MS = 1000
+
+
+@dataclass(slots=True)
+class ReadBatch:
+    """A parsed read batch whose leased tasks have not started yet (``Intake.parse_batch``).
+
+    It lives within one owner step: ``ConsumePhases.read`` starts or drops every batch before
+    the step ends, so no scan of our pending list (RESUMING_OWN, a reclaim pass) can meet an
+    entry that is read but neither in flight nor settling."""
+
+    #: Tasks that start once they hold their execution's lease, with their entries.
+    eager: list[tuple[Task, Entry]]
+    read_at_s: float
+    #: How many of the batch's tasks started at once (no lease needed yet).
+    started: int
+    #: The acquire of ``eager``'s leases, sent and not yet answered.
+    acquire: PendingAcquire | None = None
 
 
 class Intake:
@@ -63,12 +81,13 @@ class Intake:
         leaves the in-flight table), so nothing read afterwards can slip between them."""
         return self.inflight.ids() | self.settler.unsettled_ids()
 
-    def free_slots(self) -> int:
+    def free_slots(self, unstarted: int = 0) -> int:
+        """How many entries the next read may take; ``unstarted``: tasks read and not yet in flight."""
         prefetch = self.settings.prefetch
         if prefetch is None:
             mean = self.pool.mean_duration_s
             prefetch = DEFAULT_MAX_PREFETCH if mean is not None and mean < FAST_HANDLER_S else 0
-        concurrency, in_flight = self.settings.concurrency, len(self.inflight)
+        concurrency, in_flight = self.settings.concurrency, len(self.inflight) + unstarted
         free = min(READ_BATCH_MAX, concurrency + prefetch - in_flight)
         if prefetch and self.backlog_seen and free < MIN_READ_AHEAD and in_flight >= 2 * concurrency:
             # With a backlog, reading as soon as a few slots free up fetches a handful of entries
@@ -78,7 +97,15 @@ class Intake:
         return free
 
     def accept(self, entries: list[Entry]) -> int:
-        """Dispatch a read batch: malformed entries go straight to the DLQ, the rest start.
+        """Dispatch a read batch at once (``parse_batch``, ``send_acquire``, ``start_leased``).
+        Returns how many of its tasks started."""
+        batch = self.parse_batch(entries)
+        self.send_acquire(batch)
+        return self.start_leased(batch)
+
+    def parse_batch(self, entries: list[Entry]) -> ReadBatch:
+        """Parse a read batch: malformed entries go straight to the DLQ, tasks that need no lease
+        yet start now, and the rest wait in the returned batch for their leases.
 
         A task of an execution (body ``execution_id``) starts only once it holds that
         execution's lease (one round trip for the batch), so a start and a resume of the same
@@ -86,7 +113,7 @@ class Intake:
         no other entry shares: it starts at once and takes its lease only if it is still running
         at the first renewal (``LeaseRenewer.renew_once``). Until then its idle time, reset by the
         read, is below ``claim_min_idle_ms``, so no reclaim can take it: the same protection,
-        without a Lua call per short task. Returns how many started.
+        without a Lua call per short task.
         """
         eager: list[tuple[Task, Entry]] = []
         started: list[Task] = []
@@ -105,19 +132,58 @@ class Intake:
             lazy.append(InFlight(task, entry.fields, None, now, read_at_s=now))
             started.append(task)
         self.inflight.add_many(lazy)  # one lock round for the batch; before any of them can finish
+        self.pool.submit(started)
+        self.counters.add("read", len(started))
+        return ReadBatch(eager, now, len(started))
+
+    def send_acquire(self, batch: ReadBatch) -> None:
+        """Send the acquire of the batch's leases (one script call), not waiting for its reply."""
+        if not batch.eager:
+            return
+        eager = batch.eager
         try:
-            self._lease(eager, now, started)
+            batch.acquire = self.leases.send_acquire_many(
+                [t.execution_id for t, _ in eager], [t.keyspace for t, _ in eager]
+            )
+        except Exception:
+            self.inflight.suspect_orphans(lease_ref(t) for t, _ in eager)  # part of it may have run
+            raise
+
+    def start_leased(self, batch: ReadBatch) -> int:
+        """Read the acquire's reply and start the tasks that got their lease. Returns how many of
+        the batch's tasks started, those ``parse_batch`` started included."""
+        if not batch.eager:
+            return batch.started
+        acquire, batch.acquire = batch.acquire, None
+        assert acquire is not None, "send_acquire first"
+        started: list[Task] = []
+        try:
+            leases = acquire.result()
+        except Exception:
+            # Redis may have set some of these leases anyway: released as orphans after the
+            # outage; the entries stay in our pending list and are re-read then.
+            self.inflight.suspect_orphans(lease_ref(t) for t, _ in batch.eager)
+            raise
+        try:
+            self._take_leases(batch.eager, batch.read_at_s, started, leases, retry_own=True)
         finally:
-            # Also on a failed acquire: the lazily leased tasks were accepted and must run.
             self.pool.submit(started)
         self.counters.add("read", len(started))
-        return len(started)
+        return batch.started + len(started)
+
+    def drop(self, batch: ReadBatch) -> None:
+        """Give up a batch whose leased tasks will not start here now (the caller failed between
+        ``send_acquire`` and ``start_leased``): its entries stay in our pending list, re-read after
+        the outage; leases its acquire may have set are released as orphans first."""
+        acquire, batch.acquire = batch.acquire, None
+        if acquire is not None:
+            acquire.abandon()
+            self.inflight.suspect_orphans(lease_ref(t) for t, _ in batch.eager)
 
     def _lease(
         self, eager: list[tuple[Task, Entry]], now: float, started: list[Task], *, retry_own: bool = True
     ) -> None:
-        """Acquire the leases of ``eager`` in one round trip; append the tasks that got theirs to
-        ``started`` as they do (so a failure later in the batch cannot strand them)."""
+        """Acquire the leases of ``eager`` in one round trip and take them (``_take_leases``)."""
         try:
             leases = self.leases.acquire_many([t.execution_id for t, _ in eager], [t.keyspace for t, _ in eager])
         except Exception:
@@ -125,6 +191,19 @@ class Intake:
             # outage; the entries stay in our pending list and are re-read then.
             self.inflight.suspect_orphans(lease_ref(t) for t, _ in eager)
             raise
+        self._take_leases(eager, now, started, leases, retry_own=retry_own)
+
+    def _take_leases(
+        self,
+        eager: list[tuple[Task, Entry]],
+        now: float,
+        started: list[Task],
+        leases: list[Lease | str],
+        *,
+        retry_own: bool,
+    ) -> None:
+        """Put the tasks that got their lease in flight and append them to ``started`` as they do
+        (so a failure later in the batch cannot strand them)."""
         orphaned: list[tuple[Task, Entry]] = []
         leased: list[InFlight] = []
         try:

@@ -17,17 +17,18 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import redis
 from redis.client import Pipeline
+from redis.connection import Connection, ConnectionPool
 
 from plaita.store import scripts
 from plaita.store.keyspace import DEFAULT, FENCE_PREFIX, LEASE_PREFIX, Keyspace
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FENCE_PREFIX", "LEASE_PREFIX", "Lease", "LeaseManager", "fenced_set"]
+__all__ = ["FENCE_PREFIX", "LEASE_PREFIX", "Lease", "LeaseManager", "PendingAcquire", "fenced_set"]
 #: Fencing counters outlive any lease: 7 days. An expired counter restarts at 1, so a holder frozen
 #: longer than this could pass the fence check again; no pause is that long.
 FENCE_TTL_S = 7 * 24 * 3600
@@ -90,16 +91,8 @@ class LeaseManager:
         must share a slot (a tenant's keys carry the partition's tag: one call for all tenants)."""
         if not execution_ids:
             return []
-        n = len(execution_ids)
-        spaces = [self._space(k) for k in keyspaces] if keyspaces else [self.keyspace] * n
-        groups: dict[int, list[int]] = {}
-        if self.keyspace.partitions == 1:
-            groups[0] = list(range(n))
-        else:
-            for i, execution_id in enumerate(execution_ids):
-                groups.setdefault(self.keyspace.partition_of(execution_id), []).append(i)
-        args = [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
-        lease_keys, fence_keys = _keys(spaces, execution_ids)
+        groups, lease_keys, fence_keys = self._plan(execution_ids, keyspaces)
+        args = self._acquire_args()
 
         def build(pipe: Pipeline) -> None:
             for members in groups.values():
@@ -108,9 +101,58 @@ class LeaseManager:
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
         replies = scripts.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
-        out: list[Lease | str] = [""] * n
+        return self._leases(execution_ids, lease_keys, list(zip(groups.values(), replies, strict=True)))
+
+    def send_acquire_many(
+        self, execution_ids: list[str], keyspaces: Sequence[Keyspace | None] | None = None
+    ) -> PendingAcquire:
+        """``acquire_many``, sent without waiting for the reply: the caller does other work while
+        redis-server runs the script, then takes the leases with ``PendingAcquire.result()``.
+
+        The script goes out on a connection of its own, held until the reply is read. With
+        partitions (one call per partition, maybe on several masters) or a client without a
+        plain connection pool, the acquire runs at once and ``result()`` just hands it over."""
+        pool = getattr(self.client, "connection_pool", None)
+        if not execution_ids or self.keyspace.partitions != 1 or not isinstance(pool, ConnectionPool):
+            return PendingAcquire(self, None, execution_ids, [], done=self.acquire_many(execution_ids, keyspaces))
+        _, lease_keys, fence_keys = self._plan(execution_ids, keyspaces)
+        keys = [k for pair in zip(lease_keys, fence_keys, strict=True) for k in pair]
+        conn = pool.get_connection()
+        try:
+            args = self._acquire_args()
+            conn.send_command("EVALSHA", ACQUIRE_MANY.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        except BaseException:
+            # Part of the command may have gone out: the connection is unusable.
+            conn.disconnect()  # type: ignore[no-untyped-call]
+            pool.release(conn)
+            raise
+        return PendingAcquire(self, conn, execution_ids, lease_keys, keyspaces=keyspaces)
+
+    def _plan(
+        self, execution_ids: list[str], keyspaces: Sequence[Keyspace | None] | None
+    ) -> tuple[dict[int, list[int]], list[str], list[str]]:
+        """Which executions go to which partition's script call, and every lease and fence key."""
+        n = len(execution_ids)
+        spaces = [self._space(k) for k in keyspaces] if keyspaces else [self.keyspace] * n
+        groups: dict[int, list[int]] = {}
+        if self.keyspace.partitions == 1:
+            groups[0] = list(range(n))
+        else:
+            for i, execution_id in enumerate(execution_ids):
+                groups.setdefault(self.keyspace.partition_of(execution_id), []).append(i)
+        lease_keys, fence_keys = _keys(spaces, execution_ids)
+        return groups, lease_keys, fence_keys
+
+    def _acquire_args(self) -> list[str | int]:
+        return [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
+
+    def _leases(
+        self, execution_ids: list[str], lease_keys: list[str], replies: list[tuple[list[int], list[Any]]]
+    ) -> list[Lease | str]:
+        """The acquire script's flat replies (one per partition call) as leases or refusals, in order."""
+        out: list[Lease | str] = [""] * len(execution_ids)
         own = f"{self.holder}:"
-        for members, flat in zip(groups.values(), replies, strict=True):
+        for members, flat in replies:
             for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
                 if int(ok) == 1:  # inline, not a method: once per leased task
                     generation = int(value)
@@ -172,6 +214,66 @@ class LeaseManager:
     def release(self, lease: Lease) -> bool:
         """Compare-and-delete; True if it was still ours."""
         return int(RELEASE_MANY(self.client, [lease.key], [lease.value])) == 1
+
+
+class PendingAcquire:
+    """An acquire sent on a connection of its own whose reply is not read yet.
+
+    ``result()`` reads it (once) and gives the connection back; ``abandon()`` drops a reply nobody
+    will read: the connection is closed, since a late reply on it would answer someone else's
+    command. Either way the connection returns to its pool exactly once."""
+
+    __slots__ = ("_conn", "_done", "_ids", "_keyspaces", "_lease_keys", "_manager")
+
+    def __init__(
+        self,
+        manager: LeaseManager,
+        conn: Connection | None,
+        execution_ids: list[str],
+        lease_keys: list[str],
+        *,
+        keyspaces: Sequence[Keyspace | None] | None = None,
+        done: list[Lease | str] | None = None,
+    ) -> None:
+        self._manager, self._conn, self._ids, self._lease_keys = manager, conn, execution_ids, lease_keys
+        self._keyspaces, self._done = keyspaces, done
+
+    def result(self) -> list[Lease | str]:
+        """The leases or refusals, in order. Raises what the call raised (then nothing is left
+        pending: a caller treats the acquire like any failed one, whose leases may exist)."""
+        if self._done is not None:
+            return self._done
+        manager, conn = self._manager, self._take_conn()
+        try:
+            flat = conn.read_response()
+        except redis.exceptions.NoScriptError:
+            # The server has no script (a restart, SCRIPT FLUSH): nothing of it ran, so the
+            # usual path (which loads it) acquires the batch from scratch.
+            self._release(conn, healthy=True)
+            self._done = manager.acquire_many(self._ids, self._keyspaces)
+            return self._done
+        except BaseException:
+            self._release(conn, healthy=False)
+            raise
+        self._release(conn, healthy=True)
+        self._done = manager._leases(self._ids, self._lease_keys, [(list(range(len(self._ids))), flat)])
+        return self._done
+
+    def abandon(self) -> None:
+        """Give up the reply (the caller failed before it could read it)."""
+        if self._conn is not None:
+            self._release(self._take_conn(), healthy=False)
+
+    def _take_conn(self) -> Connection:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise RuntimeError("this acquire's reply was already taken or abandoned")
+        return conn
+
+    def _release(self, conn: Connection, *, healthy: bool) -> None:
+        if not healthy:
+            conn.disconnect()  # type: ignore[no-untyped-call]
+        self._manager.client.connection_pool.release(conn)
 
 
 def _keys(spaces: list[Keyspace], execution_ids: list[str]) -> tuple[list[str], list[str]]:

@@ -7,6 +7,7 @@ the holder's value); whether Redis grants them is the store's business, tested t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ class Leases:
     def __init__(self) -> None:
         self.held: dict[str, str] = {}
         self.fail = False
+        self.fail_send = False
         self.released: list[str] = []
         self.asked: list[list[str]] = []
 
@@ -49,6 +51,12 @@ class Leases:
             out.append(got)
         return out
 
+    def send_acquire_many(self, execution_ids: list[str], keyspaces: object = None) -> Sent:
+        """As the store's: sent now, answered (or failed, with ``fail``) when the reply is read."""
+        if self.fail_send:
+            raise ConnectionError("redis down")
+        return Sent(lambda: self.acquire_many(execution_ids, keyspaces))
+
     def ours(self, execution_id: str, value: str, keyspace: object = None) -> Lease | None:
         return Lease(execution_id, f"lease:{execution_id}", value, 7) if value.startswith(ME) else None
 
@@ -56,6 +64,19 @@ class Leases:
         self.released.append(execution_id)
         self.held.pop(execution_id, None)
         return True
+
+
+class Sent:
+    """A ``PendingAcquire`` stand-in: the reply is computed when read; ``abandon`` is recorded."""
+
+    def __init__(self, reply: Callable[[], list[Lease | str]]) -> None:
+        self.reply, self.abandoned = reply, False
+
+    def result(self) -> list[Lease | str]:
+        return self.reply()
+
+    def abandon(self) -> None:
+        self.abandoned = True
 
 
 class Pool:
@@ -118,7 +139,7 @@ def test_a_task_of_an_execution_starts_with_its_lease_and_fencing_token(s: Setup
 
 def test_a_plain_task_starts_without_asking_for_a_lease(s: Setup) -> None:
     assert s.intake.accept([entry("1-0", {"n": 1})]) == 1
-    assert s.leases.asked == [[]]  # its lease is taken lazily by the renewer if it runs long
+    assert s.leases.asked == []  # its lease is taken lazily by the renewer if it runs long
     assert s.started() == ["1-0"]
 
 
@@ -185,3 +206,43 @@ def test_free_slots_read_ahead_only_for_fast_handlers() -> None:
     assert s.intake.free_slots() == 4
     s.intake.accept([entry("1-0", {"n": 1})])
     assert s.intake.free_slots() == 3
+
+
+def test_free_slots_count_tasks_read_but_not_yet_in_flight() -> None:
+    s = Setup(prefetch=10)
+    assert s.intake.free_slots() == 14
+    assert s.intake.free_slots(unstarted=6) == 8
+
+
+def test_a_parsed_batch_starts_its_plain_tasks_and_leases_the_rest_when_the_reply_is_read(s: Setup) -> None:
+    batch = s.intake.parse_batch([entry("1-0", {"execution_id": "e1"}), entry("1-1", {"n": 2})])
+    assert s.started() == ["1-1"] and "1-0" not in s.inflight and s.leases.asked == []
+    s.intake.send_acquire(batch)
+    assert s.started() == ["1-1"]  # the reply is not read yet
+    assert s.intake.start_leased(batch) == 2
+    assert s.started() == ["1-1", "1-0"] and "1-0" in s.inflight
+    assert s.counters.read == 2
+
+
+def test_a_failed_send_or_reply_suspects_orphans_and_starts_nothing_leased(s: Setup) -> None:
+    s.leases.fail_send = True
+    batch = s.intake.parse_batch([entry("1-0", {"execution_id": "e1"})])
+    with pytest.raises(ConnectionError):
+        s.intake.send_acquire(batch)
+    assert s.inflight.take_orphan_suspects() == {"e1"}
+    s.leases.fail_send, s.leases.fail = False, True
+    batch = s.intake.parse_batch([entry("1-1", {"execution_id": "e2"})])
+    s.intake.send_acquire(batch)
+    with pytest.raises(ConnectionError):
+        s.intake.start_leased(batch)
+    assert s.inflight.take_orphan_suspects() == {"e2"} and s.started() == []
+
+
+def test_a_dropped_batch_abandons_its_reply_and_suspects_orphans(s: Setup) -> None:
+    batch = s.intake.parse_batch([entry("1-0", {"execution_id": "e1"})])
+    s.intake.send_acquire(batch)
+    sent = batch.acquire
+    s.intake.drop(batch)
+    assert isinstance(sent, Sent) and sent.abandoned
+    assert s.inflight.take_orphan_suspects() == {"e1"} and s.started() == []
+    assert "1-0" not in s.inflight and "1-0" not in s.intake.ours()  # its entry waits in the PEL
