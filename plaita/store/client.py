@@ -15,7 +15,7 @@ from typing import Any, cast
 import hiredis
 import redis
 from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
@@ -135,7 +135,10 @@ class LazyCluster:
             for command, callback in self._callbacks.items():
                 cluster.set_response_callback(command, callback)  # type: ignore[no-untyped-call]
             return cluster
-        except RedisClusterException as exc:
+        except Exception as exc:
+            _close_half_built(exc)
+            if not isinstance(exc, RedisClusterException):
+                raise
             if "not enabled" in str(exc):  # a plain server named in a cluster URL: waiting will not help
                 raise NotAClusterError(f"{self._describe} is not a Redis Cluster: use redis:// for a server") from None
             raise redis.ConnectionError(f"no node of the cluster {self._describe} answered: {exc}") from None
@@ -147,6 +150,24 @@ class LazyCluster:
         with self._lock:
             if self._cluster is not None:
                 self._cluster.close()
+
+
+def _close_half_built(exc: BaseException) -> None:
+    """Close what a failed ``RedisCluster(...)`` left connected. redis-py's constructor asks a
+    startup node for the slot map on a connection it keeps; when it then fails (a plain server
+    behind a cluster URL, a node that answers with an error) nobody closes that connection, and
+    its socket waited for the garbage collector: one per failed attempt of a worker in BACKOFF.
+    The half-built node manager is reached through the failure's own frames."""
+    tb = exc.__traceback__
+    while tb is not None:
+        manager = tb.tb_frame.f_locals.get("self")
+        if isinstance(manager, NodesManager):
+            nodes = [*manager.startup_nodes.values(), *manager.nodes_cache.values()]
+            for node in nodes:
+                if node.redis_connection is not None:
+                    with contextlib.suppress(Exception):  # best effort: the failure is what is reported
+                        node.redis_connection.close()
+        tb = tb.tb_next
 
 
 def _cluster_client(target: ClusterTarget, options: dict[str, Any], tls: TlsFiles | None) -> redis.Redis:
