@@ -52,6 +52,14 @@ def rclient(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def bclient(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client on the shared private server with bytes replies, as plaita's own clients."""
+    c = redis.Redis.from_url(redis_url, socket_timeout=5)
+    yield c
+    c.close()
+
+
+@pytest.fixture
 def private_redis() -> Iterator[RedisServer]:
     """A server of the test's own, with persistence, for tests that fault it."""
     with RedisServer(persist=True) as server:

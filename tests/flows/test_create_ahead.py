@@ -17,6 +17,8 @@ import pytest
 import redis
 
 from plaita.flows.client import FlowClient
+from plaita.store.leases import Lease
+from plaita.tasks import Task
 from tests.flows import flowdefs, limitdefs
 from tests.flows.support import Harness, harness, ledgers, start
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, wait_for, worker_proc
@@ -52,6 +54,15 @@ async def until(predicate: Callable[[], bool], what: str, timeout_s: float = 5.0
         await asyncio.sleep(0.01)
 
 
+async def run_each(h: Harness, queued: list[tuple[Task, Lease]]) -> None:
+    """Run the queued tasks one by one, as a concurrency-1 worker does, each lease released after."""
+    for task, lease in queued:
+        try:
+            await h.runner.run_async(task)
+        finally:
+            h.leases.release(lease)
+
+
 def test_queued_starts_are_created_before_any_runs_and_each_step_runs_once(h: Harness) -> None:
     events = Events()
     h.runner.add_observer(events)
@@ -62,11 +73,7 @@ def test_queued_starts_are_created_before_any_runs_and_each_step_runs_once(h: Ha
         h.runner.tasks_queued([t for t, _ in queued])
         await until(lambda: all(h.store.get(e) is not None for e in eids), "the three creates")
         assert [ledgers(e, STEPS) for e in eids] == [[0, 0, 0]] * 3  # created, nothing run yet
-        for task, lease in queued:
-            try:
-                await h.runner.run_async(task)
-            finally:
-                h.leases.release(lease)
+        await run_each(h, queued)
 
     asyncio.run(scenario())
     for eid in eids:
@@ -86,11 +93,7 @@ def test_a_taken_dedup_key_and_a_duplicate_start_stay_no_ops(h: Harness) -> None
             h.task(start("dup1")),  # a redelivered start of an execution that ended
         ]
         h.runner.tasks_queued([t for t, _ in queued])
-        for task, lease in queued:
-            try:
-                await h.runner.run_async(task)
-            finally:
-                h.leases.release(lease)
+        await run_each(h, queued)
 
     asyncio.run(scenario())
     assert h.store.get("dd1")["status"] == "completed"  # type: ignore[index]

@@ -11,7 +11,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +30,6 @@ from tests.support.workers import worker_process
 pytestmark = pytest.mark.redis
 
 GROUP = "plaita-workers"
-
-
-@pytest.fixture
-def bclient(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, socket_timeout=5)
-    yield c
-    c.close()
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -26,14 +25,6 @@ from tests.support.lease_workers import (
 )
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def bclient(redis_url: str) -> Iterator[redis.Redis]:
-    """A bytes client, as plaita's own."""
-    c = redis.Redis.from_url(redis_url, socket_timeout=5)
-    yield c
-    c.close()
 
 
 def make_queue(client: redis.Redis, consumer: str = "me") -> StreamQueue:

@@ -9,7 +9,6 @@ whichever call fails: every task runs exactly once, and no lease is left behind.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,13 +23,6 @@ from tests.support.lease_workers import QUEUE, Probe, inproc_worker, pending_cou
 pytestmark = pytest.mark.redis
 
 TASKS = 600
-
-
-@pytest.fixture
-def bclient(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, socket_timeout=5)
-    yield c
-    c.close()
 
 
 @pytest.fixture

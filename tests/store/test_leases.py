@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +32,6 @@ pytestmark = pytest.mark.redis
 
 #: Fast timing for subprocess workers: reclaim every 0.5 s, BLOCK 200 ms.
 FAST = ("--reclaim-interval-s", "0.5", "--read-block-ms", "200")
-
-
-@pytest.fixture
-def bclient(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, socket_timeout=5)
-    yield c
-    c.close()
 
 
 def task_body(execution_id: str, **params: object) -> dict[str, object]:
