@@ -7,10 +7,12 @@ failed batch is kept (bounded) and retried after the owner has seen Redis come b
 A batch lingers a little: once an outcome is queued the thread waits until ``ACK_LINGER_TASKS``
 are queued or the oldest has waited ``ACK_LINGER_S``, whichever comes first, then sends what is
 queued (one batch in flight while the next fills). At a low rate (one flow execution at a time)
-an ack would otherwise go alone, a round trip per task; at a high rate the count ends the wait
-long before the time does. A flush (a stop's final one) cuts the linger short. Acks are off
-every handler's path (the window below is what a handler waits for), so the linger delays only
-when an entry leaves the pending list and its lease is released, by at most ``ACK_LINGER_S``.
+an ack would otherwise go alone, a round trip per task. At a high rate there is no linger at
+all: once a batch went out with ``ACK_LINGER_TASKS`` or more, the next goes as soon as the
+previous is confirmed, as before the linger existed (batches fill while one is in flight). A
+flush (a stop's final one) cuts the linger short. Acks are off every handler's path (the window
+below is what a handler waits for), so the linger delays only when an entry leaves the pending
+list and its lease is released, by at most ``ACK_LINGER_S``.
 
 The ack window bounds what a kill -9 costs, with or without the linger. A handler takes a slot
 of the window before it starts a task, and the slot comes back only when that task's ack is
@@ -82,6 +84,9 @@ class Settler:
         self.linger_s = linger_s
         #: When the oldest queued outcome was queued (monotonic), for the linger.
         self._oldest_s = 0.0
+        #: Outcomes in the last batch sent: one of ``ACK_LINGER_TASKS`` or more means a high rate,
+        #: where batches fill while the previous one is in flight and a linger only adds waits.
+        self._last_batch_n = 0
         #: Callers of ``flush`` waiting now: while any waits, nothing lingers.
         self._flushers = 0
         #: Told the dead letters each batch wrote to the DLQ (alerts); must not block.
@@ -279,7 +284,8 @@ class Settler:
 
     def _linger_left_s(self) -> float:
         """How much longer the queued outcomes may wait for company (lock held); 0: send now."""
-        if self._closed or self._flushers or len(self._pending) >= self._linger_tasks():
+        linger_tasks = self._linger_tasks()
+        if self._closed or self._flushers or len(self._pending) >= linger_tasks or self._last_batch_n >= linger_tasks:
             return 0.0
         return self._oldest_s + self.linger_s - time.monotonic()
 
@@ -299,6 +305,7 @@ class Settler:
             batch = [self._pending.popleft() for _ in range(min(SETTLE_BATCH, len(self._pending)))]
             # What is left waited at least as long as the batch (and is a full batch's worth).
             self._oldest_s = time.monotonic()
+            self._last_batch_n = len(batch)
             self._phase = Phase.SENDING
             self._batch = batch
             return batch

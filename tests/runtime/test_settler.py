@@ -232,3 +232,18 @@ def test_close_cuts_the_linger_short_and_the_stop_flush_finds_it_sent(
     lingering.close()  # what a stop does first (plaita.runtime.stopping), then a bounded flush
     wait_until(queue.acked, 5.0, "the ack close sent without lingering")
     assert lingering.flush(5.0) and queue.acked() == ["1-0"]
+
+
+def test_after_a_full_batch_the_next_goes_without_lingering(
+    lingering: Settler, queue: RecordingQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a high rate batches fill while one is in flight: there the linger would only add waits."""
+    monkeypatch.setattr(settler_module, "ACK_LINGER_TASKS", 4)
+    lingering.put_many([Outcome(f"1-{i}") for i in range(4)])  # a full batch: goes at once
+    wait_until(lambda: len(queue.acked()) == 4, 5.0, "the full batch")
+    started = time.monotonic()
+    lingering.put(Outcome("2-0"))
+    wait_until(lambda: "2-0" in queue.acked(), 5.0, "the next ack, without lingering")
+    assert time.monotonic() - started < lingering.linger_s / 2  # the fixture's linger is long
+    lingering.put(Outcome("3-0"))  # that batch held one: low rate again, so this one lingers
+    holds_for(lambda: "3-0" not in queue.acked(), 0.2, "a lone ack after a small batch lingers")
