@@ -34,6 +34,7 @@ from typing import Any
 
 from plaita.flows import model
 from plaita.flows.children import end_task
+from plaita.flows.claims import DeadlineClaims
 from plaita.flows.execution import error_doc
 from plaita.flows.keeper_types import KeeperPass as KeeperPass
 from plaita.flows.keeper_types import KeeperSettings as KeeperSettings
@@ -85,9 +86,7 @@ class Keeper:
         self._logged_bad: set[str] = set()
         #: The stores of every tenant with executions (the default one first), as of the last pass.
         self._stores: list[ExecutionStore] = [store]
-        #: Per tenant: claimed deadlines whose task was not sent and whose re-arm could not be
-        #: taken back yet ({execution id: (re-armed score, due score)}), retried each pass.
-        self._untaken: dict[str, dict[str, tuple[float, float]]] = {}
+        self._claims = DeadlineClaims(self.settings.timeout_cooldown_s)
         #: When the keeper lease was last taken or renewed, or tried (monotonic s): every third
         #: of its TTL, between passes too, so a pass longer than that does not lose it.
         self._lease_tried_at_s = -math.inf
@@ -167,7 +166,7 @@ class Keeper:
                 if time.monotonic() - self._lease_tried_at_s >= self.settings.lease_ttl_s / 3:
                     self._hold_lease()  # renewed (or taken over) every third of its TTL
                 earliest_s = min((e for st in self._stores if (e := st.earliest_deadline()) is not None), default=None)
-                if any(self._untaken.values()) or (earliest_s is not None and earliest_s <= self._clock()):
+                if self._claims.pending() or (earliest_s is not None and earliest_s <= self._clock()):
                     self._passed(self.run_deadlines())
             except Exception as exc:
                 logger.debug("keeper: deadline check failed (%s: %s)", type(exc).__name__, exc)
@@ -256,17 +255,22 @@ class Keeper:
 
     def _timeouts(self, store: ExecutionStore, now_s: float, report: KeeperPass) -> None:
         s = self.settings
-        self._retake(store)
-        # The claim re-arms each due deadline first, so a keeper killed before its enqueue
-        # still sends it again after the cooldown; an enqueue that fails takes it back at once.
-        rearm_at_s = now_s + s.timeout_cooldown_s
-        due = store.due_deadlines(now_s, rearm_at_s, s.batch, dry_run=s.dry_run)
+        if not s.dry_run:
+            self._claims.retake(store)
+        # The claim holds each due deadline for one keeper lease first, so a keeper killed before
+        # its enqueue has the wake sent by its successor (which acts a lease later) rather than
+        # never; an enqueue that fails takes the hold back at once. What was sent (or is
+        # unreadable) waits the cooldown from then on.
+        claim_at_s = now_s + min(s.lease_ttl_s, s.timeout_cooldown_s)
+        due = store.due_deadlines(now_s, claim_at_s, s.batch, dry_run=s.dry_run)
         unsent = dict.fromkeys(due)  # in order; what the claim re-armed and nothing sent yet
+        acted: list[str] = []  # sent or unreadable: re-armed for the cooldown at the end
         try:
             for eid, doc in zip(due, store.read_many(due), strict=True):
                 if isinstance(doc, UnreadableExecution):
                     self._skip_unreadable(doc, report)
-                    unsent.pop(eid)  # left re-armed: a bad key is met once per cooldown, not per pass
+                    unsent.pop(eid)
+                    acted.append(eid)  # a bad key is met once per cooldown, not per pass
                     continue
                 suspension = doc.get("suspension") if doc else None
                 if doc is None or doc.get("status") != "suspended" or not isinstance(suspension, dict):
@@ -278,39 +282,14 @@ class Keeper:
                 if not s.dry_run:
                     self.queue.enqueue(body)
                 unsent.pop(eid)
+                acted.append(eid)
         except Exception:
             if not s.dry_run:
-                self._take_back(store, list(unsent), rearm_at_s, now_s)
+                self._claims.take_back(store, list(unsent), claim_at_s, now_s)
+                self._claims.cool_down(store, acted, claim_at_s, now_s, quiet=True)
             raise
-
-    def _take_back(self, store: ExecutionStore, eids: list[str], rearm_at_s: float, due_at_s: float) -> None:
-        """Make claimed deadlines whose task was not sent due again (best effort, like
-        ``_send_retry``'s mark); if Redis fails that too, remember them for the next pass."""
-        if not eids:
-            return
-        try:
-            store.unclaim_deadlines(eids, rearm_at_s, due_at_s)
-        except Exception:
-            held = self._untaken.setdefault(store.ks.tenant, {})
-            if sum(map(len, self._untaken.values())) + len(eids) <= MAX_REMEMBERED_BAD:
-                held.update(dict.fromkeys(eids, (rearm_at_s, due_at_s)))  # past the bound: the cooldown
-
-    def _retake(self, store: ExecutionStore) -> None:
-        """Take back what ``_take_back`` could not (Redis failed then too); failing again, they
-        stay remembered and the pass goes on (its own claim fails the same way if Redis is down)."""
-        held = self._untaken.get(store.ks.tenant)
-        if not held or self.settings.dry_run:
-            return
-        by_claim: dict[tuple[float, float], list[str]] = {}
-        for eid, claim in held.items():
-            by_claim.setdefault(claim, []).append(eid)
-        try:
-            for (rearm_at_s, due_at_s), eids in by_claim.items():
-                store.unclaim_deadlines(eids, rearm_at_s, due_at_s)
-                for eid in eids:
-                    held.pop(eid)
-        except Exception as exc:
-            logger.debug("keeper: deadlines not taken back yet (%s: %s)", type(exc).__name__, exc)
+        if not s.dry_run:
+            self._claims.cool_down(store, acted, claim_at_s, now_s, quiet=False)
 
     def _orphans(
         self, store: ExecutionStore, now_s: float, report: KeeperPass, in_stream: set[str] | None

@@ -74,8 +74,9 @@ class KeeperAccess:
         return out
 
     def unclaim_deadlines(self, execution_ids: Sequence[str], rearm_at_s: float, due_at_s: float) -> int:
-        """Put the deadlines ``due_deadlines`` re-armed to ``rearm_at_s`` back to ``due_at_s``
-        (those not re-armed since); how many were put back."""
+        """Move the deadlines ``due_deadlines`` re-armed to ``rearm_at_s`` to ``due_at_s`` (those
+        not re-armed since): due again (a wake not sent), or after the cooldown (one sent); how
+        many were moved."""
         by_partition: dict[int, list[str]] = {}
         for eid in execution_ids:
             by_partition.setdefault(self.ks.partition_of(eid), []).append(eid)

@@ -1,10 +1,12 @@
 """A wake or timeout whose enqueue failed is sent again at once, not after the cooldown.
 
-The keeper re-arms a due deadline (``--timeout-cooldown-s``, 60 s) as it claims it, before the
-enqueue. Found by the soak: a Redis freeze between the two left a durable sleep 62 s late. Now a
-failed enqueue takes the re-arm back (and when Redis fails that too, the next pass does), so
-the next pass, or the 0.25 s deadline peek, sends it again. Real Redis; the fault is a real
-client refusing one command, as a cut connection would.
+The keeper holds a due deadline (for one keeper lease) as it claims it, before the enqueue, and
+re-arms it for ``--timeout-cooldown-s`` (60 s) once the wake is sent. Found by the soak: a Redis
+freeze between the claim and the enqueue left a durable sleep 62 s late. Now a failed enqueue
+takes the hold back (and when Redis fails that too, the next pass does), so the next pass, or
+the 0.25 s deadline peek, sends it again; a keeper killed between the two leaves it to its
+successor a lease later. Real Redis; the fault is a real client refusing one command, as a cut
+connection would, or dying in it, as a kill -9 would.
 """
 
 from __future__ import annotations
@@ -110,10 +112,66 @@ def test_a_take_back_that_fails_too_is_done_by_the_next_pass(h: Harness, faulty:
     with pytest.raises(redis.ConnectionError):
         k.run_once()
     score = h.client.zscore(DEADLINES, "lost")
-    assert score is not None and score > time.time() + 30  # still re-armed: remembered instead
+    assert score is not None and score > time.time()  # still held by the claim: remembered instead
     assert k.run_once().timeouts == ["lost"]
     assert len(queued(h.client)) == 1
     assert k.run_once().timeouts == []  # sent once: re-armed for the cooldown again
+
+
+class Killed(BaseException):
+    """The keeper's process dies here: no handler of the keeper runs after it (kill -9)."""
+
+
+class Dying(redis.Redis):
+    """A real client whose keeper is killed as it sends its first XADD."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "XADD":
+            raise Killed
+        return super().execute_command(*args, **options)
+
+
+def test_a_keeper_killed_between_claim_and_enqueue_leaves_the_wake_to_its_successor(
+    h: Harness, redis_url: str, faulty: Faulty
+) -> None:
+    """The claim holds the deadline for one keeper lease (2 s here), not the 60 s cooldown: the
+    keeper that takes over once the dead one's lease expired sends the wake."""
+    h.run(start("lost", "signup", timeout_s=0))
+    dying = Dying.from_url(redis_url, socket_timeout=5.0)
+    try:
+        with pytest.raises(Killed):
+            keeper_on(dying).run_once()  # type: ignore[arg-type]
+    finally:
+        dying.close()
+    assert queued(h.client) == []
+    score = h.client.zscore(DEADLINES, "lost")
+    assert score is not None and time.time() < score <= time.time() + SETTINGS.lease_ttl_s
+    successor, sent = keeper_on(faulty), []
+
+    def successor_sent() -> bool:  # it acts once the dead keeper's lease expired (2 s)
+        sent.extend(successor.run_once().timeouts)
+        return bool(sent)
+
+    wait_for(successor_sent, 10.0, "the successor's wake")  # the cooldown is 60 s
+    assert sent == ["lost"]
+    [task] = queued(h.client)
+    doc = h.run(task)
+    assert doc is not None and doc["state"]["resumed_by"] == "timeout"
+
+
+def test_a_sent_wake_is_re_armed_for_the_cooldown_not_the_hold(h: Harness, faulty: Faulty) -> None:
+    """After the enqueue the deadline waits the whole cooldown: a keeper a lease later sends
+    nothing again, one past the cooldown does (the wake was not acted on)."""
+    h.run(start("slow", "signup", timeout_s=0))
+    k = keeper_on(faulty)
+    assert k.run_once().timeouts == ["slow"]
+    score = h.client.zscore(DEADLINES, "slow")
+    assert score is not None and score > time.time() + SETTINGS.timeout_cooldown_s - 5
+    k._clock = lambda: time.time() + SETTINGS.lease_ttl_s + 1
+    assert k.run_once().timeouts == []
+    k._clock = lambda: time.time() + SETTINGS.timeout_cooldown_s + 1
+    assert k.run_once().timeouts == ["slow"]
+    assert len(queued(h.client)) == 2
 
 
 def test_a_running_keeper_re_sends_a_failed_wake_promptly(h: Harness, faulty: Faulty) -> None:

@@ -1,9 +1,10 @@
--- Take back the re-arm of claim_deadlines for suspensions whose wake or timeout was not sent
--- (its enqueue failed): each is due again at once instead of after the cooldown. Only a member
--- still at the re-armed score is touched: one re-armed by a newer suspension keeps its deadline.
+-- Move deadlines claim_deadlines claimed (re-armed to the claim's score) to another score: due
+-- at once for those whose wake or timeout was not sent (its enqueue failed), after the cooldown
+-- for those sent. Only a member still at the claim's score is touched: one re-armed by a newer
+-- suspension keeps its deadline.
 -- KEYS[1]  suspension deadlines (sorted set)
 -- ARGV[1]  the re-armed score (epoch seconds, as claimed)
--- ARGV[2]  the score to put back (epoch seconds, due)
+-- ARGV[2]  the new score (epoch seconds)
 -- ARGV[3..] execution ids
 -- Returns  how many were taken back
 local rearmed, taken = tonumber(ARGV[1]), 0
