@@ -200,10 +200,12 @@ class PartitionedQueue(StreamQueue):
     # -- consume ---------------------------------------------------------------------------
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
         """Up to ``count`` new entries from the assigned partitions, starting one further along
-        each call; when all are empty, a BLOCK on one partition in turn for a share of ``block_ms``."""
+        each call; when all are empty, a BLOCK on one partition in turn for a share of ``block_ms``.
+        ``block_ms`` 0 never blocks, as on a plain queue: the read ahead of a batch still waiting
+        for its leases (``ConsumePhases._read_ahead``) must not hold that batch up."""
         order = self._rotation()
         out = self._sweep_pipelined(order, count) if self._idle else self._sweep(order, count)
-        if not out:
+        if not out and block_ms > 0:
             share_ms = max(MIN_BLOCK_MS, block_ms // len(order))
             out = self._qualified(order[0], self.parts[order[0]].read_new(count, share_ms))
         self._idle = not out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -134,6 +135,27 @@ class TestPartitionedQueue:
         pq.enqueue(exec_body("late"))
         got = pq.read_new(10, 200)
         assert [e.message_id for e in got] and got[0].message_id.startswith(f"{pq.keyspace.partition_of('late')}/")
+
+    def test_a_read_without_block_never_blocks_even_when_every_partition_is_empty(self, redis_url: str) -> None:
+        """``block_ms`` 0 is the worker's read ahead: a batch already read waits on it unleased, so it
+        must not BLOCK (as on a plain queue), only sweep the partitions once."""
+        blocks: list[int | None] = []
+
+        class Recording(redis.Redis):  # a real client that notes each XREADGROUP's BLOCK
+            def xreadgroup(self, *args: Any, **kwargs: Any) -> Any:
+                blocks.append(kwargs.get("block"))
+                return super().xreadgroup(*args, **kwargs)
+
+        settings = Settings(redis_url=redis_url, queue_name=QUEUE, consumer_name="c1", partitions=4)
+        q = open_queue(settings, read_client=Recording.from_url(redis_url, socket_timeout=5))
+        try:
+            q.ensure_group()
+            assert q.read_new(10, 0) == [] and q.read_new(10, 0) == []
+            assert all(b is None for b in blocks), blocks
+            q.enqueue(exec_body("late"))
+            assert [e.message_id.split("/")[0] for e in q.read_new(10, 0)] == [str(q.keyspace.partition_of("late"))]
+        finally:
+            q.close()
 
     def test_settle_acks_and_releases_in_each_partition(self, pq: PartitionedQueue, rclient: redis.Redis) -> None:
         pq.ensure_group()
