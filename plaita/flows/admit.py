@@ -61,6 +61,8 @@ class _Ahead:
 
     flow: Flow
     execution: Execution
+    #: The execution's document as sent (for ``_start`` to send again if the write failed).
+    text: str
     dedup: str | None
     created: asyncio.Future[tuple[int, str, bool]]
 
@@ -137,7 +139,10 @@ class Admission:
         ahead = self._ahead.pop(_ahead_key(task), None)
         if ahead is not None:  # its create went out while the task waited (``create_ahead``)
             flow, execution, dedup = ahead.flow, ahead.execution, ahead.dedup
-            code, other, cancel = await ahead.created
+            try:
+                code, other, cancel = await ahead.created
+            except Exception:  # sent before the task ran (Redis may be back): the same call now
+                code, other, cancel = await self._create(task, ahead.text, execution.created_at, dedup, offload)
         else:
             flow = await self._start_flow(task, offload)
             execution, text, dedup = self._new_execution(task, flow)
@@ -193,7 +198,7 @@ class Admission:
         created.add_done_callback(_retrieved)
         if len(self._ahead) >= MAX_AHEAD:  # tasks handed back unstarted never come for theirs
             self._ahead.pop(next(iter(self._ahead)))
-        self._ahead[_ahead_key(task)] = _Ahead(flow, execution, dedup, created)
+        self._ahead[_ahead_key(task)] = _Ahead(flow, execution, text, dedup, created)
 
     async def _create(
         self, task: Task, text: str, now_s: float, dedup: str | None, offload: bool

@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 import redis
 
+from plaita.flows import FlowRunner
 from plaita.flows.client import FlowClient
+from plaita.store.client import make_client
+from plaita.store.executions import ExecutionStore
 from plaita.store.leases import Lease
 from plaita.tasks import Task
 from tests.flows import flowdefs, limitdefs
@@ -126,6 +129,45 @@ def test_a_start_handed_back_after_its_create_is_continued_and_its_old_reply_nev
     asyncio.run(scenario())
     assert h.store.get("hb1")["status"] == "completed"  # type: ignore[index]
     assert ledgers("hb1", STEPS) == [1, 1, 1] and ledgers("hb1", STEPS, "staged") == [1, 1, 1]
+
+
+def test_a_create_sent_ahead_that_timed_out_is_sent_again_by_its_task(
+    h: Harness, redis_url: str, rclient: redis.Redis
+) -> None:
+    """The create went ahead while Redis stalled (writes paused past the runner's socket
+    timeout: its reply is a TimeoutError, whether it ran unknown), and Redis answers again
+    before the task runs. The task sends the same fenced create itself and completes the
+    execution, each step once: a write sent ahead that failed is no failed delivery of a task
+    that runs once Redis is back (else one stall fails every start of a read batch, and sends
+    one on its last delivery to the DLQ)."""
+    h.run(start("warm1"))  # the scripts are loaded: the create sent ahead is one EVALSHA
+    client = make_client(redis_url, socket_timeout_s=0.5, client_name="ahead-stall")
+    runner = FlowRunner(flowdefs.FLOWS, ExecutionStore(client))
+
+    def connected() -> bool:
+        return any(c.get("name") == "ahead-stall" for c in rclient.client_list())
+
+    async def scenario() -> None:
+        task, lease = h.task(start("ts1"))
+        try:
+            rclient.client_pause(30_000, all=False)  # writes (EVALSHA) wait; reads do not
+            try:
+                runner.tasks_queued([task])
+                await until(connected, "the runner's loop connection")
+                await until(lambda: not connected(), "the create sent ahead to time out (its connection closed)")
+            finally:
+                rclient.client_unpause()
+            await runner.run_async(task)
+        finally:
+            h.leases.release(lease)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        runner.close()
+        client.close()
+    assert h.store.get("ts1")["status"] == "completed"  # type: ignore[index]
+    assert ledgers("ts1", STEPS) == [1, 1, 1] and ledgers("ts1", STEPS, "staged") == [1, 1, 1]
 
 
 def test_a_flow_with_limits_creates_nothing_ahead(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
