@@ -219,8 +219,8 @@ class WorkerProcess(Subprocess):
             group,
             "--consumer-name",
             self.consumer_name,
-            "--handler",
-            handler,
+            # A flow worker (or one with a keeper) runs no handler: the two are refused together.
+            *(() if {"--flows", "--keeper"} & set(extra_args or []) else ("--handler", handler)),
             "--status-file",
             str(self.status_path),
             *(extra_args or []),

@@ -34,6 +34,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_enqueue(args: argparse.Namespace) -> int:
+    from plaita.errors import BadTaskError
     from plaita.flows.tracing import parse_traceparent, producing
     from plaita.store.client import make_client
     from plaita.store.entries import ReplicationLagError
@@ -52,6 +53,8 @@ def run_enqueue(args: argparse.Namespace) -> int:
             bodies.append(validate_body(json.loads(line)))
         except ValueError as exc:
             raise ConfigError(f"task {number} is not valid JSON: {exc}") from None
+        except BadTaskError as exc:  # a non-object, an unknown type: what a worker would dead-letter
+            raise ConfigError(f"task {number}: {exc}") from None
     env = environ()
     configure_tracing(args.otel, "plaita-enqueue", env)
     client = make_client(url, socket_timeout_s=5.0, tls=tls_of(args))

@@ -15,8 +15,8 @@ from plaita.store.errors import is_redis_failure
 def redis_failed(command: str, redis_url: str | None, exc: Exception) -> int:
     """Print ``plaita COMMAND: Redis at URL failed: …`` (password redacted) and return 1;
     re-raise ``exc`` when it is not a Redis failure (a bug must not look like an outage)."""
-    if not is_redis_failure(exc):
-        raise exc
+    if not is_redis_failure(exc) or isinstance(exc, BrokenPipeError):
+        raise exc  # a bug, or the reader of stdout left (``| head``): main() ends quietly
     url = redact_url(redis_url or DEFAULT_REDIS_URL)
     print(f"plaita {command}: Redis at {url} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 1

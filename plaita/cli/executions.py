@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.options import WithParents, tls_of
+from plaita.cli.options import WithParents, seconds, tls_of
 from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import ConfigError, PlaitaError
 from plaita.tasks import tenant_ns
@@ -58,7 +58,7 @@ def _add_start(sub: WithParents) -> None:
     st.add_argument("--execution-id", help="use this execution id (default: a new one)")
     st.add_argument("--dedup-key", help="start at most one execution per key")
     st.add_argument("--wait", action="store_true", help="wait until the execution ends and print its state")
-    st.add_argument("--timeout-s", type=float, default=60.0, help="longest --wait (default %(default)s)")
+    st.add_argument("--timeout-s", type=seconds, default=60.0, help="longest --wait (default %(default)s)")
     st.add_argument(
         "--deadline-s", type=float, help="cancel the whole execution (its children too) if not ended by then"
     )
@@ -137,6 +137,9 @@ def run_executions(args: argparse.Namespace) -> int:
     except PlaitaError as exc:  # unknown execution, wait timed out
         print(f"plaita executions {args.executions_command}: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # input FlowClient refuses before enqueueing (NaN in --input, ...)
+        print(f"plaita executions {args.executions_command}: error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         return redis_failed("executions", args.redis_url, exc)
     finally:
@@ -269,7 +272,7 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
         f"ended {_when(doc.get('ended_at'))}"
     )
     suspension = doc.get("suspension")
-    if isinstance(suspension, dict):
+    if isinstance(suspension, dict) and doc.get("status") == "suspended":  # an ended one waits no more
         what = "sleeping after" if suspension.get("kind") == "sleep" else "suspended in"
         print(
             f"{what} {suspension.get('step')} since {_when(suspension.get('since'))}, "

@@ -34,6 +34,17 @@ class Opt:
     shown: str | None = None
 
 
+def seconds(raw: str) -> float:
+    """An argparse type: a finite number of seconds >= 0 (NaN or inf would wait for ever)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {raw!r}")
+    return value
+
+
 def partition_list(raw: str) -> tuple[int, ...]:
     """``0,2,4`` (or ``0-2,5``) as partition numbers."""
     out: list[int] = []
@@ -64,7 +75,7 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         None,
         str,
         ("PLAITA_HANDLER",),
-        "task handler as MODULE:CALLABLE; a worker needs this or --flows (no default: a worker must "
+        "task handler as MODULE:CALLABLE; a worker needs this or --flows, never both (no default: a worker must "
         "never consume a queue's tasks with a handler nobody chose)",
         shown="none",
     ),

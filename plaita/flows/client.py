@@ -9,6 +9,7 @@ execution's lease is the only writer of an execution, so a producer never races 
 from __future__ import annotations
 
 import getpass
+import math
 import socket
 import time
 import uuid
@@ -240,7 +241,7 @@ class FlowClient:
         return doc
 
     def get(self, execution_id: str) -> dict[str, Any] | None:
-        return self.store.get(execution_id)
+        return self.store.get(_checked_id(execution_id))
 
     def events(self, execution_id: str) -> dict[str, Any]:
         """What the execution's steps published (``ctx.publish``), by name: the latest value of
@@ -254,7 +255,11 @@ class FlowClient:
 
     def wait(self, execution_id: str, timeout_s: float, *, poll_s: float = WAIT_POLL_S) -> dict[str, Any]:
         """The state once terminal; WaitTimeout after ``timeout_s`` (a start not yet run by a
-        worker has no state: waiting covers that too)."""
+        worker has no state: waiting covers that too). ValueError for a ``timeout_s`` that is not
+        a finite number >= 0 (NaN would wait for ever)."""
+        _checked_id(execution_id)
+        if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s) or timeout_s < 0:
+            raise ValueError(f"timeout_s must be a finite number of seconds >= 0, not {timeout_s!r}")
         deadline_s = time.monotonic() + timeout_s
         while True:
             doc = self.store.get(execution_id)
@@ -287,3 +292,10 @@ class FlowClient:
         if doc is None:
             raise ExecutionNotFound(f"no execution {execution_id!r}")
         return doc
+
+
+def _checked_id(execution_id: Any) -> str:
+    """``execution_id`` if it is a non-empty string (what every task body needs), else ValueError."""
+    if not isinstance(execution_id, str) or not execution_id:
+        raise ValueError(f"execution_id must be a non-empty string, not {execution_id!r}")
+    return execution_id

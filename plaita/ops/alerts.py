@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import queue
@@ -26,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from plaita.config import redact_text
+from plaita.ops.deadline_http import DeadlineHTTPHandler, DeadlineHTTPSHandler
 from plaita.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ MAX_BODY_BYTES = 8 * 1024
 FIELD_MAX_CHARS = 2000
 #: Events waiting to be sent at most; more are dropped (and counted) while the webhook lags.
 QUEUE_SIZE = 1000
-#: Each POST gives up after this (connect and every read).
+#: Each POST gives up after this, the whole exchange (connect, send, every read together).
 REQUEST_TIMEOUT_S = 2.0
 #: Tries per event (the first one included), with a doubling wait from RETRY_BASE_S between.
 MAX_ATTEMPTS = 3
@@ -137,7 +139,7 @@ class AlertSender:
         self.max_attempts = max(1, max_attempts)
         self.retry_base_s = retry_base_s
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, queue_size))
-        self._opener = urllib.request.build_opener(_NoRedirect())
+        self._opener = urllib.request.build_opener(_NoRedirect(), DeadlineHTTPHandler(), DeadlineHTTPSHandler())
         self._closing = threading.Event()
         #: ``time.monotonic()`` past which a closing sender drops what is left.
         self._close_deadline_s = 0.0
@@ -274,6 +276,7 @@ class AlertSender:
         if self._secret:
             headers[SIGNATURE_HEADER] = sign(self._secret, body)
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        request.deadline_s = time.monotonic() + self.timeout_s  # type: ignore[attr-defined]
         try:
             with self._opener.open(request, timeout=self.timeout_s) as reply:
                 reply.read(1024)  # a little of the answer, so keep-alive servers see a whole exchange
@@ -281,7 +284,7 @@ class AlertSender:
         except urllib.error.HTTPError as exc:
             exc.close()
             return f"HTTP {exc.code}", exc.code >= 500 or exc.code in RETRY_STATUSES
-        except (OSError, ValueError) as exc:  # refused, reset, timeout, DNS, TLS, a bad URL
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, cut, DNS, TLS, bad URL
             reason = getattr(exc, "reason", None) or exc
             return f"{type(exc).__name__}: {reason}", True
 

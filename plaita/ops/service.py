@@ -51,6 +51,12 @@ NO_HANDLER = (
     "plaita.runtime.handlers:echo to log and ack every task)"
 )
 
+#: A flow worker runs every task as a flow task: a handler beside it would never be called.
+HANDLER_AND_FLOWS = (
+    "--handler cannot be combined with --flows or --keeper: a flow worker runs every task of its queue "
+    "as a flow task (its plain tasks would go to the DLQ); run the handler in a worker of its own queue"
+)
+
 
 class WorkerService:
     """One wired worker: its handler or flow runner, its operations (registry, control,
@@ -167,6 +173,8 @@ def build_worker(
     settings = settings if settings is not None else Settings()
     flows = [flows] if isinstance(flows, str) else flows  # one module name, not its letters
     check_status_file(settings.status_file)
+    if handler is not None and (flows or keeper):
+        raise ConfigError(HANDLER_AND_FLOWS)
     if flows or keeper:
         return _flow_service(settings, flows, keeper=keeper)
     if handler is None:

@@ -91,6 +91,13 @@ def test_handler_module_raising_on_import_exits_2(redis_url: str, tmp_path: Path
     assert_refused(rc, stderr, "hostile_handler")
 
 
+@pytest.mark.parametrize("other", [["--flows", "tests.flows.flowdefs"], ["--keeper"]], ids=["flows", "keeper"])
+def test_handler_with_flows_or_keeper_exits_2(redis_url: str, other: list[str]) -> None:
+    """Issue 31.9: ``--handler`` beside ``--flows`` was accepted, ignored, and its tasks dead-lettered."""
+    rc, stderr = run_worker(redis_url, "--handler", "plaita.runtime.handlers:echo", *other)
+    assert_refused(rc, stderr, "--handler cannot be combined with --flows or --keeper")
+
+
 def test_unwritable_status_file_exits_2(redis_url: str, tmp_path: Path) -> None:
     rc, stderr = run_worker(redis_url, "--status-file", str(tmp_path / "no-such-dir" / "status.json"))
     assert_refused(rc, stderr, "--status-file")

@@ -131,6 +131,19 @@ def test_hanging_webhook_never_holds_emit_or_close(hook: Webhook) -> None:
     wait_until(lambda: s.counts["dropped"] >= 1, 5, "dropped counted")
 
 
+def test_a_trickling_webhook_holds_each_request_no_longer_than_the_timeout(hook: Webhook) -> None:
+    """Issue 31.10: the timeout bounded each read, not the request: a receiver trickling a byte
+    every 0.1 s held one POST until it stopped (37 s seen), and the events behind it waited. Now
+    the exchange is cut at the timeout; its status line came, so the event counts as sent."""
+    hook.mode = "trickle"
+    s = sender(hook.url, timeout_s=0.5, max_attempts=1)
+    for i in range(3):
+        s.emit("dead_letter", {"message_id": f"{i}-0"})
+    hook.wait_for(3, timeout_s=PROMPT_S)  # the trickle lasts 60 s: only a cut request lets the next go
+    wait_until(lambda: s.counts["sent"] == 3, PROMPT_S, "three events counted sent")
+    closes_promptly(s)
+
+
 def test_full_queue_drops_and_counts(hook: Webhook) -> None:
     hook.mode = "hang"
     s = sender(hook.url, timeout_s=60.0, queue_size=2)

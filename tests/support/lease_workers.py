@@ -182,8 +182,8 @@ def worker_proc(
         consumer,
         "--status-file",
         str(status_file),
-        "--handler",
-        handler,
+        # A flow worker (or one with a keeper) runs no handler: the two are refused together.
+        *(() if {"--flows", "--keeper"} & set(args) else ("--handler", handler)),
         *args,
     ]
     with open(stderr_file, "wb") as err:

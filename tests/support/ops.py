@@ -264,7 +264,7 @@ def ops_worker(
         "--queue-name", QUEUE,
         "--consumer-name", consumer,
         "--instance-id", instance_id,
-        "--handler", handler,
+        *(() if {"--flows", "--keeper"} & set(extra) else ("--handler", handler)),  # a flow worker runs none
         "--read-block-ms", "200",
         "--heartbeat-interval", "0.5",
         "--registry-ttl", "2",

@@ -28,7 +28,8 @@ class Received:
 
 class Webhook:
     """``mode``: ``ok`` (204), ``status`` (answer ``status``), ``hang`` (never answer until
-    ``release``), ``redirect`` (302 to another path). Change it at any time. ``fail_first``:
+    ``release``), ``trickle`` (answer a byte every 0.1 s until ``release``), ``redirect`` (302 to
+    another path). Change it at any time. ``fail_first``:
     the first that many requests answer ``status`` whatever the mode."""
 
     def __init__(self) -> None:
@@ -62,6 +63,16 @@ class Webhook:
             mode = "status" if len(self.received) <= self.fail_first else self.mode
         if mode == "hang":
             self._released.wait(60)  # bounded: a test that forgets to release still ends
+            return
+        if mode == "trickle":  # an answer that never ends: a byte every 0.1 s, up to 60 s
+            req.send_response(200)
+            req.send_header("Content-Length", "600")
+            req.end_headers()
+            for _ in range(600):
+                if self._released.wait(0.1):
+                    return
+                req.wfile.write(b".")
+                req.wfile.flush()
             return
         if mode == "redirect":
             req.send_response(302)

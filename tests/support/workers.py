@@ -435,7 +435,7 @@ def worker_process(url: str, tmp_path: Path, *args: str, name: str = "w") -> Ite
         "--status-file",
         str(status_file),
         # A worker must name what it runs; these tests use the logging one unless they choose.
-        *(() if "--handler" in args or "--flows" in args else ("--handler", "plaita.runtime.handlers:echo")),
+        *(() if {"--handler", "--flows", "--keeper"} & set(args) else ("--handler", "plaita.runtime.handlers:echo")),
         *args,
     ]
     with open(stderr_file, "wb") as err:

@@ -1,0 +1,75 @@
+"""Issue 31.10, the probe's papercuts: non-finite timeouts refused, expected bad input as one line
+(no traceback), a closed stdout ends quietly, an ended execution is not shown as waiting."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from plaita.cli.common import redis_failed
+from plaita.flows.client import FlowClient
+from tests.cli.test_executions_cli import ROOT, one_line, put, run
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.mark.parametrize("timeout_s", [math.nan, math.inf, -1.0])
+def test_wait_refuses_a_timeout_that_would_never_end(redis_url: str, timeout_s: float) -> None:
+    with FlowClient.from_url(redis_url) as flows, pytest.raises(ValueError, match="timeout_s"):
+        flows.wait("some-id", timeout_s)
+
+
+@pytest.mark.parametrize("bad_id", [None, "", 7])
+def test_get_and_wait_refuse_an_id_that_is_no_id(redis_url: str, bad_id: object) -> None:
+    with FlowClient.from_url(redis_url) as flows:
+        with pytest.raises(ValueError, match="execution_id"):
+            flows.get(bad_id)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="execution_id"):
+            flows.wait(bad_id, 1.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (("executions", "start", "signup", "--wait", "--timeout-s", "nan"), "--timeout-s"),
+        (("executions", "start", "signup", "--input", '{"a": NaN}'), "not strict JSON"),
+        (("enqueue", "[1]"), "not a JSON object"),
+        (("enqueue", '{"type": "bogus"}'), "unknown task type"),
+    ],
+    ids=["timeout-nan", "input-nan", "enqueue-non-object", "enqueue-unknown-type"],
+)
+def test_bad_input_is_one_line_and_exit_2(redis_url: str, argv: tuple[str, ...], needle: str) -> None:
+    r = run(*argv, "--redis-url", redis_url)
+    assert r.returncode == 2 and needle in one_line(r)
+
+
+def test_an_ended_execution_is_never_shown_as_waiting(redis_url: str, rclient: redis.Redis) -> None:
+    for status, kind in (("cancelled", "resume"), ("completed", "sleep")):
+        eid = f"ended-{kind}"
+        suspension = {"kind": kind, "step": "s", "since": time.time(), "deadline": time.time() + 60}
+        put(rclient, eid, status, suspension=suspension)
+        r = run("executions", "show", eid, "--redis-url", redis_url)
+        assert r.returncode == 0, r.stderr
+        assert "suspended in" not in r.stdout and "sleeping" not in r.stdout, r.stdout
+
+
+def test_a_closed_stdout_ends_quietly_not_as_a_redis_failure(redis_url: str, rclient: redis.Redis) -> None:
+    for i in range(400):
+        put(rclient, f"row-{i:05d}", "completed", state={"pad": "x" * 400})
+    cmd = [sys.executable, "-m", "plaita", "executions", "list", "--status", "completed", "--count", "400", "--json"]
+    proc = subprocess.Popen(
+        [*cmd, "--redis-url", redis_url], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader left, as `| head -1` does
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(30) == 0 and "failed" not in err and "Traceback" not in err, err
+    with pytest.raises(BrokenPipeError):
+        redis_failed("executions", redis_url, BrokenPipeError(32, "Broken pipe"))
