@@ -9,9 +9,10 @@ The rules (docs/flows.md, *Schedules*):
   pass) and again every ``RECORD_REFRESH_S``; a record holds when it was last refreshed.
 - A record not refreshed for ``RECORD_TTL_S`` is stale: nothing loads that schedule any more (it
   was removed from the code, or its flow renamed). Its ticks stop and the acting keeper forgets it.
-- The acting keeper remembers the records it read; one that goes missing while still fresh (Redis
-  lost its data, a failover to a replica that lagged) is recorded again by its next pass, as are
-  its own schedules.
+- The acting keeper remembers the records it read and marks the hash; when the mark is gone
+  (Redis lost its data, a failover to a replica that lagged) its next pass records again every
+  fresh record it remembers, and its own schedules. A record deleted by hand from a marked hash
+  stays deleted (until a loader records it again).
 - A record that cannot be read back (not JSON, or a schedule plaita refuses, such as a cron that
   never fires) is skipped with one error line; the rest of the pass goes on.
 - Where a keeper loads the flow itself, its own definition is the one it runs (and records).
@@ -155,11 +156,11 @@ class FleetSchedules:
         """(the schedules to run, the records skipped as (item, why)); records again what is
         missing or due (not in a dry run) and forgets stale records."""
         try:
-            found = self.records.read()
+            found, marked = self.records.read_marked()
         except UnreadableIndex as unreadable:
             return list(self.own), [(unreadable.key, str(unreadable))]
         if not dry_run:
-            found.update(self._write_back(found, now_s))
+            found.update(self._write_back(found, marked, now_s))
         self._remembered = dict(found)
         own_ids = {f for f, _ in self.own}
         run, bad = list(self.own), list[tuple[str, str]]()
@@ -175,15 +176,15 @@ class FleetSchedules:
                 run.append((flow_id, rec.schedule))
         return run, bad
 
-    def _write_back(self, found: dict[str, str], now_s: float) -> dict[str, str]:
-        """Own records missing, changed or due for a refresh, and remembered ones gone missing
-        while fresh (a data loss): written, and returned."""
+    def _write_back(self, found: dict[str, str], marked: bool, now_s: float) -> dict[str, str]:
+        """Own records missing, changed or due for a refresh and, when the mark is gone (a data
+        loss), every fresh record remembered: written (with the mark), and returned."""
         out = self._own_due(found, now_s)
-        for flow_id, text in self._remembered.items():
-            if flow_id not in found and flow_id not in out and not read_record(text).stale(now_s, self.ttl_s):
-                out[flow_id] = text
-        if out:
-            self.records.write(out)
+        if not marked:
+            for flow_id, text in self._remembered.items():
+                if flow_id not in found and flow_id not in out and not read_record(text).stale(now_s, self.ttl_s):
+                    out[flow_id] = text
+        self.records.write(out, mark=None if marked else json.dumps({"by": self.by, "at_s": now_s}))
         return out
 
     def _own_due(self, found: dict[str, str], now_s: float) -> dict[str, str]:

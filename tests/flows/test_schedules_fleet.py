@@ -119,9 +119,20 @@ def test_records_lost_with_the_data_are_recorded_again_by_the_next_pass(node: No
     keeper.run_once()
     assert sorted(node.records.read()) == ["mine", "theirs"]
     node.client.flushall()
+    # A worker that records its own schedule before the keeper's next pass does not hide the loss.
+    ScheduleRecorder([flow("third")], node.records).refresh(T0)
     keeper.run_once()
-    assert sorted(node.records.read()) == ["mine", "theirs"]
-    assert [r["flow"] for r in schedule_rows([], node.store, T0)] == ["mine", "theirs"]
+    assert sorted(node.records.read()) == ["mine", "theirs", "third"]
+    assert [r["flow"] for r in schedule_rows([], node.store, T0)] == ["mine", "theirs", "third"]
+
+
+def test_a_record_deleted_by_hand_is_not_written_back(node: Node) -> None:
+    ScheduleRecorder([flow("theirs")], node.records).refresh(T0)
+    keeper = node.keeper([flow("mine")])
+    keeper.run_once()
+    node.client.hdel(records_key(QUEUE), "theirs", "mine")
+    keeper.run_once()
+    assert list(node.records.read()) == ["mine"]  # its own, recorded again; the other stays deleted
 
 
 def test_a_record_nobody_refreshes_for_its_ttl_stops_and_is_forgotten(
