@@ -19,6 +19,7 @@ from plaita.cli import dashboard as dashboard_cli
 from plaita.cli import doctor as doctor_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
+from plaita.cli import migrate as migrate_cli
 from plaita.cli import schedules as schedules_cli
 from plaita.cli.options import (
     WithParents,
@@ -209,6 +210,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     doctor_cli.add_parser(add, lambda p: add_redis_options(p, env), env)
+    migrate_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     return parser
 
 
@@ -237,6 +239,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return schedules_cli.run_schedules(args)
     if args.command == "doctor":
         return doctor_cli.run_doctor(args)
+    if args.command == "migrate":
+        return migrate_cli.run_migrate(args)
     if args.command == "dashboard":
         return dashboard_cli.run_dashboard(args)
     if args.command == "demo":

@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from plaita.store import scripts
-from plaita.store.keyspace import Keyspace
+from plaita.store.keyspace import Keyspace, key_id
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: Cancel flags outlive any execution that could still read them (as ``request_cancel``'s).
@@ -47,7 +47,9 @@ def request_cancels(client: redis.Redis, ks: Keyspace, execution_ids: Sequence[s
 def done_key(ks: Keyspace, parent_id: str, prefix: str) -> str:
     """The set of the indexes of a spawn's children that have ended: in the parent's slot."""
     tag, done = ks.slot_tag(parent_id), ks.named(DONE_PREFIX)  # in the parent's tenant namespace
-    return f"{done}{tag}:{prefix}" if tag else f"{done}{prefix}"
+    # ``prefix`` is ``<parent>:<step>:<join>``: the parent's id goes in as every id does (``key_id``).
+    spawn = key_id(parent_id) + prefix[len(parent_id) :] if prefix.startswith(parent_id) else key_id(prefix)
+    return f"{done}{tag}:{spawn}" if tag else f"{done}{spawn}"
 
 
 def mark_done(client: redis.Redis, ks: Keyspace, parent_id: str, prefix: str, index: int) -> int:

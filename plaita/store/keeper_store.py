@@ -20,7 +20,7 @@ from plaita.errors import PlaitaError
 from plaita.store import scripts
 from plaita.store.client import interrupt
 from plaita.store.execution_docs import checked, is_wrongtype, reply_text
-from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace
+from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, key_id
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: Set by the keeper when it enqueued a recovery ``retry``: one per cooldown per execution.
@@ -194,11 +194,11 @@ class KeeperAccess:
 
     def mark_retry_sent(self, execution_id: str, cooldown_s: int) -> bool:
         """True if no recovery retry was sent for this execution within the cooldown."""
-        key = self.ks.named(KEEPER_RETRY_PREFIX) + execution_id
+        key = self.ks.named(KEEPER_RETRY_PREFIX) + key_id(execution_id)
         return bool(self.client.set(key, "1", nx=True, ex=max(1, cooldown_s)))
 
     def clear_retry_mark(self, execution_id: str) -> None:
-        self.client.delete(self.ks.named(KEEPER_RETRY_PREFIX) + execution_id)
+        self.client.delete(self.ks.named(KEEPER_RETRY_PREFIX) + key_id(execution_id))
 
     def mark_orphaned(
         self,

@@ -24,6 +24,16 @@ and deadline indexes, the fan-out done sets and the keeper's retry marks live in
 are the platform's and are not per tenant. ``TENANTS_KEY`` lists the tenants that have executions,
 so the keeper finds every one.
 
+Ids in keys. A user-chosen id (an execution id, a child's id, a dedup key) is written into a key as
+``key_id(id)``: the id itself when it holds neither ``:`` nor ``%`` (every plain id keeps the original
+bytes), else the id with ``%`` written ``%25`` and ``:`` written ``%3A``. So the id part of a key never
+holds a ``:``, and a key splits at its colons into exactly one (namespace, kind, id): ``cancel:victim``
+is ``plaita:execution:cancel%3Avictim``, never ``victim``'s cancel flag, and a default-tenant id can
+never reach into another tenant's namespace (a tenant id holds no ``:`` either, ``plaita.tasks.TENANT_ID``).
+``id_of_key`` is the inverse; a property test (tests/store/test_key_ids.py) shows no two (tenant, id)
+pairs share any key.
+Keys written before this layout for ids with ``:`` or ``%`` are moved by ``plaita migrate ids``.
+
 An execution belongs to partition ``crc32(utf-8 id) % partitions`` (zlib's CRC-32, so a producer
 in any language routes the same way). A task without an ``execution_id`` is keyed by its message
 id, which a partitioned queue qualifies as ``<partition>/<stream id>`` so ids of different
@@ -57,6 +67,25 @@ TENANTS_KEY = "plaita:tenants"
 _QUALIFIED = re.compile(r"(\d+)/(\d+-\d+)")
 #: Suffixes tried per partition for a tag whose slot falls in the partition's share of the slots.
 _TAG_SEARCH = 10_000
+
+
+def key_id(name: str) -> str:
+    """``name`` as it is written into a key: unchanged unless it holds ``:`` or ``%`` (see above)."""
+    if ":" in name or "%" in name:
+        return name.replace("%", "%25").replace(":", "%3A")
+    return name
+
+
+def key_id_bytes(name: bytes) -> bytes:
+    """``key_id`` of an id read as bytes (a body's execution id that need not be UTF-8)."""
+    if b":" in name or b"%" in name:
+        return name.replace(b"%", b"%25").replace(b":", b"%3A")
+    return name
+
+
+def id_of_key(part: str) -> str:
+    """The id a key's id part names: the inverse of ``key_id``."""
+    return part.replace("%3A", ":").replace("%25", "%") if "%" in part else part
 
 
 def hash_tag(key: str) -> str:
@@ -160,10 +189,10 @@ class Keyspace:
         return self.named(LEASE_PREFIX) + self._t(p)
 
     def lease_key(self, name: str) -> str:
-        return self.lease_prefix(self.partition_of(name)) + name
+        return self.lease_prefix(self.partition_of(name)) + key_id(name)
 
     def fence_key(self, name: str) -> str:
-        return self.named(FENCE_PREFIX) + self._t(self.partition_of(name)) + name
+        return self.named(FENCE_PREFIX) + self._t(self.partition_of(name)) + key_id(name)
 
     def lease_and_fence_keys(self, names: list[str]) -> tuple[list[str], list[str]]:
         """``lease_key`` and ``fence_key`` of every name. Untagged (or with one partition) each is
@@ -171,20 +200,21 @@ class Keyspace:
         if self.tagged and self.partitions > 1:
             return [self.lease_key(n) for n in names], [self.fence_key(n) for n in names]
         lease, fence = self.lease_prefix(0), self.named(FENCE_PREFIX) + self._t(0)
-        return [lease + n for n in names], [fence + n for n in names]
+        ids = [key_id(n) for n in names]
+        return [lease + n for n in ids], [fence + n for n in ids]
 
     def execution_key(self, execution_id: str) -> str:
-        return self.named(EXECUTION_PREFIX) + self._t(self.partition_of(execution_id)) + execution_id
+        return self.named(EXECUTION_PREFIX) + self._t(self.partition_of(execution_id)) + key_id(execution_id)
 
     def cancel_key(self, execution_id: str) -> str:
-        return self.named(CANCEL_PREFIX) + self._t(self.partition_of(execution_id)) + execution_id
+        return self.named(CANCEL_PREFIX) + self._t(self.partition_of(execution_id)) + key_id(execution_id)
 
     def events_key(self, execution_id: str) -> str:
         """The hash of what the execution's steps published (``ctx.publish``)."""
-        return self.named(EVENTS_PREFIX) + self._t(self.partition_of(execution_id)) + execution_id
+        return self.named(EVENTS_PREFIX) + self._t(self.partition_of(execution_id)) + key_id(execution_id)
 
     def dedup_key(self, p: int, key: str) -> str:
-        return self.named(DEDUP_PREFIX) + self._t(p) + key
+        return self.named(DEDUP_PREFIX) + self._t(p) + key_id(key)
 
     def status_key(self, p: int, status: str) -> str:
         return self.named(STATUS_PREFIX) + self._t(p) + status

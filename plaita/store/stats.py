@@ -128,7 +128,7 @@ def stray_streams(client: redis.Redis, ks: Keyspace) -> tuple[dict[str, int], bo
     ours = {ks.stream(p) for p in range(ks.partitions)}
     candidates: set[str] = set() if ks.queue in ours else {ks.queue}
     prefix = f"{ks.queue}:"
-    pattern = _glob_escape(prefix) + "{p*"
+    pattern = glob_escape(prefix) + "{p*"
     keys: list[Any] = []
     complete = False
     if is_cluster(client):  # every master's keys (its own SCAN per node)
@@ -156,7 +156,7 @@ def stray_streams(client: redis.Redis, ks: Keyspace) -> tuple[dict[str, int], bo
     return found, complete
 
 
-def _glob_escape(text: str) -> str:
+def glob_escape(text: str) -> str:
     """``text`` as a literal in a SCAN MATCH pattern."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
 

@@ -21,7 +21,7 @@ from plaita.store import scripts
 from plaita.store.client import bounded_clone, clients_for, interrupt, node_client
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
 from plaita.store.errors import error_code
-from plaita.store.keyspace import LEASE_PREFIX, Keyspace, tenant_prefix
+from plaita.store.keyspace import LEASE_PREFIX, Keyspace, key_id_bytes, tenant_prefix
 from plaita.store.leases import RELEASE_MANY
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body, field_name_bytes
 
@@ -279,7 +279,9 @@ class StreamQueue:
         own, prefix = self.id_prefix.encode(), self.lease_prefix
         # Keys stay bytes: an execution id that is not valid UTF-8 still names exactly its lease.
         # A tenant's lease is in its namespace (the body's tenant_id, see plaita.store.keyspace).
-        lease_keys = [tenant_prefix(prefix, t) + (bytes(e) if e else own + bytes(mid)) for mid, e, t in found]
+        lease_keys = [
+            tenant_prefix(prefix, t) + (key_id_bytes(bytes(e)) if e else own + bytes(mid)) for mid, e, t in found
+        ]
         ids = [mid for mid, _, _ in found]
         reply: list[Any] = _CLAIM_UNLEASED(
             self.owner,

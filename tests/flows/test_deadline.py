@@ -17,6 +17,7 @@ import pytest
 from plaita.errors import BadTaskError
 from plaita.flows.execution import DEADLINE_EXCEEDED, Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.store.keyspace import DEFAULT
 from tests.flows import deadline_flows, fanout_flows, flowdefs
 from tests.flows.support import Harness, ledgers, start
 
@@ -154,7 +155,7 @@ def test_the_children_of_a_parent_past_its_deadline_are_cancelled(h: Harness, cl
     assert sorted(keeper(h, clock).run_once().expired) == sorted(["dp", *kids])
     by_id = {t["execution_id"]: t for t in queued(h, h.queue.stream)}
     assert_deadline_cancelled(h.run(by_id["dp"]))
-    assert h.client.exists(*[f"plaita:execution:cancel:{k}" for k in kids]) == 3  # the parent cancelled them
+    assert h.client.exists(*[DEFAULT.cancel_key(k) for k in kids]) == 3  # the parent cancelled them
     for task in queued(h, h.store.ks.stream(0)):  # the parent's cancels of its suspended children
         h.run(task)
     for k in kids:

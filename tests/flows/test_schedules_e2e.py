@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from plaita.store.keeper_store import keeper_lease_key
+from plaita.store.keyspace import DEFAULT
 from tests.support.lease_workers import QUEUE, ROOT, keeper_proc, wait_for, worker_env, worker_proc
 
 pytestmark = pytest.mark.redis
@@ -91,7 +92,7 @@ def test_keepers_racing_and_killed_start_every_tick_exactly_once(redis_url: str,
     p50_s, max_s = late_s[len(late_s) // 2], late_s[-1]
     print(f"{len(ran)} ticks, {kills} acting keepers killed; start lateness p50 {p50_s:.3f} s, max {max_s:.3f} s")
     eid = f"schedule:every-second:{last}"
-    doc = json.loads(client.get(f"plaita:execution:{eid}") or "null")
+    doc = json.loads(client.get(DEFAULT.execution_key(eid)) or "null")
     assert doc["status"] == "completed" and doc["params"]["source"] == "test"
     assert listed.returncode == 0, listed.stderr
     [row] = json.loads(listed.stdout)
@@ -102,7 +103,7 @@ def test_keepers_racing_and_killed_start_every_tick_exactly_once(redis_url: str,
 
 
 def lateness(client: redis.Redis, tick_s: int) -> float:
-    doc = json.loads(client.get(f"plaita:execution:schedule:every-second:{tick_s}") or "null")
+    doc = json.loads(client.get(DEFAULT.execution_key(f"schedule:every-second:{tick_s}")) or "null")
     return float(doc["created_at"]) - tick_s
 
 
