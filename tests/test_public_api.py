@@ -163,10 +163,10 @@ def test_a_wait_that_times_out_is_a_public_error(redis_url: str) -> None:
 def test_an_embedded_keeper_hands_its_lease_over_when_the_worker_stops(redis_url: str, rclient: redis.Redis) -> None:
     service = start_worker(_settings(redis_url, "pub:keeper"), flows=[_two_step_flow("public-keeper")], keeper=True)
     try:
-        _poll(lambda: rclient.exists("plaita:keeper:lease"), 10, "the keeper to take its lease")
+        _poll(lambda: rclient.exists("plaita:keeper:lease:{pub:keeper}"), 10, "the keeper to take its lease")
     finally:
         assert service.stop(timeout_s=STOP_BOUND_S)
-    assert rclient.exists("plaita:keeper:lease") == 0
+    assert rclient.exists("plaita:keeper:lease:{pub:keeper}") == 0
     assert _service_threads() == []
 
 

@@ -1,5 +1,5 @@
-"""``plaita keeper``: recover orphaned executions, time out suspensions, mark zombies, and
-(``--flows MODULE``) start the scheduled flows' ticks.
+"""``plaita keeper``: recover orphaned executions, time out suspensions, mark zombies, and start
+the ticks of every schedule recorded for its queue (``--flows MODULE`` records that module's).
 
 Runs until SIGTERM/SIGINT (stops within about a second, even with Redis frozen); ``--once``
 runs one pass: exit 1 (one line) if it failed or another keeper holds the lease, and the
@@ -38,7 +38,10 @@ def add_parser(
     k = add(
         "keeper",
         help="recover orphaned executions and time out suspensions",
-        description="Any number may run; one acts at a time (lease plaita:keeper:lease).",
+        description=(
+            "Any number may run per queue; one acts at a time (the queue's lease: plaita:keeper:lease for "
+            "the default queue). The acting one starts every schedule recorded for its queue."
+        ),
     )
     redis_options(k)
     if alert_options is not None:
@@ -54,7 +57,7 @@ def add_parser(
         action="append",
         metavar="MODULE",
         default=[],
-        help="start the scheduled flows of MODULE on their ticks (repeatable)",
+        help="record the schedules of MODULE's flows for the queue, run them when acting (repeatable)",
     )
     k.add_argument(
         "--metrics-port",

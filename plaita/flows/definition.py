@@ -102,7 +102,10 @@ class Flow:
     def __post_init__(self) -> None:
         if not self.flow_id:
             raise ConfigError("a flow needs a non-empty flow_id")
-        self.schedule = schedule_of(self.schedule)
+        try:
+            self.schedule = schedule_of(self.schedule)
+        except ConfigError as exc:
+            raise ConfigError(f"flow {self.flow_id!r}: {exc}") from None
         limit, rate = self.max_concurrent, self.max_starts_per_s
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ConfigError(f"flow {self.flow_id!r}: max_concurrent must be an int >= 1 or None, got {limit!r}")

@@ -13,10 +13,13 @@
 Every tenant's executions are kept (the tenants listed in ``plaita:tenants``, after the default
 tenant's); a report names a tenant's execution ``<tenant>/<id>``.
 
-Any number of keepers may run: one acts at a time, holding ``plaita:keeper:lease``; a dry run
-reads only and never touches that lease. A Redis failure never ends the keeper: it backs off
-(``BackoffPolicy``) and tries again. One execution key that holds no execution is skipped,
-counted and logged once; it never stops a pass (docs/flows.md, "The keeper").
+Any number of keepers may run per queue: one acts at a time, holding the queue's keeper lease
+(``plaita:keeper:lease`` for the default queue, ``keeper_lease_key``); a dry run reads only and
+never touches that lease. The acting keeper starts the ticks of every schedule recorded for its
+queue, its own flows' among them (``plaita.flows.scheduler``). A Redis failure never ends the
+keeper: it backs off (``BackoffPolicy``) and tries again. Nothing in the data stops a pass: one
+execution key that holds no execution, one tenant's index of another type, one bad schedule is
+skipped, counted and logged once, and the rest of the pass goes on (docs/flows.md, "The keeper").
 """
 
 from __future__ import annotations
@@ -38,12 +41,12 @@ from plaita.flows.claims import DeadlineClaims
 from plaita.flows.execution import error_doc
 from plaita.flows.keeper_types import KeeperPass as KeeperPass
 from plaita.flows.keeper_types import KeeperSettings as KeeperSettings
-from plaita.flows.keeper_types import due_body, label, log_pass
+from plaita.flows.keeper_types import Skips, due_body, label, log_pass
 from plaita.flows.scheduler import Scheduler
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids
-from plaita.store.keeper_store import KEEPER_LEASE_KEY
+from plaita.store.keeper_store import UnreadableIndex
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -52,8 +55,6 @@ logger = logging.getLogger(__name__)
 HAND_OVER_S = 0.3
 #: How often the keeper looks at the earliest deadline between passes (the wake latency of a sleep).
 DEADLINE_POLL_S = 0.25
-#: Unreadable execution ids remembered (each is logged once); past this the memory starts over.
-MAX_REMEMBERED_BAD = 10_000
 
 
 class Keeper:
@@ -74,22 +75,29 @@ class Keeper:
         #: standalone keeper's metrics and readiness. Must not block; an exception is logged only.
         self.on_pass: Callable[[KeeperPass], None] | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
-        #: Starts the ticks of scheduled flows (the flows the keeper was given), if any.
-        self.scheduler = scheduler
+        #: Starts the ticks of every schedule recorded for the queue (and of the flows it was given).
+        self.scheduler = scheduler if scheduler is not None else Scheduler([], queue, store=store)
         self.queue = queue
         self.settings = settings or KeeperSettings()
         self.holder = f"keeper:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
         self._stop = threading.Event()
-        #: Unreadable execution keys skipped, every time one was met (a counter for operators).
-        self.corrupt_skips = 0
-        self._logged_bad: set[str] = set()
+        #: Unreadable keys skipped: counted every time, logged once per key.
+        self._skips = Skips()
         #: The stores of every tenant with executions (the default one first), as of the last pass.
         self._stores: list[ExecutionStore] = [store]
         self._claims = DeadlineClaims(self.settings.timeout_cooldown_s)
         #: When the keeper lease was last taken or renewed, or tried (monotonic s): every third
         #: of its TTL, between passes too, so a pass longer than that does not lose it.
         self._lease_tried_at_s = -math.inf
+        #: The stream's execution ids, as read by the current pass (None: not yet).
+        self._in_stream: set[str] | None = None
+
+    @property
+    def corrupt_skips(self) -> int:
+        """Unreadable keys (executions, a tenant's index, schedules) skipped, every time one was
+        met (a counter for operators)."""
+        return self._skips.count
 
     def request_stop(self) -> None:
         """Safe from any thread or a signal handler: the loop ends within about a second."""
@@ -114,7 +122,7 @@ class Keeper:
             return 1
         if not report.acting:
             holder = self._lease_holder()
-            logger.error("keeper: %s is held by %s; this pass did nothing", KEEPER_LEASE_KEY, holder)
+            logger.error("keeper: %s is held by %s; this pass did nothing", self.store.keeper_lease_key, holder)
             return 1
         self._passed(report)
         return 0
@@ -165,12 +173,22 @@ class Keeper:
             try:
                 if time.monotonic() - self._lease_tried_at_s >= self.settings.lease_ttl_s / 3:
                     self._hold_lease()  # renewed (or taken over) every third of its TTL
-                earliest_s = min((e for st in self._stores if (e := st.earliest_deadline()) is not None), default=None)
+                earliest_s = self._earliest_deadline()
                 if self._claims.pending() or (earliest_s is not None and earliest_s <= self._clock()):
                     self._passed(self.run_deadlines())
             except Exception as exc:
                 logger.debug("keeper: deadline check failed (%s: %s)", type(exc).__name__, exc)
                 return
+
+    def _earliest_deadline(self) -> float | None:
+        """The earliest deadline of every tenant whose deadlines index is readable."""
+        found = []
+        for store in self._stores:
+            try:
+                found.append(store.earliest_deadline())
+            except UnreadableIndex:  # counted and logged by the passes, which skip it too
+                continue
+        return min((e for e in found if e is not None), default=None)
 
     def run_deadlines(self) -> KeeperPass:
         """The deadline part of a pass only (timeouts and wakes), under the keeper lease."""
@@ -179,7 +197,7 @@ class Keeper:
             return KeeperPass(acting=False, full=False, duration_s=time.monotonic() - started_s)
         report = KeeperPass(full=False)
         for store in self._stores:
-            self._timeouts(store, self._clock(), report)
+            self._tenant_part(self._timeouts, store, self._clock(), report)
         report.duration_s = time.monotonic() - started_s
         return report
 
@@ -188,9 +206,29 @@ class Keeper:
         self._lease_tried_at_s = time.monotonic()
         return self.store.hold_keeper_lease(self.holder, int(self.settings.lease_ttl_s * 1000))
 
-    def _tenant_stores(self) -> list[ExecutionStore]:
-        """The default tenant's store, then each tenant's with executions (``plaita:tenants``)."""
-        return [self.store, *(self.store.for_tenant(t) for t in self.store.tenants())]
+    def _tenant_stores(self, report: KeeperPass | None = None) -> list[ExecutionStore]:
+        """The default tenant's store, then each tenant's with executions (``plaita:tenants``);
+        the default tenant's alone when that set is not a set (counted in ``report``)."""
+        try:
+            tenants = self.store.keeper_tenants()
+        except UnreadableIndex as bad:
+            self._skips.index(bad, store=None, part="", report=report or KeeperPass())
+            tenants = []
+        return [self.store, *(self.store.for_tenant(t) for t in tenants)]
+
+    def _tenant_part(
+        self,
+        part: Callable[[ExecutionStore, float, KeeperPass], None],
+        store: ExecutionStore,
+        now_s: float,
+        report: KeeperPass,
+    ) -> None:
+        """One part of a pass for one tenant; an index of that tenant of another type skips that
+        part for that tenant only."""
+        try:
+            part(store, now_s, report)
+        except UnreadableIndex as bad:
+            self._skips.index(bad, store, part.__name__, report)
 
     def _hand_over(self) -> None:
         """Release the keeper lease so another keeper acts at once; bounded (a frozen server
@@ -226,32 +264,21 @@ class Keeper:
         """One pass. A dry run reads only: it neither takes nor waits for the keeper lease."""
         s, started_s = self.settings, time.monotonic()
         if not s.dry_run and not self._hold_lease():
+            self.scheduler.refresh_records(self._clock())  # the acting keeper runs them
             return KeeperPass(acting=False, duration_s=time.monotonic() - started_s)
         report = KeeperPass()
         now_s = self._clock()
-        self._stores = self._tenant_stores()
+        self._stores = self._tenant_stores(report)
         for store in self._stores:
-            self._timeouts(store, now_s, report)
-        if self.scheduler:
-            ticks = self.scheduler.run_pass(now_s, dry_run=s.dry_run)
-            report.scheduled, report.corrupt = ticks.started, report.corrupt + ticks.corrupt
-        in_stream: set[str] | None = None  # read once per pass, by the first tenant that needs it
+            self._tenant_part(self._timeouts, store, now_s, report)
+        ticks = self.scheduler.run_pass(now_s, dry_run=s.dry_run)
+        report.scheduled, report.corrupt = ticks.started, report.corrupt + ticks.corrupt
+        self._skips.count += len(ticks.corrupt)  # the scheduler logged them
+        self._in_stream = None  # read once per pass, by the first tenant that needs it
         for store in self._stores:
-            in_stream = self._orphans(store, now_s, report, in_stream)
+            self._tenant_part(self._orphans, store, now_s, report)
         report.duration_s = time.monotonic() - started_s
         return report
-
-    def _skip_unreadable(self, bad: UnreadableExecution, report: KeeperPass) -> None:
-        """Count it, log it once per process, leave it: one bad key must not stop a pass, and
-        deleting it would destroy what an operator may still repair."""
-        self.corrupt_skips += 1
-        report.corrupt.append(bad.execution_id)
-        if bad.key in self._logged_bad:
-            return
-        if len(self._logged_bad) >= MAX_REMEMBERED_BAD:
-            self._logged_bad.clear()
-        self._logged_bad.add(bad.key)
-        logger.warning("keeper: %s %s; skipped (logged once, left for an operator)", bad.key, bad.why)
 
     def _timeouts(self, store: ExecutionStore, now_s: float, report: KeeperPass) -> None:
         s = self.settings
@@ -268,7 +295,7 @@ class Keeper:
         try:
             for eid, doc in zip(due, store.read_many(due), strict=True):
                 if isinstance(doc, UnreadableExecution):
-                    self._skip_unreadable(doc, report)
+                    self._skips.execution(doc, report)
                     unsent.pop(eid)
                     acted.append(eid)  # a bad key is met once per cooldown, not per pass
                     continue
@@ -291,21 +318,20 @@ class Keeper:
         if not s.dry_run:
             self._claims.cool_down(store, acted, claim_at_s, now_s, quiet=False)
 
-    def _orphans(
-        self, store: ExecutionStore, now_s: float, report: KeeperPass, in_stream: set[str] | None
-    ) -> set[str] | None:
-        """One tenant's orphans; returns the stream's execution ids (``label``s) once read (None:
-        not needed yet)."""
+    def _orphans(self, store: ExecutionStore, now_s: float, report: KeeperPass) -> None:
+        """One tenant's orphans; the stream's execution ids (``label``s) are read by the first
+        tenant of the pass that needs them (``_in_stream``)."""
         s = self.settings
         unleased = self._unleased(store, now_s - s.orphan_grace_s, report)
         if not unleased or report.skipped_scan:
-            return in_stream
-        if in_stream is None:
-            in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
+            return
+        if self._in_stream is None:
+            self._in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
             if not complete:
                 logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
                 report.skipped_scan = True
-                return in_stream
+                return
+        in_stream = self._in_stream
         unqueued = [(eid, at) for eid, at in unleased if label(store, eid) not in in_stream]
         # Read again after the scan: an execution that moved on meanwhile is not an orphan.
         now_scores = store.still_running([eid for eid, _ in unqueued])
@@ -318,7 +344,6 @@ class Keeper:
                 report.retries.append(label(store, eid))
                 if not s.dry_run:
                     self._send_retry(store, eid)
-        return in_stream
 
     def _send_retry(self, store: ExecutionStore, eid: str) -> None:
         try:
@@ -343,7 +368,7 @@ class Keeper:
             candidates = [c for c, held in zip(page, leased, strict=True) if not held]
             for c, doc in zip(candidates, store.read_many([eid for eid, _ in candidates]), strict=True):
                 if isinstance(doc, UnreadableExecution):
-                    self._skip_unreadable(doc, report)
+                    self._skips.execution(doc, report)
                 else:
                     out.append(c)
             if len(page) < s.batch or len(out) >= s.batch:

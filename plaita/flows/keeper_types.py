@@ -13,9 +13,16 @@ from plaita.flows import model
 from plaita.flows.validate import epoch_or_none
 
 if TYPE_CHECKING:
+    from plaita.store.execution_docs import UnreadableExecution
     from plaita.store.executions import ExecutionStore
+    from plaita.store.keeper_store import UnreadableIndex
 
 logger = logging.getLogger("plaita.flows.keeper")  # the keeper's own log, as before the split
+
+#: Unreadable keys remembered (each is logged once); past this the memory starts over.
+MAX_REMEMBERED_BAD = 10_000
+#: What a pass skips for a tenant whose index is of another type, by the part that met it.
+SKIPPED_PARTS = {"_timeouts": "timeouts and wakes", "_orphans": "recovery retries and orphans"}
 
 
 @dataclass(frozen=True)
@@ -130,3 +137,35 @@ def due_body(
 def label(store: ExecutionStore, eid: str) -> str:
     """How a report names an execution: its id, ``<tenant>/<id>`` for a tenant's."""
     return f"{store.ks.tenant}/{eid}" if store.ks.tenant else eid
+
+
+class Skips:
+    """What a keeper skipped and left for an operator: one bad key must not stop a pass, and
+    deleting it would destroy what an operator may still repair. Counted every time it is met,
+    logged once per key and process."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged: set[str] = set()
+
+    def execution(self, bad: UnreadableExecution, report: KeeperPass) -> None:
+        report.corrupt.append(bad.execution_id)
+        self._met(bad.key, f"{bad.key} {bad.why}; skipped")
+
+    def index(self, bad: UnreadableIndex, store: ExecutionStore | None, part: str, report: KeeperPass) -> None:
+        """A tenant's index of another type (``store`` None: the tenants set itself)."""
+        report.corrupt.append(bad.key)
+        if store is None:
+            self._met(bad.key, f"{bad}; every tenant but the default one skipped")
+            return
+        tenant = f"tenant {store.ks.tenant}" if store.ks.tenant else "the default tenant"
+        self._met(bad.key, f"{bad}; the {SKIPPED_PARTS.get(part, part)} of {tenant} skipped")
+
+    def _met(self, key: str, text: str) -> None:
+        self.count += 1
+        if key in self._logged:
+            return
+        if len(self._logged) >= MAX_REMEMBERED_BAD:
+            self._logged.clear()
+        self._logged.add(key)
+        logger.warning("keeper: %s (logged once, left for an operator)", text)

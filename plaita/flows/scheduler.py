@@ -11,23 +11,37 @@ Correct whatever number of keepers run, with or without the keeper lease:
    between leaves them there; a pass that finds them older than ``pending_stale_s`` enqueues
    them again (rule 1 makes that safe) and only then claims newer ticks.
 
-See ``plaita.flows.schedules`` for the missed-ticks policies.
+The schedules a pass runs are its own flows' and every fresh one recorded for the queue
+(``plaita.flows.schedule_records``). Each is isolated: one that cannot be stepped, a record that
+cannot be read back, a schedule key of another type is skipped (one error line per schedule and
+process, counted in ``SchedulePass.corrupt``) and the others run; only a Redis failure ends the
+pass. See ``plaita.flows.schedules`` for the missed-ticks policies.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from plaita.errors import ConfigError
 from plaita.flows.client import FlowClient
 from plaita.flows.definition import Flow
-from plaita.flows.schedules import Plan, Schedule, execution_id_of, schedule_of
+from plaita.flows.schedule_records import (
+    RECORD_TTL_S,
+    FleetSchedules,
+    Recorded,
+    read_record,
+    scheduled_flows,
+)
+from plaita.flows.schedules import Plan, Schedule, execution_id_of
+from plaita.store.errors import is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution
-from plaita.store.schedule_store import ScheduleStore, UnreadableSchedule
+from plaita.store.keeper_store import UnreadableIndex
+from plaita.store.schedule_records import ScheduleRecords
+from plaita.store.schedule_store import ScheduleStore, UnreadableSchedule, schedule_key
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -45,17 +59,11 @@ class SchedulePass:
     started: list[str] = field(default_factory=list)
     #: Due ticks the missed-ticks policy did not start.
     dropped: int = 0
-    #: Schedule keys that are not hashes, skipped.
+    #: Schedules skipped: keys of another type, records unusable, schedules that cannot be stepped.
     corrupt: list[str] = field(default_factory=list)
 
 
-def scheduled_flows(flows: Iterable[Flow]) -> list[tuple[str, Schedule]]:
-    out = []
-    for f in flows:
-        schedule = schedule_of(f.schedule)
-        if schedule is not None:
-            out.append((f.flow_id, schedule))
-    return out
+__all__ = ["SchedulePass", "Scheduler", "schedule_rows", "scheduled_flows"]
 
 
 class Scheduler:
@@ -68,33 +76,57 @@ class Scheduler:
         *,
         store: ExecutionStore | None = None,
         pending_stale_s: float = PENDING_STALE_S,
+        record_ttl_s: float = RECORD_TTL_S,
     ) -> None:
+        #: The schedules of the flows this keeper loads (it records them for its queue).
         self.schedules = scheduled_flows(flows)
         self.producer = FlowClient(queue, store)
         self.store = ScheduleStore(queue.client)
+        self.fleet = FleetSchedules(
+            self.schedules, ScheduleRecords(queue.client, queue.keyspace.queue), ttl_s=record_ttl_s
+        )
         self.pending_stale_s = pending_stale_s
-        self._described: set[str] = set()
-        self._logged_bad: set[str] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self.schedules)
+        #: The definition last written to each schedule's bookkeeping hash (for listing).
+        self._described: dict[str, dict[str, Any]] = {}
+        self._logged_bad: set[tuple[str, str]] = set()
 
     def run_pass(self, now_s: float, *, dry_run: bool = False) -> SchedulePass:
+        """Every schedule's due ticks; a Redis failure raises (the keeper backs off), any other
+        failure of one schedule skips that one."""
         report = SchedulePass()
-        for flow_id, schedule in self.schedules:
+        schedules, unusable = self.fleet.current(now_s, dry_run=dry_run)
+        for item, why in unusable:
+            self._skip(item, why, report)
+        for flow_id, schedule in schedules:
             try:
-                record = self.store.read(flow_id)
-            except UnreadableSchedule as bad:
-                report.corrupt.append(bad.key)
-                if bad.key not in self._logged_bad:
-                    self._logged_bad.add(bad.key)
-                    logger.warning("keeper: %s; schedule of %s skipped (left for an operator)", bad, flow_id)
-                continue
-            if not dry_run and flow_id not in self._described:
-                self.store.describe(flow_id, schedule.describe())
-                self._described.add(flow_id)
-            self._one(flow_id, schedule, record, now_s, report, dry_run=dry_run)
+                self._schedule(flow_id, schedule, now_s, report, dry_run=dry_run)
+            except (UnreadableSchedule, UnreadableIndex) as bad:
+                self._skip(bad.key, f"{bad}; schedule of {flow_id} skipped", report)
+            except Exception as exc:
+                if is_redis_failure(exc):
+                    raise
+                why = f"schedule of {flow_id} ({schedule.cron!r}, tz {schedule.tz}) failed: {type(exc).__name__}: {exc}"
+                self._skip(schedule_key(flow_id), why, report)
         return report
+
+    def refresh_records(self, now_s: float) -> None:
+        """On standby: record this keeper's own schedules (when due) for the acting keeper."""
+        self.fleet.refresh_own(now_s)
+
+    def _skip(self, item: str, why: str, report: SchedulePass) -> None:
+        """Count it every pass; one error line per schedule (and reason) per process."""
+        report.corrupt.append(item)
+        if (item, why) not in self._logged_bad:
+            self._logged_bad.add((item, why))
+            logger.error("keeper: %s; skipped (left for an operator, logged once)", why)
+
+    def _schedule(self, flow_id: str, schedule: Schedule, now_s: float, report: SchedulePass, *, dry_run: bool) -> None:
+        record = self.store.read(flow_id)
+        definition = schedule.describe()
+        if not dry_run and (self._described.get(flow_id) != definition or not record):
+            self.store.describe(flow_id, definition)  # again after a data loss (the hash is gone)
+            self._described[flow_id] = definition
+        self._one(flow_id, schedule, record, now_s, report, dry_run=dry_run)
 
     def _one(
         self,
@@ -189,28 +221,60 @@ def _float(text: str | None) -> float:
 
 
 def schedule_rows(flows: Iterable[Flow], executions: ExecutionStore, now_s: float) -> list[dict[str, Any]]:
-    """One row per schedule (``plaita schedules list``): the given flows' and every one a
-    keeper recorded (``plaita:schedules``), with its next tick and its newest execution. Reads only."""
+    """One row per schedule (``plaita schedules list``, the dashboard): the given flows', every
+    one recorded for the queue and every one a keeper ran (``plaita:schedules``), with its next
+    tick and its newest execution. Reads only. A schedule that cannot be shown is a row with an
+    ``error``; only a Redis failure raises."""
     store = ScheduleStore(executions.client)
     defined = dict(scheduled_flows(flows))
-    names = sorted({*defined, *store.known()})
-    rows = []
+    rows: list[dict[str, Any]] = []
+    recorded = _read_or_row(ScheduleRecords(executions.client, executions.ks.queue).read, {}, rows)
+    known = _read_or_row(store.known, [], rows)
+    names = sorted({*defined, *recorded, *known})
     for flow_id, record in zip(names, store.read_many(names), strict=True):
         if isinstance(record, UnreadableSchedule):
             rows.append({"flow": flow_id, "error": str(record)})
             continue
-        rows.append(_row(flow_id, defined.get(flow_id), record, executions, now_s))
+        try:
+            rows.append(_row(flow_id, _definition(defined, recorded, flow_id, record), record, executions, now_s))
+        except Exception as exc:
+            if is_redis_failure(exc):
+                raise
+            rows.append({"flow": flow_id, "error": f"schedule unusable: {type(exc).__name__}: {exc}"})
     return rows
 
 
+def _read_or_row(read: Any, empty: Any, rows: list[dict[str, Any]]) -> Any:
+    """``read()``, or ``empty`` and an error row for an index of another type."""
+    try:
+        return read()
+    except UnreadableIndex as bad:
+        rows.append({"flow": bad.key, "error": str(bad)})
+        return empty
+
+
+def _definition(
+    defined: dict[str, Schedule], recorded: dict[str, str], flow_id: str, record: dict[str, str]
+) -> Recorded:
+    """The schedule a row shows: the loaded flow's, else the one recorded for the queue, else the
+    one a keeper last ran (its bookkeeping hash)."""
+    if flow_id in defined:
+        return Recorded(defined[flow_id], math.nan)
+    if flow_id in recorded:
+        return read_record(recorded[flow_id])
+    legacy: dict[str, Any] = {k: record[k] for k in ("cron", "tz", "missed") if k in record}
+    if record.get("max_catchup", "").isdigit():
+        legacy["max_catchup"] = int(record["max_catchup"])
+    found = read_record(json.dumps(legacy))
+    return Recorded(found.schedule, math.nan, found.error)
+
+
 def _row(
-    flow_id: str, schedule: Schedule | None, record: dict[str, str], executions: ExecutionStore, now_s: float
+    flow_id: str, definition: Recorded, record: dict[str, str], executions: ExecutionStore, now_s: float
 ) -> dict[str, Any]:
-    if schedule is None:  # known only from what a keeper recorded
-        try:
-            schedule = Schedule(record.get("cron", ""), tz=record.get("tz", "UTC"), missed=record.get("missed", "skip"))
-        except ConfigError as exc:
-            return {"flow": flow_id, "error": f"recorded schedule unusable: {exc}"}
+    schedule = definition.schedule
+    if schedule is None:
+        return {"flow": flow_id, "error": definition.error or "recorded schedule unusable"}
     last_id = record.get("last_execution_id") or None
     try:
         doc = executions.get(last_id) if last_id else None
@@ -225,4 +289,5 @@ def _row(
         "last_status": doc.get("status") if doc else ("expired" if last_id else None),
         "pending": bool(record.get("pending")),
         "recorded": bool(record),
+        "recorded_at_s": None if math.isnan(definition.recorded_at_s) else definition.recorded_at_s,
     }

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 from plaita.errors import ConfigError
 from plaita.flows.validate import json_problem
@@ -76,6 +76,9 @@ class Schedule:
             ZoneInfo(self.tz)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
             raise ConfigError(f"{where}: unknown time zone {self.tz!r} (an IANA name such as 'Europe/Paris')") from None
+        never = _never_fires(self.cron, self.zone)
+        if never is not None:
+            raise ConfigError(f"{where}: never fires ({never}); a date that exists, such as '0 0 28 2 *'")
         if self.missed not in MISSED_POLICIES:
             raise ConfigError(f"{where}: missed must be one of {', '.join(MISSED_POLICIES)}, got {self.missed!r}")
         if not isinstance(self.max_catchup, int) or not 1 <= self.max_catchup <= MAX_CATCHUP_LIMIT:
@@ -137,6 +140,18 @@ class Schedule:
 
     def describe(self) -> dict[str, Any]:
         return {"cron": self.cron, "tz": self.tz, "missed": self.missed, "max_catchup": self.max_catchup}
+
+
+def _never_fires(cron: str, zone: ZoneInfo) -> str | None:
+    """Why croniter cannot step ``cron`` from now (no tick after it, or none before it: 30
+    February, 31 April), or None. ``croniter.is_valid`` checks the fields one by one only."""
+    now = datetime.now(zone)
+    try:
+        croniter(cron, now).get_next(float)
+        croniter(cron, now).get_prev(float)
+    except (CroniterError, ValueError, OverflowError) as exc:
+        return f"croniter: {exc}"
+    return None
 
 
 def schedule_of(value: Schedule | str | None) -> Schedule | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from plaita.fsm import ErrorKind, State
@@ -73,6 +74,9 @@ class Operations:
         self.executions: ExecutionStore | None = None
         #: The alert webhook's events (``--alert-webhook``), or None.
         self.alerts = WorkerAlerts.of(worker, self.metrics.count_alert)
+        #: Called every monitor tick while Redis answers (a flow worker records its schedules);
+        #: each must be quick and never raise.
+        self.periodic: list[Callable[[], object]] = []
 
     def _registry(self) -> Registry:
         settings = self.worker.settings
@@ -216,6 +220,9 @@ class Operations:
                 self.alerts.check_backoff()
             if not self.worker.outage.active and self.fleet_check.due():
                 self.fleet_check.run()
+            if not self.worker.outage.active:
+                for hook in self.periodic:
+                    hook()
             if self._server_check_due:
                 self._check_server()
             now = time.monotonic()

@@ -23,6 +23,7 @@ from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
 from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.schedule_records import ScheduleRecorder
 from plaita.flows.scheduler import Scheduler
 from plaita.ops.alert_events import orphan_alert
 from plaita.ops.keeper_metrics import KeeperMetrics
@@ -32,6 +33,7 @@ from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.partitioned import keyspace_of, open_queue
+from plaita.store.schedule_records import ScheduleRecords
 
 if TYPE_CHECKING:
     from plaita.runtime.pool import Handler
@@ -244,6 +246,8 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
         raise
     runner.add_observer(worker.observers)  # execution metrics and the in-flight count
     ops.track_executions()
+    # Its schedules recorded for the queue (and again every minute): the queue's acting keeper runs them.
+    ops.periodic.append(ScheduleRecorder(registry, ScheduleRecords(client, keyspace_of(settings).queue)).refresh)
     return WorkerService(worker, ops, keeper=_keeper(settings, registry, ops) if keeper else None, runner=runner)
 
 

@@ -22,6 +22,7 @@ import redis
 from plaita.errors import PlaitaError
 from plaita.store import scripts
 from plaita.store.execution_docs import is_wrongtype, reply_text
+from plaita.store.keeper_store import UnreadableIndex, index_of
 
 SCHEDULE_PREFIX = "plaita:schedule:"
 SCHEDULES_KEY = "plaita:schedules"
@@ -74,15 +75,23 @@ class ScheduleStore:
         return out
 
     def known(self) -> list[str]:
-        """Flows with a schedule hash, sorted."""
-        return sorted(reply_text(m) for m in cast(set[Any], self.client.smembers(SCHEDULES_KEY)))
+        """Flows with a schedule hash, sorted; UnreadableIndex when ``plaita:schedules`` is not a set."""
+        with index_of(SCHEDULES_KEY):
+            return sorted(reply_text(m) for m in cast(set[Any], self.client.smembers(SCHEDULES_KEY)))
 
     def describe(self, flow_id: str, definition: Mapping[str, Any]) -> None:
-        """Record the definition a keeper runs (for listing without the flow modules)."""
+        """Record the definition a keeper runs (for listing without the flow modules);
+        UnreadableSchedule or UnreadableIndex for a key of another type."""
+        key = schedule_key(flow_id)
         pipe = self.client.pipeline(transaction=False)
-        pipe.hset(schedule_key(flow_id), mapping={k: str(v) for k, v in definition.items()})
+        pipe.hset(key, mapping={k: str(v) for k, v in definition.items()})
         pipe.sadd(SCHEDULES_KEY, flow_id)
-        pipe.execute()
+        written, listed = pipe.execute(raise_on_error=False)
+        for reply, bad in ((written, UnreadableSchedule(key)), (listed, UnreadableIndex(SCHEDULES_KEY))):
+            if is_wrongtype(reply):
+                raise bad
+            if isinstance(reply, Exception):
+                raise reply
 
     def claim(self, flow_id: str, seen_last: str, newest_s: int, pending: str, at: str) -> bool:
         """Move ``last_tick_s`` from ``seen_last`` to ``newest_s``, with ``pending`` (JSON, or

@@ -18,6 +18,7 @@ from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
+from plaita.store.keeper_store import keeper_lease_key
 from plaita.store.leases import Lease
 from plaita.store.streams import StreamQueue
 from tests.flows import flowdefs
@@ -183,7 +184,7 @@ def test_worker_with_keeper_recovers_an_orphan(
         doc = h.flows.wait("emb", 20)
         assert w.terminate() == 0
     assert doc["status"] == "completed" and ledgers("emb", ["one", "two", "three"]) == [1, 1, 1]
-    assert h.client.get("plaita:keeper:lease") is None  # handed over on exit
+    assert h.client.get(keeper_lease_key(QUEUE)) is None  # handed over on exit
     r = subprocess.run(
         [sys.executable, "-m", "plaita", "worker", "--redis-url", redis_url, "--keeper"],
         cwd=ROOT, env=worker_env(redis_url), capture_output=True, text=True, timeout=30,

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 import redis
 
+from plaita.store.keeper_store import keeper_lease_key
 from plaita.store.keyspace import DEFAULT
 from tests.support.lease_workers import QUEUE, ROOT, keeper_proc, wait_for, worker_env, worker_proc
 
 pytestmark = pytest.mark.redis
 
 FLOWS = "tests.flows.scheduled"
+LEASE = keeper_lease_key(QUEUE)  # the test queue's keeper lease
 
 
 def plaita(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -48,8 +50,8 @@ def kill_acting(client: redis.Redis, keepers: list[subprocess.Popen[bytes]]) -> 
 
 
 def wait_for_holder(client: redis.Redis) -> str:
-    wait_for(lambda: client.get("plaita:keeper:lease") is not None, 10, "a keeper holding the lease")
-    return (client.get("plaita:keeper:lease") or b"").decode()
+    wait_for(lambda: client.get(LEASE) is not None, 10, "a keeper holding the lease")
+    return (client.get(LEASE) or b"").decode()
 
 
 @pytest.mark.timeout(SOAK_S + 90)

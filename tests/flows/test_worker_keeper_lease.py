@@ -18,12 +18,13 @@ from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows.client import FlowClient
 from plaita.ops.service import embedded_keeper_settings
-from plaita.store.keeper_store import KEEPER_LEASE_KEY
-from tests.support.lease_workers import ROOT, wait_for, worker_proc
+from plaita.store.keeper_store import keeper_lease_key
+from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_proc
 
 pytestmark = pytest.mark.redis
 
 TTL_S = 2.0
+KEEPER_LEASE_KEY = keeper_lease_key(QUEUE)  # the test queue's keeper lease
 WORKER_ARGS = (
     "--flows", "tests.flows.flowdefs",
     "--flows", "tests.flows.sleepdefs",
