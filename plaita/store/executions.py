@@ -87,13 +87,14 @@ def _created(reply: list[Any]) -> tuple[int, str, bool]:
 
 
 def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
-    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names."""
+    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names. (False, True):
+    nothing written, a ``completed`` result refused because the cancel flag is set."""
     code = int(reply[0])
     if code == 2:
         raise StagedWriteRefused(reply_text(reply[1]), reply_text(reply[2]))
     if code == 3:
         raise ExecutionKeyError(reply_text(reply[1]), reply_text(reply[2]))
-    return code == 1, code == 1 and int(reply[1]) == 1
+    return code == 1, code in (1, 4) and int(reply[1]) == 1
 
 
 class ExecutionStore(KeeperAccess, EventAccess):
@@ -193,6 +194,7 @@ class ExecutionStore(KeeperAccess, EventAccess):
         staged: Sequence[Staged] = (),
     ) -> tuple[bool, bool]:
         """One fenced write of the state, index, deadline and staged writes: (written, cancel requested).
+        A ``completed`` state is refused while the cancel flag is set: (False, True), nothing written.
 
         All or nothing. StagedWriteRefused for a staged write Redis would refuse (checked here,
         or by the script against the key's current type and value), ExecutionKeyError for a
