@@ -46,7 +46,7 @@ from plaita.store.keyspace import (
 )
 from plaita.store.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
 from plaita.store.staged import plan as plan_staged
-from plaita.store.stream_scan import stream_execution_ids
+from plaita.store.stream_scan import start_queued, stream_execution_ids
 from plaita.tasks import TENANT_ID, Task
 
 __all__ = [
@@ -69,6 +69,8 @@ STATUSES = ("running", "suspended", "completed", "error", "cancelled")
 TERMINAL = frozenset({"completed", "error", "cancelled"})
 #: Cancel flags and dedup keys outlive any execution that could still use them.
 FLAG_TTL_S = 7 * 24 * 3600
+#: Stream entries ``start_queued`` reads at most (a cancel of an id with no document yet).
+MAX_SCANNED_ENTRIES = 100_000
 #: Tenant stores one store keeps (then it starts over: tenant ids come from task bodies).
 MAX_CACHED_TENANTS = 1024
 
@@ -284,6 +286,12 @@ class ExecutionStore(KeeperAccess, EventAccess):
 
     def request_cancel(self, execution_id: str) -> None:
         self.client.set(self.ks.cancel_key(execution_id), "1", ex=FLAG_TTL_S)
+
+    def start_queued(self, execution_id: str, stream: str, max_entries: int = MAX_SCANNED_ENTRIES) -> bool | None:
+        """Whether a start of this tenant's ``execution_id`` waits in ``stream`` (its partition's
+        stream: not read yet, handed back to wait for a flow slot, or read and not acked): XRANGE
+        pages, at most ``max_entries`` entries; None when it was not among them and there are more."""
+        return start_queued(self.client, stream, execution_id, self.ks.tenant, max_entries)
 
     def dedup_target(self, key: str) -> str | None:
         """The execution a dedup key started. With partitions a dedup key lives in the partition

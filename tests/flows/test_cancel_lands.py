@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from plaita.errors import NotForThisWorker
+from plaita.flows.cancel import ALREADY_CANCELLED, ENDED, QUEUED, RUNNING
+from plaita.flows.client import ExecutionNotFound
 from plaita.flows.execution import DEADLINE_EXCEEDED
 from plaita.store.flow_limits import TAKEN, FlowLimitStore
 from tests.flows import cancel_flows, flowdefs
@@ -145,3 +147,50 @@ def test_a_start_waiting_for_a_slot_past_its_deadline_ends_cancelled(h: Harness)
     doc = h.run(body)
     assert doc is not None and doc["status"] == "cancelled" and doc["error"]["type"] == DEADLINE_EXCEEDED, doc
     assert ledgers("q2", ["occupy"]) == [0]
+
+
+def test_a_queued_start_not_read_yet_is_cancelled_and_runs_no_step(h: Harness) -> None:
+    """Before the fix ``cancel`` answered ExecutionNotFound and the start then ran and completed."""
+    release("q3")
+    h.flows.start("last", {}, execution_id="q3")
+    done = h.flows.cancel("q3")
+    assert (done.outcome, done.doc, done.landed) == (QUEUED, None, True)
+    assert "queued" in done.describe() and "will end cancelled" in done.describe()
+    doc = h.run(queued_start(h, "q3"))
+    assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
+    assert ledgers("q3", ["only"]) == [0]
+
+
+def test_cancel_of_a_start_waiting_for_a_slot_says_so_and_lands(h: Harness) -> None:
+    """Before the fix: ExecutionNotFound ("no execution"), then it ran once a slot was free."""
+    slot_taken_elsewhere(h)
+    h.flows.start("gated", {}, execution_id="q4")
+    body = queued_start(h, "q4")
+    with pytest.raises(NotForThisWorker):
+        h.run(body)
+    assert h.flows.cancel("q4").outcome == QUEUED
+    doc = h.run(body)
+    assert doc is not None and doc["status"] == "cancelled" and ledgers("q4", ["occupy"]) == [0]
+
+
+def test_cancel_says_what_it_did(h: Harness) -> None:
+    """Unknown (no document, no start queued): ExecutionNotFound and no flag; running: recorded;
+    ended: said so, ``landed`` False for completed only."""
+    with pytest.raises(ExecutionNotFound):
+        h.flows.cancel("nobody")
+    assert h.client.exists("plaita:execution:cancel:nobody") == 0
+    h.flows.start("last", {}, execution_id="nobody-else")  # another id's start is no start of it
+    with pytest.raises(ExecutionNotFound):
+        h.flows.cancel("nobody")
+    running = InThread(h, start("q5", "polite"))
+    in_step("q5", "listen")
+    done = h.flows.cancel("q5")
+    assert done.outcome == RUNNING and done.status == "running" and "next checkpoint" in done.describe()
+    assert running.result()["status"] == "cancelled"  # type: ignore[index]
+    again = h.flows.cancel("q5")
+    assert (again.outcome, again.landed) == (ALREADY_CANCELLED, True)
+    release("q6")
+    assert h.run(start("q6", "last"))["status"] == "completed"  # type: ignore[index]
+    late = h.flows.cancel("q6")
+    assert (late.outcome, late.landed) == (ENDED, False) and "already completed" in late.describe()
+    assert h.client.exists("plaita:execution:cancel:q6") == 0
