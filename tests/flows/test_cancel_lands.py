@@ -194,3 +194,14 @@ def test_cancel_says_what_it_did(h: Harness) -> None:
     late = h.flows.cancel("q6")
     assert (late.outcome, late.landed) == (ENDED, False) and "already completed" in late.describe()
     assert h.client.exists("plaita:execution:cancel:q6") == 0
+
+
+def test_a_queued_start_of_another_tenant_is_not_this_tenants(h: Harness) -> None:
+    release("tq")
+    t1 = h.flows.for_tenant("t1")
+    t1.start("last", {}, execution_id="tq")
+    with pytest.raises(ExecutionNotFound):  # the default tenant's "tq" is another execution
+        h.flows.cancel("tq")
+    assert t1.cancel("tq").outcome == QUEUED
+    doc = h.run(queued_start(h, "tq"))
+    assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
