@@ -356,14 +356,15 @@ class FlowRunner(StepWaits, Throttle):
         event = _STATUS_EVENTS.get(written.status)
         if event is not None:
             self._tell("execution_event", run.flow.flow_id, event)
-        if written.status == "error":  # alert webhooks: the ids and the error, never the state
-            self._tell("execution_failed", run.flow.flow_id, run.task.execution_id, written.error)
-        if written.terminal:
-            await self._ended(run)
+        await self._ended(run)
 
     async def _ended(self, run: Run) -> None:
-        """Tell its parent (a child) and cancel its children (cancelled while waiting on them);
-        then call the flow's hooks for the execution a checkpoint just ended (each guarded)."""
+        """After a checkpoint that ended ``run.execution`` (else nothing): tell its parent (a child)
+        and cancel its children (cancelled while waiting on them); then call the flow's hooks (each guarded)."""
+        if run.execution.status == "error":  # alert webhooks: the ids and the error, never the state
+            self._tell("execution_failed", run.flow.flow_id, run.task.execution_id, run.execution.error)
+        if not run.execution.terminal:
+            return
         if needs_ending(run.execution):  # no thread hop for an execution with no parent nor children
             await call_io(run.offload, self._scope(run.task).children.ended, run.execution)
         for hook in run.flow.hooks_for(run.execution.status):
