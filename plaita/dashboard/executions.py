@@ -115,7 +115,7 @@ def cancel(flows: FlowClient, execution_id: str) -> Outcome:
     if status in TERMINAL:
         raise ActionError(f"execution {execution_id!r} already ended ({status}): nothing to cancel")
     if done.doc is None:
-        return Outcome(f"cancel recorded for execution {execution_id!r}: {done.describe()}", [])
+        return Outcome(done.describe(), [])
     when = "at once" if status == "suspended" else "at its next step boundary"
     return Outcome(f"cancel requested for execution {execution_id!r}: it stops {when}", [])
 
