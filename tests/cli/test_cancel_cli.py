@@ -66,4 +66,4 @@ def test_cancel_of_an_unknown_id_is_exit_1_with_one_line_and_writes_nothing(redi
     r = plaita(redis_url, "executions", "cancel", "ghost")
     assert r.returncode == 1, r.stdout
     assert r.stderr.strip().splitlines() == ["plaita executions cancel: no execution 'ghost' and no start of it queued"]
-    assert flowdefs.client().exists("plaita:execution:cancel:ghost") == 0
+    assert flowdefs.client().exists(flows.store.ks.cancel_key("ghost")) == 0

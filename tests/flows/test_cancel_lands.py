@@ -80,9 +80,9 @@ def test_a_cancel_during_the_last_step_discards_its_result_and_staged_writes(h: 
     assert doc is not None and doc["status"] == "cancelled", doc
     assert "only" not in doc["results"]
     assert ledgers("l1", ["only"], "staged") == [0]  # the staged write was not committed
-    assert h.client.exists("plaita:execution:cancel:l1") == 0  # the terminal checkpoint took the flag
-    assert h.client.zscore("plaita:executions:status:cancelled", "l1") is not None
-    assert h.client.zscore("plaita:executions:status:running", "l1") is None
+    assert h.client.exists(h.store.ks.cancel_key("l1")) == 0  # the terminal checkpoint took the flag
+    assert h.client.zscore(h.store.ks.status_key(0, "cancelled"), "l1") is not None
+    assert h.client.zscore(h.store.ks.status_key(0, "running"), "l1") is None
 
 
 def test_a_one_step_flow_past_its_deadline_ends_cancelled(h: Harness) -> None:
@@ -102,7 +102,7 @@ def test_a_cancel_while_a_step_suspends_ends_it_cancelled_at_once(h: Harness) ->
     release("l3")
     doc = running.result()
     assert doc is not None and doc["status"] == "cancelled", doc
-    assert h.client.zscore("plaita:executions:status:suspended", "l3") is None
+    assert h.client.zscore(h.store.ks.status_key(0, "suspended"), "l3") is None
     assert h.client.xlen(h.queue.stream) == 0  # nothing left to do for anyone
 
 
@@ -178,7 +178,7 @@ def test_cancel_says_what_it_did(h: Harness) -> None:
     ended: said so, ``landed`` False for completed only."""
     with pytest.raises(ExecutionNotFound):
         h.flows.cancel("nobody")
-    assert h.client.exists("plaita:execution:cancel:nobody") == 0
+    assert h.client.exists(h.store.ks.cancel_key("nobody")) == 0
     h.flows.start("last", {}, execution_id="nobody-else")  # another id's start is no start of it
     with pytest.raises(ExecutionNotFound):
         h.flows.cancel("nobody")
@@ -193,7 +193,7 @@ def test_cancel_says_what_it_did(h: Harness) -> None:
     assert h.run(start("q6", "last"))["status"] == "completed"  # type: ignore[index]
     late = h.flows.cancel("q6")
     assert (late.outcome, late.landed) == (ENDED, False) and "already completed" in late.describe()
-    assert h.client.exists("plaita:execution:cancel:q6") == 0
+    assert h.client.exists(h.store.ks.cancel_key("q6")) == 0
 
 
 def test_a_queued_start_of_another_tenant_is_not_this_tenants(h: Harness) -> None:
