@@ -4,7 +4,8 @@
 ``plaita:T:…``; ``list`` reads that tenant's status index).
 
 Exit codes: 0 done, 1 unknown or unreadable execution, a Redis failure or a wait that timed
-out (one line on stderr), 2 bad arguments. Read commands (``list``, ``show``) never write;
+out (one line on stderr), 2 bad arguments; ``cancel`` 3 when the execution had already ended
+``completed`` or ``error`` (nothing was cancelled). Read commands (``list``, ``show``) never write;
 ``list`` names each unreadable execution key on stderr and lists the others.
 """
 
@@ -25,6 +26,8 @@ from plaita.tasks import tenant_ns
 
 Add = Callable[..., argparse.ArgumentParser]
 
+#: Exit code of ``cancel`` when the execution had ended ``completed`` or ``error`` first.
+CANCEL_TOO_LATE = 3
 #: Statuses ``list`` understands (the index has one sorted set each).
 LIST_STATUSES = ("running", "suspended", "completed", "error", "cancelled")
 
@@ -75,8 +78,18 @@ def _add_steering(sub: WithParents) -> None:
     rt.add_argument("id", help="execution id")
     rt.add_argument("--from-step", help="restart at this step (one it ran); the results of it and later steps go")
     rt.add_argument("--force", action="store_true", help="allow re-running a completed execution")
-    cn = sub.add_parser("cancel", help="cancel an execution (at the next step; a suspended one at once)")
+    cn = sub.add_parser(
+        "cancel",
+        help="cancel an execution: queued, waiting for a slot, running or suspended, it ends cancelled",
+        description=(
+            "Exit 0: cancelled, or the cancel is recorded and the execution will end cancelled; 1: no execution "
+            "and no start of it queued (or Redis failed, or --wait timed out); 3: it had already ended completed "
+            "or error (with --wait: it ended so before the cancel landed)."
+        ),
+    )
     cn.add_argument("id", help="execution id")
+    cn.add_argument("--wait", action="store_true", help="wait until it has ended and say how")
+    cn.add_argument("--timeout-s", type=float, default=60.0, help="longest --wait (default %(default)s)")
 
 
 def _add_reading(sub: WithParents) -> None:
@@ -172,13 +185,18 @@ def _retry(flows: Any, args: argparse.Namespace) -> int:
 
 
 def _cancel(flows: Any, args: argparse.Namespace) -> int:
-    doc = flows.cancel(args.id)
-    status = doc.get("status")
-    if status in ("completed", "error", "cancelled"):
-        print(f"execution {args.id} already ended ({status}); nothing to cancel")
-    else:
-        print(f"cancel requested for execution {args.id} ({status})")
-    return 0
+    """Exit 0: cancelled, or the cancel is recorded and it will end cancelled; 3: it had ended
+    (completed or error) before; with ``--wait`` the status it ended with decides."""
+    done = flows.cancel(args.id)
+    print(done.describe())
+    if not args.wait or not done.landed:
+        return 0 if done.landed else CANCEL_TOO_LATE
+    status = flows.wait(args.id, args.timeout_s).get("status")
+    if status == "cancelled":
+        print(f"execution {args.id} cancelled")
+        return 0
+    print(f"execution {args.id} ended {status} before the cancel landed")
+    return CANCEL_TOO_LATE
 
 
 def _list(flows: Any, args: argparse.Namespace) -> int:

@@ -104,10 +104,18 @@ def pretty(value: Any) -> str:
 
 
 def cancel(flows: FlowClient, execution_id: str) -> Outcome:
-    doc = _known(execution_id, lambda: flows.cancel(execution_id))
-    status = doc.get("status")
+    """Cancel it (``plaita.flows.cancel``): queued, running or suspended, it ends ``cancelled``."""
+    if not valid_id(execution_id):
+        raise ActionError("not an execution id")
+    try:
+        done = flows.cancel(execution_id)
+    except ExecutionNotFound:
+        raise ActionError(f"no execution {execution_id!r} (never started, or expired)") from None
+    status = done.status
     if status in TERMINAL:
         raise ActionError(f"execution {execution_id!r} already ended ({status}): nothing to cancel")
+    if done.doc is None:
+        return Outcome(done.describe(), [])
     when = "at once" if status == "suspended" else "at its next step boundary"
     return Outcome(f"cancel requested for execution {execution_id!r}: it stops {when}", [])
 

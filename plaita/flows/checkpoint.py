@@ -31,9 +31,15 @@ async def call_io(offload: bool, fn: Callable[..., Any], *args: Any, **kwargs: A
     return fn(*args, **kwargs)
 
 
+class CancelledMeanwhile(PlaitaError):
+    """A ``completed`` checkpoint refused because a cancel was requested while the last step ran
+    (the script checks the flag): nothing was written; the execution ends ``cancelled`` instead."""
+
+
 class Checkpointer:
     """Writes an execution's document with one fenced call: LeaseLostError when the lease moved
-    on, StepOutputError when a staged write Redis would refuse (nothing was written)."""
+    on, StepOutputError when a staged write Redis would refuse, CancelledMeanwhile when a
+    ``completed`` one is refused because of a cancel (in all three nothing was written)."""
 
     def __init__(self, store: ExecutionStore, *, retention_s: int, batcher: CallBatcher | None = None) -> None:
         if not 0 <= retention_s <= MAX_SECONDS:  # EXPIRE must not fail after the state is written
@@ -70,6 +76,8 @@ class Checkpointer:
             ok, cancel = await send(call, offload=offload, batcher=self.batcher)
         except StagedWriteRefused as exc:
             raise StepOutputError("StagedWriteRefused", f"step {step!r}: {exc}; nothing was written") from None
+        if not ok and cancel:
+            raise CancelledMeanwhile(f"execution {task.execution_id}: cancelled while its last step ran")
         if not ok:
             raise LeaseLostError(
                 f"checkpoint of execution {task.execution_id} refused: lease generation "

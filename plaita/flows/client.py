@@ -19,6 +19,7 @@ from typing import Any
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
+from plaita.flows.cancel import CancelOutcome, request_cancel
 from plaita.flows.tracing import producing
 from plaita.flows.validate import check_deadline_s, require_json
 from plaita.store.client import make_client
@@ -228,17 +229,18 @@ class FlowClient:
         self._enqueue(body)
         return rid
 
-    def cancel(self, execution_id: str) -> dict[str, Any]:
-        """Request a cancel: honoured at the next step boundary; a suspended execution is
-        cancelled at once (a ``cancel`` resume is enqueued for it). Returns the state seen."""
-        doc = self._require(execution_id)
-        if doc.get("status") in TERMINAL:
-            return doc
-        self.store.request_cancel(execution_id)
-        if doc.get("status") == "suspended":
-            body = model.resume_body(execution_id, "cancel", flow_id=doc.get("flow_id"), tenant_id=self.tenant_id)
-            self._enqueue(body)
-        return doc
+    def cancel(self, execution_id: str) -> CancelOutcome:
+        """Cancel an execution whatever it does, and say what was done (``CancelOutcome``: its
+        ``outcome``, ``describe()``, ``landed``): a start still queued (or waiting for a flow slot)
+        ends ``cancelled`` without a step when a worker reads it; a running one at its next
+        checkpoint (a ``completed`` result of a step running now is discarded); a suspended one as
+        soon as a worker takes the ``cancel`` task enqueued for it, its children stopping at their
+        next checkpoint. ExecutionNotFound when there is no execution and no start of it queued."""
+        ks = self.queue.keyspace
+        outcome = request_cancel(self.store, self._enqueue, execution_id, ks.stream(ks.partition_of(execution_id)))
+        if outcome is None:
+            raise ExecutionNotFound(f"no execution {execution_id!r} and no start of it queued")
+        return outcome
 
     def get(self, execution_id: str) -> dict[str, Any] | None:
         return self.store.get(_checked_id(execution_id))

@@ -8,9 +8,9 @@ execution next starts at step k.
 
 One task, in this file's order: ``plaita.flows.admit`` turns it into a ``Run`` (or a no-op:
 every task is safe to deliver twice); a flow with fleet-wide limits first takes one of its slots
-(``plaita.flows.limits``: a start before admission, a resume after, given back when the task
-ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
-execution is running.
+(``plaita.flows.throttle``, ``plaita.flows.limits``: a start before admission, a resume after,
+given back when the task ends; over the limit the task goes back to the queue); ``_advance``
+runs steps while the execution is running.
 One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
 its outcome means (``_succeeded`` here; ``_suspended``, ``_sleep``, ``_failed`` in
 ``plaita.flows.waits``), and ``_commit`` it: seal it (the ``error`` execution replaces one that
@@ -31,11 +31,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S
-from plaita.errors import NotForThisWorker
 from plaita.flows import model
 from plaita.flows.admit import Run
 from plaita.flows.batch import CallBatcher
-from plaita.flows.checkpoint import LeaseLostError, call_io
+from plaita.flows.checkpoint import CancelledMeanwhile, LeaseLostError, call_io
 from plaita.flows.children import Children, needs_ending
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
@@ -45,6 +44,7 @@ from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
 from plaita.flows.limits import FlowLimits
 from plaita.flows.scopes import Scope, ScopeParts, TenantScopes
+from plaita.flows.throttle import Throttle
 from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.flows.validate import StepOutputError
 from plaita.flows.waits import StepWaits
@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)  # plaita.flows.waits logs under this name 
 _STATUS_EVENTS = {"suspended": "suspended", "completed": "completed", "error": "failed", "cancelled": "cancelled"}
 
 
-class FlowRunner(StepWaits):
+class FlowRunner(StepWaits, Throttle):
     """A handler (``runner(task)``) running the flows of ``flows`` on ``store``.
 
     Called from a handler thread it runs ``async def`` steps on a per-thread event loop;
@@ -276,17 +276,6 @@ class FlowRunner(StepWaits):
             return await self._failed(run, step, ctx.attempt, exc, started_s)
         return None
 
-    async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
-        """Take the flow's slot (``plaita.flows.limits``); over its limit the task goes back to
-        the queue (NotForThisWorker, counted here as ``throttled``)."""
-        if not self._limits.limited(flow, start=start):
-            return
-        try:
-            await call_io(offload, self._limits.enter, flow, task, start=start)
-        except NotForThisWorker:
-            self._tell("execution_event", flow.flow_id, "throttled")
-            raise
-
     def _context(self, run: Run, step: Step) -> StepContext:
         ex = run.execution
         resume = ex.resume
@@ -333,9 +322,14 @@ class FlowRunner(StepWaits):
         deadline_s: float | None = None,
     ) -> None:
         """Checkpoint ``execution`` (or the ``error`` one replacing it when it cannot be written:
-        ``sealed``) and make it the run's; then tell the observers and, if it ended, the hooks."""
+        ``sealed``) and make it the run's; then tell the observers and, if it ended, the hooks.
+        A ``completed`` one past its deadline, or refused by the script because a cancel came
+        during the last step, is discarded (result and staged writes): ``cancelled`` instead."""
         name = step.name if step is not None else None
-        wanted = execution.stamped(self._clock())
+        now_s = self._clock()
+        if execution.status == "completed" and execution.past_deadline(now_s):
+            execution, staged, deadline_s = run.execution.cancelled(now_s), None, None
+        wanted = execution.stamped(now_s)
         written, text = sealed(wanted, self.max_state_bytes, name, output=output)
         if written.status != wanted.status:  # replaced: none of the step's writes, no deadline
             logger.error("execution %s: %s", run.task.execution_id, (written.error or {}).get("message"))
@@ -343,28 +337,34 @@ class FlowRunner(StepWaits):
         if written.status == "suspended" and written.deadline_at is not None:
             # The keeper finds a suspension past the whole execution's deadline by the same index.
             deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
-        cancel = await self._scope(run.task).checkpoints.write(
-            run.task,
-            text,
-            status=written.status,
-            now_s=written.updated_at,
-            offload=run.offload,
-            staged=staged or (),
-            deadline_s=deadline_s,
-            step=name,
-        )
+        try:
+            cancel = await self._scope(run.task).checkpoints.write(
+                run.task,
+                text,
+                status=written.status,
+                now_s=written.updated_at,
+                offload=run.offload,
+                staged=staged or (),
+                deadline_s=deadline_s,
+                step=name,
+            )
+        except CancelledMeanwhile:  # nothing was written; ``cancelled`` is never refused
+            run.cancel = True
+            await self._commit(run, run.execution.cancelled(self._clock()))
+            return
         run.execution, run.cancel = written, run.cancel or cancel
         event = _STATUS_EVENTS.get(written.status)
         if event is not None:
             self._tell("execution_event", run.flow.flow_id, event)
-        if written.status == "error":  # alert webhooks: the ids and the error, never the state
-            self._tell("execution_failed", run.flow.flow_id, run.task.execution_id, written.error)
-        if written.terminal:
-            await self._ended(run)
+        await self._ended(run)
 
     async def _ended(self, run: Run) -> None:
-        """Tell its parent (a child) and cancel its children (cancelled while waiting on them);
-        then call the flow's hooks for the execution a checkpoint just ended (each guarded)."""
+        """After a checkpoint that ended ``run.execution`` (else nothing): tell its parent (a child)
+        and cancel its children (cancelled while waiting on them); then call the flow's hooks (each guarded)."""
+        if run.execution.status == "error":  # alert webhooks: the ids and the error, never the state
+            self._tell("execution_failed", run.flow.flow_id, run.task.execution_id, run.execution.error)
+        if not run.execution.terminal:
+            return
         if needs_ending(run.execution):  # no thread hop for an execution with no parent nor children
             await call_io(run.offload, self._scope(run.task).children.ended, run.execution)
         for hook in run.flow.hooks_for(run.execution.status):

@@ -69,13 +69,23 @@ class StepWaits:
             run.pending = None
             return
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
+        if await self._cancelled_meanwhile(run):
+            return
         if isinstance(value, Spawn) and run.execution.status == "suspended":
-            if run.cancel or run.execution.past_deadline(self._clock()):  # end now: cancels the children
-                await self._commit(run, run.execution.cancelled(self._clock()))
-                return
             joined = await call_io(run.offload, self._children_for(run.task).settled, run)  # all ended meanwhile?
             if joined is not None:
                 await self._commit(run, joined)
+
+    async def _cancelled_meanwhile(self, run: Run) -> bool:
+        """Right after a suspension (or sleep) checkpoint: when a cancel came while its step ran
+        (the checkpoint reported the flag) or the deadline passed, end it ``cancelled`` now (its
+        children too): no cancel task was sent for a running execution, so none would come."""
+        if run.execution.status != "suspended":
+            return False
+        if not (run.cancel or run.execution.past_deadline(self._clock())):
+            return False
+        await self._commit(run, run.execution.cancelled(self._clock()))
+        return True
 
     async def _sleep(
         self, run: Run, step: Step, ctx: StepContext, value: Sleep, started_s: float, now_s: float
@@ -92,6 +102,7 @@ class StepWaits:
             run.pending = None
         ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
+        await self._cancelled_meanwhile(run)
 
     async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> float | None:
         """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""

@@ -41,8 +41,9 @@ FLOW_WORKER_ACL_RULES = (
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
 #: ``ACL SETUSER plaita-producer on >PASSWORD <rules>``. XADD (tasks), GET/MGET (states, dedup),
-#: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE (listing); no channels.
-PRODUCER_ACL_RULES = "resetkeys ~plaita:* resetchannels -@all +xadd +get +set +mget +hget +hgetall +zrevrange"
+#: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE (listing), XRANGE (a cancel
+#: of an id not created yet looks for its queued start); no channels.
+PRODUCER_ACL_RULES = "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange"
 
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.
 ADMIN_ACL_RULES = (

@@ -46,7 +46,7 @@ from plaita.store.keyspace import (
 )
 from plaita.store.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
 from plaita.store.staged import plan as plan_staged
-from plaita.store.stream_scan import stream_execution_ids
+from plaita.store.stream_scan import start_queued, stream_execution_ids
 from plaita.tasks import TENANT_ID, Task
 
 __all__ = [
@@ -69,6 +69,8 @@ STATUSES = ("running", "suspended", "completed", "error", "cancelled")
 TERMINAL = frozenset({"completed", "error", "cancelled"})
 #: Cancel flags and dedup keys outlive any execution that could still use them.
 FLAG_TTL_S = 7 * 24 * 3600
+#: Stream entries ``start_queued`` reads at most (a cancel of an id with no document yet).
+MAX_SCANNED_ENTRIES = 100_000
 #: Tenant stores one store keeps (then it starts over: tenant ids come from task bodies).
 MAX_CACHED_TENANTS = 1024
 
@@ -87,13 +89,14 @@ def _created(reply: list[Any]) -> tuple[int, str, bool]:
 
 
 def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
-    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names."""
+    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names. (False, True):
+    nothing written, a ``completed`` result refused because the cancel flag is set."""
     code = int(reply[0])
     if code == 2:
         raise StagedWriteRefused(reply_text(reply[1]), reply_text(reply[2]))
     if code == 3:
         raise ExecutionKeyError(reply_text(reply[1]), reply_text(reply[2]))
-    return code == 1, code == 1 and int(reply[1]) == 1
+    return code == 1, code in (1, 4) and int(reply[1]) == 1
 
 
 class ExecutionStore(KeeperAccess, EventAccess):
@@ -193,6 +196,7 @@ class ExecutionStore(KeeperAccess, EventAccess):
         staged: Sequence[Staged] = (),
     ) -> tuple[bool, bool]:
         """One fenced write of the state, index, deadline and staged writes: (written, cancel requested).
+        A ``completed`` state is refused while the cancel flag is set: (False, True), nothing written.
 
         All or nothing. StagedWriteRefused for a staged write Redis would refuse (checked here,
         or by the script against the key's current type and value), ExecutionKeyError for a
@@ -282,6 +286,12 @@ class ExecutionStore(KeeperAccess, EventAccess):
 
     def request_cancel(self, execution_id: str) -> None:
         self.client.set(self.ks.cancel_key(execution_id), "1", ex=FLAG_TTL_S)
+
+    def start_queued(self, execution_id: str, stream: str, max_entries: int = MAX_SCANNED_ENTRIES) -> bool | None:
+        """Whether a start of this tenant's ``execution_id`` waits in ``stream`` (its partition's
+        stream: not read yet, handed back to wait for a flow slot, or read and not acked): XRANGE
+        pages, at most ``max_entries`` entries; None when it was not among them and there are more."""
+        return start_queued(self.client, stream, execution_id, self.ks.tenant, max_entries)
 
     def dedup_target(self, key: str) -> str | None:
         """The execution a dedup key started. With partitions a dedup key lives in the partition

@@ -60,3 +60,33 @@ def _ids_in(message_id: Any, fields: dict[Any, Any]) -> Iterable[str]:
     tenant = body.get("tenant_id")
     # A default id that looks like ``t/x`` only makes tenant t's x look queued: a later retry, never a double.
     return (f"{tenant}/{eid}",) if isinstance(tenant, str) and tenant not in ("", DEFAULT_TENANT) else (eid,)
+
+
+def start_queued(
+    client: redis.Redis, stream: str, execution_id: str, tenant: str, max_entries: int, page: int = 1000
+) -> bool | None:
+    """Whether a start of ``execution_id`` (of ``tenant``, "" the default one) is in ``stream``:
+    queued, handed back to wait for a flow slot, or read and not acked yet (acked entries are
+    deleted). None when it was not among the first ``max_entries`` entries and there are more."""
+    start, left = "-", max_entries
+    while left > 0:
+        batch = cast(list[Any], client.xrange(stream, min=start, max="+", count=min(page, left)))
+        if any(_is_start_of(fields, execution_id, tenant) for _, fields in batch):
+            return True
+        if len(batch) < min(page, left):  # the end of the stream
+            return False
+        left -= len(batch)
+        start = "(" + _text(batch[-1][0])
+    return None if client.xrange(stream, min=start, max="+", count=1) else False
+
+
+def _is_start_of(fields: dict[Any, Any], execution_id: str, tenant: str) -> bool:
+    raw = fields.get(PAYLOAD_FIELD.encode()) or fields.get(PAYLOAD_FIELD)
+    try:
+        body = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return False
+    if not isinstance(body, dict) or body.get("type") != "start" or body.get("execution_id") != execution_id:
+        return False
+    theirs = body.get("tenant_id")
+    return (theirs if isinstance(theirs, str) and theirs != DEFAULT_TENANT else "") == tenant

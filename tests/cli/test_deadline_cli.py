@@ -44,3 +44,22 @@ def test_a_deadline_passing_while_suspended_cancels_and_show_says_why(
     assert shown.returncode == 0, shown.stderr
     assert "status cancelled" in shown.stdout and "deadline " in shown.stdout
     assert "cancelled in wait_event: DeadlineExceeded: deadline exceeded" in shown.stdout
+
+
+def test_a_one_step_flow_past_its_deadline_ends_cancelled_not_completed(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29, item 5: the only step sees ``ctx.cancel`` at the deadline and returns; its result
+    was written as ``completed`` (a two-step flow ended ``cancelled``). Now it is discarded."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with worker_proc(redis_url, tmp_path, "dl1", *WORKER_ARGS, "--flows", "tests.flows.cancel_flows") as w:
+        w.wait_reading()
+        r = plaita(
+            redis_url, "executions", "start", "polite", "--execution-id", "cd2",
+            "--deadline-s", "1", "--wait", "--timeout-s", "30", "--json",
+        )  # fmt: skip
+        assert w.terminate() == 0
+    assert r.returncode == 1, r.stderr  # ended, not completed
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "cancelled" and doc["error"]["type"] == "DeadlineExceeded", doc
+    assert "listen" not in doc["results"]

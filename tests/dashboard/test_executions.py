@@ -187,6 +187,19 @@ class TestActions:
         assert "already ended (cancelled): nothing to cancel" in _notice(again.text)
         assert rclient.xlen(QUEUE) == 1
 
+    def test_cancel_of_a_start_not_read_yet_is_recorded_and_it_ends_cancelled(
+        self, make_dashboard: MakeDashboard, rclient: redis.Redis, h: Harness
+    ) -> None:
+        """Issue 29, item 4: it said "no execution" and the start then ran."""
+        rclient.xadd(QUEUE, {"payload": json.dumps(start("q1", "signup")), "schema_version": "1"})
+        dash = make_dashboard()
+        csrf = login(dash)
+        page = dash.post("/executions/cancel", data={"csrf": csrf, "execution_id": "q1"}, headers=SAME_ORIGIN)
+        assert "execution q1 is queued and will end cancelled when a worker reads it" in _notice(page.text)
+        (body,) = _stream_bodies(rclient)
+        doc = h.run(body)
+        assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
+
     def test_actions_need_actions_enabled_a_token_csrf_and_the_same_origin(
         self, make_dashboard: MakeDashboard, rclient: redis.Redis, h: Harness
     ) -> None:

@@ -104,6 +104,42 @@ def test_cancel_of_the_parent_cancels_its_children(redis_url: str, flows: FlowCl
     assert joins(parent) == (0, 0)
 
 
+def test_cancel_of_a_suspended_parent_lands_at_once_though_its_children_fill_the_worker(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """Issue 29, item 5: six children that hold their step until cancelled, a worker of two:
+    the parent's cancel task queued behind their tasks waited for the children (60 s here), and
+    the children then ended ``completed``. Now the cancel sets the children's flags itself: the
+    two running ones stop at their checkpoint (their results discarded), the queued ones at their
+    start (or, created ahead, at their checkpoint), and all end ``cancelled`` well within a lease
+    TTL of 10 s."""
+    with worker_proc(
+        redis_url,
+        tmp_path,
+        "fcb",
+        *FLOW_ARGS,
+        "--flows",
+        "tests.flows.fanout_flows",
+        "--concurrency",
+        "2",
+        "--lease-ttl-seconds",
+        "10",
+    ) as w:
+        parent = flows.start("fan", {"n": 6, "hold_first": list(range(6))})
+        children = kids(parent, 6)
+        wait_for(lambda: sum(flowdefs.ledger(k, "work") for k in children) == 2, 30, "two children in their step")
+        done = flows.cancel(parent)
+        assert (done.outcome, done.children) == ("suspended", 6)
+        began = time.monotonic()
+        assert flows.wait(parent, 10)["status"] == "cancelled"
+        assert [flows.wait(k, 10)["status"] for k in children] == ["cancelled"] * 6
+        took_s = time.monotonic() - began
+        assert w.terminate() == 0
+    assert took_s < 10, took_s
+    assert [flowdefs.ledger(k, "work", "staged") for k in children] == [0] * 6  # no child result committed
+    assert joins(parent) == (0, 0)
+
+
 def test_a_redelivered_spawning_step_starts_no_second_set(redis_url: str, flows: FlowClient) -> None:
     """The spawning step runs, enqueues its children, and its worker dies before the checkpoint:
     the redelivered start runs the step again, which names the same children. Each child runs

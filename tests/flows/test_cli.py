@@ -46,7 +46,7 @@ def test_start_wait_show_list_resume_cancel(redis_url: str, tmp_path: Path, monk
             lambda: flowdefs.client().zscore("plaita:executions:status:suspended", "c3") is not None, 10, "c3 suspended"
         )
         r = plaita(redis_url, "executions", "cancel", "c3")
-        assert r.returncode == 0 and "cancel requested" in r.stdout
+        assert r.returncode == 0 and "cancel recorded" in r.stdout and "is suspended" in r.stdout, r.stdout
         wait_for(
             lambda: flowdefs.client().zscore("plaita:executions:status:cancelled", "c3") is not None, 10, "c3 cancelled"
         )

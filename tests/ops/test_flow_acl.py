@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.client import ExecutionNotFound, FlowClient
 from plaita.flows.definition import load_flows
 from plaita.flows.execution import Execution
 from plaita.store.acl import FLOW_WORKER_ACL_RULES, PRODUCER_ACL_RULES
@@ -172,6 +172,8 @@ class TestProducerAcl:
             wait_status(flows, doomed, "suspended")
             flows.cancel(doomed)
             assert flows.wait(doomed, 30)["status"] == "cancelled"
+            with pytest.raises(ExecutionNotFound):  # it looked for a queued start (XRANGE)
+                flows.cancel("never-started")
             assert flows.wait(failed, 30)["status"] == "error"
             flows.retry(failed)
             wait_failed_again(flows, failed, 1)

@@ -27,9 +27,13 @@
 --          'int:<lo>:<hi>' nothing or an integer string in [lo, hi]
 -- Returns  {1, cancel_requested} written; {0, 0} refused (fenced out, also when the lease or
 --          fence key is not a string); {2, key, why} a staged write Redis would refuse; {3, key,
---          why} an index key of the wrong type. Nothing is written unless the reply is {1, ...}.
+--          why} an index key of the wrong type; {4, 1} refused: a `completed` result while the
+--          cancel flag is set (the cancel came during the last step: the caller writes
+--          `cancelled` instead). Nothing is written unless the reply is {1, ...}.
 --- @include "fence"
 if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return {0, 0} end
+local status = tonumber(ARGV[3])
+if status == 3 and redis.call('EXISTS', KEYS[4]) == 1 then return {4, 1} end
 local function kind(key) return redis.call('TYPE', key).ok end
 -- Signed decimal integers without leading zeros (Redis's own format), compared exactly.
 local function cmp(a, b)
@@ -63,7 +67,6 @@ for i = 1, n do
   if why then return {2, KEYS[10 + i], why} end
 end
 if ARGV[6] ~= '' and kind(KEYS[5]) ~= 'zset' and kind(KEYS[5]) ~= 'none' then return wrong_index(KEYS[5]) end
-local status = tonumber(ARGV[3])
 local retention = tonumber(ARGV[7])
 local index = KEYS[5 + status]
 if type(redis.pcall('ZADD', index, ARGV[4], ARGV[5])) == 'table' then return wrong_index(index) end

@@ -1,0 +1,53 @@
+"""A task of a flow with fleet-wide limits passing them, for ``FlowRunner`` (``plaita.flows.engine``):
+it takes the flow's slot (``plaita.flows.limits``) or goes back to the queue. A start whose
+execution is already cancelled (its cancel flag set while it waited in the queue) or past its
+deadline takes no slot and waits for none: it is created and ends ``cancelled`` without a step, so
+a cancel lands on a start waiting for a slot as on any other queued start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from plaita.errors import BadTaskError, NotForThisWorker
+from plaita.flows.checkpoint import call_io
+from plaita.flows.definition import Flow
+from plaita.flows.limits import FlowLimits
+from plaita.flows.validate import task_deadline
+from plaita.store.executions import ExecutionStore
+from plaita.tasks import Task
+
+
+class Throttle:
+    """The runner's limit check (mixed into ``FlowRunner``)."""
+
+    store: ExecutionStore
+    _limits: FlowLimits
+    _clock: Callable[[], float]
+
+    def _tell(self, name: str, *args: Any) -> None:
+        raise NotImplementedError
+
+    async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
+        """Take the flow's slot; over its limit the task goes back to the queue (NotForThisWorker,
+        counted here as ``throttled``). A start that will end ``cancelled`` anyway passes at once."""
+        if not self._limits.limited(flow, start=start):
+            return
+        if start and await call_io(offload, self._start_cancelled, task):
+            return
+        try:
+            await call_io(offload, self._limits.enter, flow, task, start=start)
+        except NotForThisWorker:
+            self._tell("execution_event", flow.flow_id, "throttled")
+            raise
+
+    def _start_cancelled(self, task: Task) -> bool:
+        """Whether ``task``'s start is past its deadline, or its cancel flag is set (one GET)."""
+        try:
+            deadline_at = task_deadline(task.body)
+        except BadTaskError:  # its admission reports it (the DLQ)
+            return False
+        if deadline_at is not None and self._clock() >= deadline_at:
+            return True
+        return self.store.of(task).cancel_requested_many([task.execution_id])[0]
