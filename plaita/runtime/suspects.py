@@ -7,8 +7,9 @@ which one did it, so it treats all of them as *suspects*:
 - its own pending entries found by the first scan after the process started (RESUMING_OWN),
   unless its predecessor under the same consumer name recorded a graceful stop with no suspect
   left (then they are tasks handed back or failed and awaiting redelivery: no crash's);
-- entries a reclaim pass took from a consumer that had not talked to Redis for at least half of
-  ``--claim-min-idle-ms`` (a dead worker's; a live one's failed tasks are plain redeliveries).
+- entries a reclaim pass took from another consumer that had not talked to Redis for at least half
+  of ``--claim-min-idle-ms`` and two reads' BLOCK + 1 s (``silent_ms``: a dead worker's; a live
+  one's failed tasks are plain redeliveries).
 
 A suspect is never charged a delivery: the re-read that found it bumped its count, and the count
 is set back (``StreamQueue.recount_own``). In ISOLATING the worker reads nothing, lets what else
@@ -42,8 +43,17 @@ from plaita.tasks import Task, parse_entry
 logger = logging.getLogger(__name__)
 
 #: A claimed entry is a suspect when the consumer it came from had been silent this share of
-#: ``--claim-min-idle-ms``: a live worker talks to Redis every renewal (a third of it) at least.
+#: ``--claim-min-idle-ms`` (``silent_ms``): a live worker talks to Redis every renewal (a third of it).
 DEAD_OWNER_SHARE = 0.5
+#: ... and at least this long beyond two reads' BLOCK: a live worker reads at least that often.
+DEAD_OWNER_MIN_MS = 1000
+
+
+def silent_ms(settings: Settings) -> float:
+    """How long a consumer must have been silent for its claimed tasks to be a dead worker's."""
+    return max(settings.claim_min_idle_ms * DEAD_OWNER_SHARE, 2 * settings.read_block_ms + DEAD_OWNER_MIN_MS)
+
+
 #: Longest wait of one ISOLATING step for the running suspect (a stop or a finish cuts it short).
 POLL_S = 0.05
 #: Longest wait for the clean-stop record while stopping (a frozen Redis must not delay the exit).
@@ -105,22 +115,25 @@ class Suspects:
         if known:  # re-read after an outage: that read is no delivery either
             self.queue.recount_own({e.message_id: self._counts[e.message_id] for e in known})
         entries = [e for e in entries if e.message_id not in self._counts]
-        if not self._start_scan or not entries:
+        if not self._start_scan:
             return entries
-        if self._clean_start is None:
+        if self._clean_start is None:  # taken at the first page, empty or not: it is for this start only
             self._clean_start = self.strikes.take_clean_stop(self._stop_key)
-            if not self._clean_start:
-                logger.info("the previous worker named %s did not stop gracefully", self.settings.consumer_name)
-        return entries if self._clean_start else self._take(entries)
+        if self._clean_start or not entries:
+            return entries
+        logger.info("the previous worker named %s did not stop gracefully", self.settings.consumer_name)
+        return self._take(entries)
 
     def own_scan_done(self) -> None:
         """The first scan of our own entries is through: later scans find no crash's tasks."""
+        if self._start_scan and self._clean_start is None:  # nothing was pending: the mark is stale now
+            self._clean_start = self.strikes.take_clean_stop(self._stop_key)
         self._start_scan = False
 
     def from_claim(self, entries: list[Entry]) -> list[Entry]:
         """Entries a reclaim pass took: keep those of a silent (dead) consumer, return the rest."""
-        silent_ms = self.settings.claim_min_idle_ms * DEAD_OWNER_SHARE
-        dead = [e for e in entries if e.owner_idle_ms is not None and e.owner_idle_ms >= silent_ms]
+        silent = silent_ms(self.settings)
+        dead = [e for e in entries if e.owner_idle_ms is not None and e.owner_idle_ms >= silent]
         if not dead:
             return entries
         dead_ids = {e.message_id for e in dead}
@@ -212,11 +225,13 @@ class Suspects:
         else:
             self._dispatch(entry, verdict)
         del self._waiting[mid]
-        self._current = (mid, key)
-        if mid not in self.intake.ours() and key is not None:
-            # Its lease was refused (another worker runs it): it did not run here.
+        if mid in self.intake.ours():
+            self._current = (mid, key)
+            return
+        # Its lease was refused (another worker runs that execution): it did not run here.
+        if key is not None and verdict is None:
             self.strikes.disarm(key, mid)
-            self._armed.discard(mid)
+        self._forget(mid)
 
     def _dispatch(self, entry: Entry, verdict: str | None) -> None:
         if verdict is not None:

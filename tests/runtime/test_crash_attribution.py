@@ -43,7 +43,7 @@ ARGS = (
     "--lease-ttl-s",
     "1",
     "--claim-min-idle-ms",
-    "1000",
+    "3000",
     "--reclaim-interval-s",
     "0.2",
     "--no-registry",

@@ -10,7 +10,8 @@
 -- ARGV[5]    scan limit the scan used (a full scan means the pending list goes on)
 -- ARGV[5+i]  candidate i's id (as many as lease keys)
 -- Returns    {next cursor ('0-0' at the end of the pending list), {{id, fields, deliveries, idle of
---            the consumer it was taken from (ms; -1 unknown)}, ...}, skipped for a live lease}
+--            the consumer it was taken from (ms; -1 unknown, or this consumer itself)}, ...},
+--            skipped for a live lease}
 local want, scan = tonumber(ARGV[4]), tonumber(ARGV[5])
 local n = #KEYS - 1
 local claimed, skipped, last = {}, 0, nil
@@ -35,7 +36,8 @@ for i = 1, n do
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
     local r = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), id)
     if #r > 0 and r[1] and #p > 0 then
-      table.insert(claimed, {id, r[1][2], p[1][4] + 1, idle[p[1][2]] or -1})
+      local owner = p[1][2]
+      table.insert(claimed, {id, r[1][2], p[1][4] + 1, (owner ~= ARGV[2] and idle[owner]) or -1})
     end
   end
   if #claimed >= want then break end
