@@ -56,6 +56,8 @@ def silent_ms(settings: Settings) -> float:
 
 #: Longest wait of one ISOLATING step for the running suspect (a stop or a finish cuts it short).
 POLL_S = 0.05
+#: The same while its ack is being sent (acks go out within a few ms).
+ACK_POLL_S = 0.002
 #: Longest wait for the clean-stop record while stopping (a frozen Redis must not delay the exit).
 CLEAN_STOP_TIMEOUT_S = 0.3
 
@@ -174,10 +176,11 @@ class Suspects:
         """One step: wait for the running suspect or other work, else run the next suspect alone;
         ``suspects_cleared`` once none is left."""
         if self._current is not None and not self._finish_current():
-            self._wait()
+            # Its ack is on its way once it left the in-flight table: look again soon.
+            self._wait(ACK_POLL_S if self._current[0] not in self.intake.inflight else POLL_S)
             return
         if len(self.intake.inflight):  # work read before the suspects were found ends first
-            self._wait()
+            self._wait(POLL_S)
             return
         if not self._waiting:
             self.lifecycle.trigger("suspects_cleared")
@@ -201,13 +204,13 @@ class Suspects:
         self._counts.pop(mid, None)
         self._armed.discard(mid)
 
-    def _wait(self) -> None:
+    def _wait(self, timeout_s: float) -> None:
         now = time.monotonic()
         if self._waiting and now >= self._renew_at_s:
             # Waiting suspects are ours: keep them from looking abandoned to other workers.
             self.queue.renew_pending(list(self._waiting))
             self._renew_at_s = now + min(self.settings.claim_min_idle_ms / 1000, self.settings.lease_ttl_s) / 3
-        self.slot_freed.wait(POLL_S)
+        self.slot_freed.wait(timeout_s)
         self.slot_freed.clear()
 
     def _run_alone(self, entry: Entry) -> None:
