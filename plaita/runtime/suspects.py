@@ -107,10 +107,6 @@ class Suspects:
         """Suspects wait or one runs: ISOLATING has work."""
         return bool(self._waiting) or self._current is not None
 
-    def ids(self) -> set[str]:
-        """Ids of every suspect not finished yet (scans must not run them as ordinary tasks)."""
-        return set(self._waiting) | ({self._current[0]} if self._current is not None else set())
-
     def from_own_scan(self, entries: list[Entry]) -> list[Entry]:
         """A page of our own pending entries: keep the suspects, return what runs as usual."""
         known = [e for e in entries if e.message_id in self._counts]
@@ -121,10 +117,7 @@ class Suspects:
             return entries
         if self._clean_start is None:  # taken at the first page, empty or not: it is for this start only
             self._clean_start = self.strikes.take_clean_stop(self._stop_key)
-        if self._clean_start or not entries:
-            return entries
-        logger.info("the previous worker named %s did not stop gracefully", self.settings.consumer_name)
-        return self._take(entries)
+        return entries if self._clean_start or not entries else self._take(entries)
 
     def own_scan_done(self) -> None:
         """The first scan of our own entries is through: later scans find no crash's tasks."""
