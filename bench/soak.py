@@ -267,7 +267,8 @@ def _drive(
     times["t_producer_end"] = time.time()
     times["tick_until_s"] = int(times["t_producer_end"]) - TICK_SLACK_S
     times["tick_from_s"] = _first_tick(server, times)
-    times["settle_s"] = round(_settle(server, owed_ids(producer.log, times)), 2)
+    poisons = [f["note"].split()[0][3:] for f in nemesis.log if f["kind"] == "poison_step" and f["note"][:3] == "id="]
+    times["settle_s"] = round(_settle(server, owed_ids(producer.log, times) + poisons), 2)
     times["keepers"] = keepers.stop_all(DRAIN_TIMEOUT_S)
     times["shutdown"] = sup.stop_all(DRAIN_TIMEOUT_S)
     times["t_end"] = time.time()

@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.soak_checks import brief, check_fanout, check_sleeps, check_ticks, result
+from bench.soak_checks import brief, check_fanout, check_poison, check_sleeps, check_ticks, poison_pids, result
 
 STEPS = {
     "soak-plain": ["run"],
@@ -27,6 +27,7 @@ STEPS = {
     "soak-child": ["work"],
     "soak-sleep": ["nap", "wake"],
     "soak-tick": ["tick"],
+    "soak-poison": ["bite"],
 }
 #: Guarantee 6: a plain task's re-run is explained when its previous run ended at most this
 #: long before its process died (one ack round trip, generously, on a loaded 2-core machine).
@@ -133,8 +134,10 @@ def check_terminal(d: dict[str, Any]) -> dict[str, Any]:
 def check_exits(d: dict[str, Any]) -> dict[str, Any]:
     """Workers exit only when the nemesis made them; keepers only when killed, and at the final
     SIGTERM each is still alive and exits 0 promptly."""
-    bad = [e for e in d["supervisor"] if e["event"] == "exit" and not e["expected"]]
+    poisoned = poison_pids(d)
+    bad = [e for e in d["supervisor"] if e["event"] == "exit" and not e["expected"] and e["pid"] not in poisoned]
     n = sum(1 for e in d["supervisor"] if e["event"] == "exit")
+    n_poison = sum(1 for e in d["supervisor"] if e["event"] == "exit" and not e["expected"] and e["pid"] in poisoned)
     bad += [{"why": "a keeper died by itself", **e} for e in d.get("keepers", []) if e["event"] == "died"]
     bound = d["meta"]["drain_timeout_s"] + DRAIN_SLACK_S
     for k in d["meta"].get("keepers", []):
@@ -143,8 +146,8 @@ def check_exits(d: dict[str, Any]) -> dict[str, Any]:
                 {"why": f"keeper at the final SIGTERM: alive {k['alive']}, exit {k['rc']} after {k['exit_s']} s", **k}
             )
     kills = sum(1 for e in d.get("keepers", []) if e["event"] == "kill9")
-    note = f"{n} worker exits during the soak, all restarted; {kills} keeper kill -9s, each restarted"
-    return result("5 no worker or keeper exited unless the nemesis made it", bad, note)
+    note = f"{n} worker exits during the soak ({n_poison} by a poison step), all restarted; {kills} keeper kill -9s"
+    return result("5 no worker or keeper exited unless the nemesis (or its poison step) made it", bad, note)
 
 
 def deaths_of(d: dict[str, Any]) -> dict[int, float]:
@@ -249,6 +252,7 @@ def check(d: dict[str, Any]) -> list[dict[str, Any]]:
         check_fanout(d, by_id),
         check_sleeps(d, by_id),
         check_ticks(d, by_id),
+        check_poison(d),
     ]
 
 

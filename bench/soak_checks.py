@@ -1,8 +1,9 @@
-"""The soak checker's guarantees 8-10 (composed flows: fan-out, durable sleep, schedule) and the
+"""The soak checker's guarantees 8-11 (composed flows: fan-out, durable sleep, schedule; poison steps) and the
 helpers every guarantee's result uses. Like ``bench.soak_checker``, it imports nothing from plaita."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 MAX_EXAMPLES = 5
@@ -123,3 +124,44 @@ def check_ticks(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> di
     return result(
         "10 one execution per schedule tick", bad, f"{max(0, hi - lo + 1)} ticks checked, every second from the first"
     )
+
+
+#: Guarantee 11: a poison step kills at most this many worker processes (the workers'
+#: default ``--max-crashes``) before its execution ends ``error``.
+MAX_CRASHES = 3
+
+
+def poison_pids(d: dict[str, Any]) -> dict[int, str]:
+    """Worker pids that started a poison step's run, with its execution id."""
+    return {r["pid"]: r["id"] for r in d["history"] if r.get("flow") == "soak-poison" and r["kind"] == "S"}
+
+
+def _dead_letter_id(entry: dict[str, Any]) -> str:
+    try:
+        body = json.loads(entry.get("payload", "{}")).get("payload") or {}
+    except ValueError:
+        return "?"
+    return str(body.get("execution_id", "?")) if isinstance(body, dict) else "?"
+
+
+def check_poison(d: dict[str, Any]) -> dict[str, Any]:
+    """Every poison execution the nemesis started ends ``error`` (``WorkerCrashed``) having killed
+    at most MAX_CRASHES processes; no other task is dead-lettered (innocents are never charged)."""
+    bad: list[dict[str, Any]] = []
+    pids = poison_pids(d)
+    deaths: dict[str, int] = {}
+    for e in d["supervisor"]:
+        if e["event"] == "exit" and not e["expected"] and e["pid"] in pids:
+            deaths[pids[e["pid"]]] = deaths.get(pids[e["pid"]], 0) + 1
+    started = [
+        f["note"].split()[0][3:] for f in d["faults"] if f["kind"] == "poison_step" and f["note"].startswith("id=")
+    ]
+    for eid in started:
+        doc = d["executions"].get(eid) or {}
+        error_type = (doc.get("error") or {}).get("type")
+        if doc.get("status") != "error" or error_type != "WorkerCrashed" or deaths.get(eid, 0) > MAX_CRASHES:
+            bad.append({"id": eid, "status": doc.get("status"), "error": error_type, "deaths": deaths.get(eid, 0)})
+    innocent = [i for i in map(_dead_letter_id, d["dlq"]) if not i.startswith("poison-")]
+    bad += [{"id": i, "why": "an innocent task was dead-lettered"} for i in innocent]
+    note = f"{len(started)} poison executions, {sum(deaths.values())} worker deaths by them"
+    return result("11 a poison step fails only itself", bad, note)

@@ -15,8 +15,10 @@ deadline), and a schedule ticking every second (each tick's run records its tick
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -216,7 +218,23 @@ def tick(ctx: StepContext) -> None:
     _work(ctx, tick_s=ctx.params["scheduled"]["tick_s"])
 
 
-FLOWS = [plain, multi, suspending, retrying, fanout, child, sleeping, ticking]
+# -- a poison step: it kills whichever worker process runs it (the nemesis' ``poison_step``) ----
+poison = Flow("soak-poison")
+
+
+@poison.step
+def bite(ctx: StepContext) -> None:
+    record(ctx, "S", gen=_generation(ctx.execution_id))
+    ctx.cancel.wait(0.05)
+    kind = ctx.params.get("crash")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    ctypes.string_at(0)  # segv: reads address 0
+
+
+FLOWS = [plain, multi, suspending, retrying, fanout, child, sleeping, ticking, poison]
 #: Steps that stage an INCR when they end well (checked for exactly-once), per flow.
 STAGED_STEPS = {
     "soak-plain": ["run"],

@@ -9,6 +9,7 @@ combinations happen (a Redis freeze while a worker is being killed).
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -36,6 +37,7 @@ KINDS: dict[str, int] = {
     "remote_pause": 2,
     "remote_stop": 1,
     "group_destroy": 1,
+    "poison_step": 1,
 }
 #: Kinds whose target is one worker slot (the rest target the queue's Redis).
 SLOT_KINDS = {
@@ -51,6 +53,8 @@ SLOT_KINDS = {
 EXIT_KINDS = {"worker_kill9", "worker_sigterm", "remote_stop"}
 #: Mean gap between fault starts, seconds.
 MEAN_GAP_S = 3.0
+#: Seeds the poison step a schedule without one gets (``schedule``).
+POISON_SEED_OFFSET = 1_000_003
 #: systemd's RestartSec for the supervisor.
 RESTART_DELAY_S = 0.5
 
@@ -62,6 +66,8 @@ class Fault:
     target: str  # "redis" or "slot-N"
     duration_s: float
     latency_ms: int = 0
+    #: ``poison_step``: how its step kills its worker process (``bench.soak_flows.CRASHES``).
+    crash: str = ""
 
 
 def schedule(seed: int, duration_s: float, workers: int) -> list[Fault]:
@@ -81,8 +87,15 @@ def schedule(seed: int, duration_s: float, workers: int) -> list[Fault]:
         )
         duration = min(duration, max(0.1, duration_s - t - 0.5))
         latency = rng.randint(50, 300) if kind == "proxy_latency" else 0
-        faults.append(Fault(round(t, 2), kind, target, duration, latency))
+        crash = rng.choice(("exit", "sigkill", "segv")) if kind == "poison_step" else ""
+        faults.append(Fault(round(t, 2), kind, target, duration, latency, crash))
         t += rng.expovariate(1.0 / MEAN_GAP_S)
+    if duration_s >= 20 and not any(f.kind == "poison_step" for f in faults):
+        # Every soak meets a poison step at least once (its own generator: the rest stays as it was).
+        extra = random.Random(seed + POISON_SEED_OFFSET)
+        at_s = round(extra.uniform(0.2, 0.5) * duration_s, 2)
+        faults.append(Fault(at_s, "poison_step", "redis", 0.1, 0, extra.choice(("exit", "sigkill", "segv"))))
+        faults.sort(key=lambda f: f.at_s)
     return faults
 
 
@@ -263,6 +276,8 @@ class Nemesis:
             time.sleep(f.duration_s)
             self.server.start()
             return ""
+        if f.kind == "poison_step":
+            return self._poison(f)
         if f.kind == "group_destroy":
             c = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=2)
             try:
@@ -270,6 +285,18 @@ class Nemesis:
             finally:
                 c.close()
         return self._do_slot(f, self._slot(f))
+
+    def _poison(self, f: Fault) -> str:
+        """Start an execution whose step kills whichever worker process runs it (``f.crash``): it
+        must end ``error`` within its crash strikes and fail nothing else (checker guarantee 11)."""
+        eid = f"poison-{int(f.at_s * 100)}"
+        body = {"type": "start", "flow_id": "soak-poison", "execution_id": eid, "params": {"crash": f.crash}}
+        c = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=2)
+        try:
+            mid = c.xadd(self.queue, {"payload": json.dumps(body), "schema_version": "1"})
+        finally:
+            c.close()
+        return f"id={eid} mid={mid.decode() if isinstance(mid, bytes) else mid}"
 
     def _do_slot(self, f: Fault, slot: Slot) -> str:
         proxy = slot.proxy

@@ -43,6 +43,9 @@ DEFAULT_READ_BLOCK_MS = 500
 DEFAULT_CLAIM_MIN_IDLE_MS = 10_000
 #: A task delivered this many times without success goes to the DLQ.
 DEFAULT_MAX_DELIVERIES = 5
+#: A task whose worker process died this many times while it ran (at least once alone, see
+#: ``plaita.runtime.suspects``) goes to the DLQ, and its execution ends ``error``.
+DEFAULT_MAX_CRASHES = 3
 #: Exact XTRIM MAXLEN of the DLQ after every add.
 DEFAULT_DLQ_MAX_LEN = 1000
 #: Drain time for in-flight tasks after SIGTERM before exiting with them left pending.
@@ -140,6 +143,7 @@ class Settings:
     read_block_ms: int = DEFAULT_READ_BLOCK_MS
     claim_min_idle_ms: int = DEFAULT_CLAIM_MIN_IDLE_MS
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    max_crashes: int = DEFAULT_MAX_CRASHES
     dlq_key: str = ""
     dlq_max_len: int = DEFAULT_DLQ_MAX_LEN
     concurrency: int = 1
@@ -215,6 +219,7 @@ class Settings:
             (100 <= self.read_block_ms <= 10_000, "--read-block-ms must be within 100..10000"),
             (0 <= self.claim_min_idle_ms <= MAX_MS, f"--claim-min-idle-ms must be within 0..{MAX_MS}"),
             (1 <= self.max_deliveries <= MAX_COUNT, f"--max-deliveries must be within 1..{MAX_COUNT}"),
+            (1 <= self.max_crashes <= MAX_COUNT, f"--max-crashes must be within 1..{MAX_COUNT}"),
             (1 <= self.dlq_max_len <= MAX_COUNT, f"--dlq-max-len must be within 1..{MAX_COUNT}"),
             (1 <= self.concurrency <= 1024, "--concurrency must be within 1..1024"),
             (self.prefetch is None or 0 <= self.prefetch <= 100_000, "--prefetch must be within 0..100000"),

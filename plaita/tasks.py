@@ -99,6 +99,10 @@ class Task:
     #: worker): pass it to ``fenced_set(..., keyspace=task.keyspace)``; None = the untagged keys
     #: of an unpartitioned queue.
     keyspace: Any = field(default=None, repr=False)
+    #: Set by the worker on a task that killed its worker process ``--max-crashes`` times (the DLQ
+    #: reason): a handler that knows it (the flow runner) ends the execution ``error`` with it
+    #: instead of running it, and raises ``BadTaskError``.
+    crash_verdict: str | None = field(default=None, repr=False)
 
     @property
     def tenant_id(self) -> str:

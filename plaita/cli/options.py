@@ -110,6 +110,13 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         ("PLAITA_MAX_DELIVERIES",),
         "deliveries before a failing task goes to the DLQ",
     ),
+    Opt(
+        "--max-crashes",
+        "max_crashes",
+        int,
+        ("PLAITA_MAX_CRASHES",),
+        "times a task may kill its worker process (at least once running alone) before it goes to the DLQ",
+    ),
     Opt("--dlq-key", "dlq_key", str, ("PLAITA_DLQ_KEY",), "dead-letter stream", shown="<queue>:dlq"),
     Opt("--dlq-max-len", "dlq_max_len", int, ("PLAITA_DLQ_MAX_LEN",), "DLQ trimmed to this many entries"),
     Opt(

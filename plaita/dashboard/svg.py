@@ -29,6 +29,7 @@ TOP_ROW = ("INIT", "ENSURE_GROUP", "RESUMING_OWN", "RECLAIMING", "READING")
 #: The other states: (row, x as a fraction of the width, or the top-row state to sit under).
 BELOW: dict[str, tuple[int, float | str]] = {
     "BACKOFF": (1, "ENSURE_GROUP"),
+    "ISOLATING": (1, "RESUMING_OWN"),
     "PAUSED": (1, 0.70),
     "STOPPING": (2, 0.47),
     "STOPPED": (2, "READING"),

@@ -69,6 +69,8 @@ class FlowRunner(StepWaits, Throttle):
     moved to threads so the loop is never blocked.
     """
 
+    crash_verdicts = True  #: a task's ``crash_verdict`` ends its execution (``StepWaits._crashed``)
+
     def __init__(
         self,
         flows: FlowRegistry | Iterable[Flow],
@@ -216,6 +218,8 @@ class FlowRunner(StepWaits, Throttle):
         flow_id = run.flow.flow_id
         if run.created:
             self._tell("execution_event", flow_id, "started")
+        if task.crash_verdict is not None:  # it killed its worker process too often (runtime.suspects)
+            await self._crashed(run, task.crash_verdict)
         if run.ending is not None:
             await self._commit(run, run.ending)
             return run

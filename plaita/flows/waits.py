@@ -13,18 +13,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from plaita.errors import BadTaskError
 from plaita.flows.admit import Run
 from plaita.flows.checkpoint import LeaseLostError, call_io
 from plaita.flows.children import Children
 from plaita.flows.context import Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Step
 from plaita.flows.execution import Execution
-from plaita.flows.failures import describe_exception, error_from_exception
+from plaita.flows.failures import describe_exception, error_doc, error_from_exception
 from plaita.flows.validate import StepOutputError
 from plaita.store.executions import Staged
 from plaita.tasks import Task
 
 logger = logging.getLogger("plaita.flows.engine")
+
+#: The ``error.type`` of an execution whose task killed its worker process ``--max-crashes`` times.
+WORKER_CRASHED = "WorkerCrashed"
 
 
 class StepWaits:
@@ -126,6 +130,17 @@ class StepWaits:
         if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
             delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
         return delay_s
+
+    async def _crashed(self, run: Run, reason: str) -> None:
+        """The task killed its worker process ``--max-crashes`` times (``Task.crash_verdict``, set
+        by ``plaita.runtime.suspects``): end its execution ``error`` with the reason, without running
+        the step again, then send the task to the DLQ with it (BadTaskError)."""
+        ex, now_s = run.execution, self._clock()
+        step = ex.step or "?"
+        logger.error("execution %s: step %r %s: execution ends in error", run.task.execution_id, step, reason)
+        error = error_doc(ex.step, WORKER_CRASHED, reason)
+        await self._commit(run, ex.failed(step, ex.attempt + 1, now_s, now_s, reason, error))
+        raise BadTaskError(reason)
 
     async def _pause(self, run: Run, delay_s: float) -> None:
         """Wait ``delay_s`` between attempts; LeaseLostError as soon as the lease is lost."""

@@ -12,6 +12,7 @@ class State(enum.Enum):
     ENSURE_GROUP = "ENSURE_GROUP"
     RESUMING_OWN = "RESUMING_OWN"
     RECLAIMING = "RECLAIMING"
+    ISOLATING = "ISOLATING"
     READING = "READING"
     BACKOFF = "BACKOFF"
     PAUSED = "PAUSED"
@@ -23,4 +24,4 @@ class State(enum.Enum):
 TERMINAL_STATES = frozenset({State.STOPPED})
 
 #: States in which the worker issues stream commands; a Redis failure there means BACKOFF.
-ACTIVE_STATES = (State.ENSURE_GROUP, State.RESUMING_OWN, State.RECLAIMING, State.READING)
+ACTIVE_STATES = (State.ENSURE_GROUP, State.RESUMING_OWN, State.RECLAIMING, State.ISOLATING, State.READING)

@@ -17,9 +17,18 @@ S = State
 
 #: Every non-terminal state accepts ``stop_requested``; listed explicitly because
 #: ``source="*"`` would also create a STOPPING -> STOPPING self-loop.
-_STOPPABLE: Final = [S.INIT, S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.READING, S.BACKOFF, S.PAUSED]
+_STOPPABLE: Final = [
+    S.INIT,
+    S.ENSURE_GROUP,
+    S.RESUMING_OWN,
+    S.RECLAIMING,
+    S.ISOLATING,
+    S.READING,
+    S.BACKOFF,
+    S.PAUSED,
+]
 #: States a remote ``pause`` can interrupt (the owner is between Redis calls in each).
-_PAUSABLE: Final = [S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.READING, S.BACKOFF]
+_PAUSABLE: Final = [S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.ISOLATING, S.READING, S.BACKOFF]
 
 TRANSITIONS: list[TransitionConfigDict] = [
     {"trigger": "start", "source": S.INIT, "dest": S.ENSURE_GROUP},
@@ -31,6 +40,12 @@ TRANSITIONS: list[TransitionConfigDict] = [
     {"trigger": "own_pending_done", "source": S.RESUMING_OWN, "dest": S.RECLAIMING},
     {"trigger": "reclaim_done", "source": S.RECLAIMING, "dest": S.READING},
     {"trigger": "reclaim_due", "source": S.READING, "dest": S.RECLAIMING},
+    # Tasks a dead predecessor had in flight (our own pending entries found at process start, or
+    # entries claimed from a dead consumer) are suspects: they run one at a time, nothing beside
+    # them, so the one that kills the process again is the one blamed (plaita.runtime.suspects).
+    # Claiming waits for the scan of our own entries, so suspects are found at its end too.
+    {"trigger": "suspects_found", "source": [S.RESUMING_OWN, S.RECLAIMING], "dest": S.ISOLATING},
+    {"trigger": "suspects_cleared", "source": S.ISOLATING, "dest": S.RECLAIMING},
     {
         "trigger": "redis_failed",
         "source": list(ACTIVE_STATES),
@@ -60,6 +75,9 @@ TRIGGER_DOCS: Final[dict[str, str]] = {
     "own_pending_done": "a page of this consumer's own pending list came back empty: nothing of ours is left to resume",
     "reclaim_done": "the bounded reclaim pass finished (nothing left to claim, or its budget spent)",
     "reclaim_due": "the reclaim interval elapsed while reading",
+    "suspects_found": "the scan of this consumer's own pending list at process start, or a reclaim pass, left "
+    "suspects: tasks a dead worker process had in flight",
+    "suspects_cleared": "every suspect ran alone (or was dead-lettered for its crashes); claiming goes on",
     "redis_failed": "any Redis error (transient or persistent) at a call site of the active states",
     "backoff_elapsed": "the owner polls; it fires only once the backoff delay has passed",
     "pause_requested": "a remote `pause` command (control channel); pausing twice is a no-op",
@@ -80,6 +98,9 @@ STATE_DOCS: Final[dict[State, str]] = {
     S.RECLAIMING: "one bounded pass of a Lua script (XPENDING IDLE + lease check + XCLAIM, following a cursor) "
     "claiming entries idle longer than `--claim-min-idle-ms` whose execution lease is absent; then "
     "housekeeping (idle consumers, acked residue) when due",
+    S.ISOLATING: "running suspects one at a time with nothing beside them (in-flight work finishes first, no "
+    "reads): each records a crash strike and runs alone; one that killed its worker `--max-crashes` times goes to the "
+    "DLQ and its execution ends `error`",
     S.READING: "XREADGROUP `>` with a bounded BLOCK for as many tasks as there are free handler slots",
     S.BACKOFF: "waiting `min(cap, base·2^attempt)` with jitter on the monotonic clock; stop interrupts it",
     S.PAUSED: "remote pause: no reads or claims; in-flight tasks finish and are acked; heartbeat and control stay up",
@@ -107,8 +128,14 @@ ISOLATION_RULES: Final[list[tuple[str, str]]] = [
         "`GeneratorExit`, `CancelledError` included)",
         "left pending for redelivery (logged with the task id, counter `failed`); at `--max-deliveries` it goes to "
         "the DLQ; its slot is free for the next task at once. A `SystemExit` or `KeyboardInterrupt` from a handler "
-        "never stops the worker (only a signal to the process does). A handler that kills its own process "
-        "(`os._exit`) is charged a delivery by the next read",
+        "never stops the worker (only a signal to the process does)",
+    ),
+    (
+        "a handler that kills its own process (`os._exit`, a signal such as SIGKILL, a segfault)",
+        "the worker that finds the tasks in flight at that death (the restarted one, or one that claims them) runs "
+        "them one at a time in ISOLATING; none is charged a delivery; the one that kills the process while alone "
+        'gets a crash strike, and after `--max-crashes` (3) goes to the DLQ ("killed its worker process N '
+        'times"), its execution ends `error`',
     ),
     (
         "a lease or fence key that is not what plaita writes (another type, a fence that is no integer, a lease "

@@ -17,6 +17,8 @@ from plaita.runtime.intake import MIN_READ_AHEAD, Intake, ReadBatch
 from plaita.runtime.outage import Outage
 from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
+from plaita.runtime.suspects import Suspects
+from plaita.store.crashes import CrashStrikes
 from plaita.store.entries import Entry
 from plaita.store.streams import StreamQueue
 
@@ -33,7 +35,9 @@ READ_AHEAD_MAX = 4
 
 
 class ConsumePhases:
-    """ENSURE_GROUP, RESUMING_OWN, RECLAIMING and READING for one worker (owner thread only)."""
+    """ENSURE_GROUP, RESUMING_OWN, RECLAIMING, ISOLATING and READING for one worker (owner thread only).
+
+    ``judges``: the handler ends a crash suspect's execution itself (``plaita.runtime.suspects``)."""
 
     def __init__(
         self,
@@ -47,6 +51,7 @@ class ConsumePhases:
         outage: Outage,
         counters: Counters,
         slot_freed: threading.Event,
+        judges: bool = False,
     ) -> None:
         self.settings = settings
         self.queue = queue
@@ -62,6 +67,17 @@ class ConsumePhases:
         self._claim_cursor = "0-0"
         self._next_reclaim_at_s = 0.0
         self._next_housekeeping_at_s = 0.0
+        self.suspects = Suspects(
+            settings,
+            queue=queue,
+            lifecycle=lifecycle,
+            intake=intake,
+            strikes=CrashStrikes(queue.owner),
+            judges=judges,
+            slot_freed=slot_freed,
+        )
+        #: ISOLATING's step.
+        self.isolate = self.suspects.step
 
     def ensure_group(self) -> None:
         created = self.queue.ensure_group()
@@ -99,10 +115,12 @@ class ConsumePhases:
         self._read_succeeded()
         if not page:
             self._next_reclaim_at_s = 0.0  # the claim pass skipped until now runs at once
-            self.lifecycle.trigger("own_pending_done")
+            self.suspects.own_scan_done()
+            self.lifecycle.trigger("suspects_found" if self.suspects.pending else "own_pending_done")
             return
         self._own_cursor = page[-1].message_id
-        entries = [e for e in page if e.message_id not in ours]
+        # At process start, what a dead predecessor left is suspect: it runs alone in ISOLATING.
+        entries = self.suspects.from_own_scan([e for e in page if e.message_id not in ours])
         if entries:
             logger.info("resuming %d of this consumer's own pending tasks", len(entries))
         self.intake.accept(entries)
@@ -118,7 +136,7 @@ class ConsumePhases:
             self._housekeeping()
             self._next_housekeeping_at_s = now + self.settings.housekeeping_interval_s
         self._next_reclaim_at_s = now + self.settings.reclaim_interval_s
-        self.lifecycle.trigger("reclaim_done")
+        self.lifecycle.trigger("suspects_found" if self.suspects.pending else "reclaim_done")
 
     def _claim(self, budget: int) -> None:
         ours = self.intake.ours()
@@ -129,6 +147,8 @@ class ConsumePhases:
         # Our own finished work whose ack is still queued (say, across an outage) may look
         # abandoned: claimed back to us is harmless, running it again is not.
         claimed = [e for e in claimed if e.message_id not in ours]
+        # A dead consumer's tasks are suspects (ISOLATING); a live one's failed tasks run as usual.
+        claimed = self.suspects.from_claim(claimed)
         if skipped:
             logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
         if claimed:

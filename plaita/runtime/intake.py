@@ -74,6 +74,9 @@ class Intake:
         self._bad_keys_seen: set[str] = set()
         #: The last read filled all it asked for: the stream has a backlog (see ``free_slots``).
         self.backlog_seen = False
+        #: DLQ reasons of suspects found guilty of crashes, by message id: set on their tasks
+        #: (``Task.crash_verdict``) for the handler (``plaita.runtime.suspects``).
+        self.verdicts: dict[str, str] = {}
 
     def ours(self) -> set[str]:
         """Ids of work still running here or awaiting its ack. Take it *before* reading: an id
@@ -297,7 +300,7 @@ class Intake:
             logger.error(
                 "task %s was delivered %d times without success: moved to the DLQ", task.message_id, task.delivery_count
             )
-            self._dead_letter(entry, "max_deliveries", task.body)
+            self.dead_letter(entry, "max_deliveries", task.body)
             return None
         ks = self.leases.keyspace
         if ks.partitions > 1:  # only then can an entry sit on the wrong partition
@@ -308,6 +311,8 @@ class Intake:
         # Validated by parse_entry: a tenant's task takes its lease in the tenant's namespace.
         tenant = task.tenant_id
         task.keyspace = ks.for_tenant(tenant) if tenant else ks
+        if self.verdicts:
+            task.crash_verdict = self.verdicts.get(task.message_id)
         return task
 
     def _misrouted(self, entry: Entry, task: Task, home: int) -> None:
@@ -320,13 +325,14 @@ class Intake:
         )
         self.counters.add("bad_input", 1)
         logger.warning("task %s is misrouted (%s): moved to the DLQ", entry.message_id, reason)
-        self._dead_letter(entry, reason, task.body)
+        self.dead_letter(entry, reason, task.body)
 
     def _malformed(self, entry: Entry, reason: str) -> None:
         self.counters.add("bad_input", 1)
         logger.warning("task %s is malformed (%s): moved to the DLQ", entry.message_id, reason)
-        self._dead_letter(entry, reason, None)
+        self.dead_letter(entry, reason, None)
 
-    def _dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
+    def dead_letter(self, entry: Entry, reason: str, body: Any) -> None:
+        """Move ``entry`` to the DLQ with ``reason`` (through the settler), counted."""
         self.counters.add("dead_lettered", 1)
         self.settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, body, entry.fields))

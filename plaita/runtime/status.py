@@ -21,6 +21,7 @@ REGISTRY_STATUS = {
     State.ENSURE_GROUP: "running",
     State.RESUMING_OWN: "running",
     State.RECLAIMING: "running",
+    State.ISOLATING: "running",
     State.READING: "running",
     State.BACKOFF: "running",
     State.PAUSED: "paused",

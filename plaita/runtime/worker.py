@@ -132,6 +132,7 @@ class Worker:
             State.ENSURE_GROUP: self.phases.ensure_group,
             State.RESUMING_OWN: self.phases.resume_own,
             State.RECLAIMING: self.phases.reclaim,
+            State.ISOLATING: self.phases.isolate,
             State.READING: self.phases.read,
             State.BACKOFF: self._wait_backoff,
             State.PAUSED: self._wait_paused,
@@ -178,6 +179,7 @@ class Worker:
             outage=self.outage,
             counters=self.counters,
             slot_freed=self._slot_freed,
+            judges=getattr(getattr(handler, "__self__", handler), "crash_verdicts", False) is True,
         )
         self.drainer = Drainer(
             settings,
@@ -333,6 +335,8 @@ class Worker:
 
     def _drain(self) -> None:
         self.drainer.drain()
+        if not self.outage.active:  # a frozen Redis must not delay the exit
+            self.phases.suspects.stopped()
         self.lifecycle.trigger("drained")
 
     def _on_transition(self, source: State, dest: State, trigger: str) -> None:

@@ -26,7 +26,7 @@ WORKER_ACL_RULES = (
     "+xpending +xinfo|groups +xinfo|consumers +xrange +xlen "
     "+evalsha +script|load +script|exists "
     "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl +scan +mget "
-    "+multi +exec +subscribe +client|setname +info"
+    "+multi +exec +subscribe +client|setname +info +hset +hget +hdel"
 )
 
 #: Rules for a flow worker (``--flows``, with or without ``--keeper``) and ``plaita keeper``:
@@ -35,7 +35,7 @@ WORKER_ACL_RULES = (
 #: flow slots), INCRBY/PERSIST (staged writes, counters), TIME (limits and ticks) and
 #: WATCH/UNWATCH (the keeper's compare-and-set on a zombie).
 FLOW_WORKER_ACL_RULES = (
-    WORKER_ACL_RULES + " +hset +hget +hdel +hexists +hlen +hmget +hgetall +incrby +persist +sadd +scard +smembers "
+    WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +incrby +persist +sadd +scard +smembers "
     "+zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
 )
 

@@ -45,6 +45,9 @@ class Entry:
     #: What ``decode_fields`` found wrong with the raw fields (non-UTF-8 or duplicated names):
     #: any of them makes the entry a bad task.
     problems: tuple[str, ...] = ()
+    #: Claimed from another consumer (``StreamQueue.claim_unleased``): how long that consumer had
+    #: not talked to Redis, in ms (None: not claimed, or unknown).
+    owner_idle_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ and every key that one atomic script touches carries it, so each script stays in
 =====================  ==============================================
 stream                 ``<queue>:T``            (DLQ ``<queue>:T:dlq``)
 lease, fence           ``plaita:execution:lease:T:<id>``, ``…fence:T:<id>``
+crash strikes          ``plaita:execution:crashes:T:<id>``
 state, cancel flag     ``plaita:execution:T:<id>``, ``…cancel:T:<id>``
 published events       ``plaita:execution:events:T:<id>``
 start dedup            ``plaita:start-dedup:T:<key>``
@@ -58,6 +59,8 @@ FENCE_PREFIX = "plaita:execution:fence:"
 EXECUTION_PREFIX = "plaita:execution:"
 CANCEL_PREFIX = "plaita:execution:cancel:"
 EVENTS_PREFIX = "plaita:execution:events:"
+#: Crash strikes of an execution (or of a task without one), ``plaita.store.crashes``.
+CRASHES_PREFIX = "plaita:execution:crashes:"
 DEDUP_PREFIX = "plaita:start-dedup:"
 STATUS_PREFIX = "plaita:executions:status:"
 DEADLINES_KEY = "plaita:executions:deadlines"
@@ -212,6 +215,10 @@ class Keyspace:
     def events_key(self, execution_id: str) -> str:
         """The hash of what the execution's steps published (``ctx.publish``)."""
         return self.named(EVENTS_PREFIX) + self._t(self.partition_of(execution_id)) + key_id(execution_id)
+
+    def crashes_key(self, name: str) -> str:
+        """The crash strikes of an execution id (or of a task's qualified message id)."""
+        return self.named(CRASHES_PREFIX) + self._t(self.partition_of(name)) + name
 
     def dedup_key(self, p: int, key: str) -> str:
         return self.named(DEDUP_PREFIX) + self._t(p) + key_id(key)

@@ -304,6 +304,13 @@ class PartitionedQueue(StreamQueue):
             renewed += [f"{p}/{mid}" for mid in self.parts[p].renew_pending(mids)]
         return renewed
 
+    def recount_own(self, counts: dict[str, int]) -> list[str]:
+        done: list[str] = []
+        for p, mids in self._split(counts).items():
+            own = {mid: counts[f"{p}/{mid}"] for mid in mids}
+            done += [f"{p}/{mid}" for mid in self.parts[p].recount_own(own)]
+        return done
+
     def supports_xnack(self) -> bool:
         return self.parts[0].supports_xnack()
 

@@ -55,6 +55,7 @@ _SCAN_CLAIMABLE = scripts.script("scan_claimable")
 _CLAIM_UNLEASED = scripts.script("claim_unleased")
 DEAD_LETTER = scripts.script("dead_letter")
 _RENEW_OWN = scripts.script("renew_own")
+_RECOUNT_OWN = scripts.script("recount_own")
 _PRUNE_CONSUMERS = scripts.script("prune_consumers")
 _SWEEP_RESIDUE = scripts.script("sweep_residue")
 
@@ -289,9 +290,12 @@ class StreamQueue:
             [self.group, self.consumer, min_idle_ms, count, scan, *ids],
         )
         entries = []
-        for mid, flat, times_delivered in reply[1]:
+        for mid, flat, times_delivered, owner_idle_ms in reply[1]:
             fields, problems = decode_fields(list(flat))
-            entries.append(Entry(as_text(mid), fields, int(times_delivered), tuple(problems)))
+            idle_ms = int(owner_idle_ms)
+            entries.append(
+                Entry(as_text(mid), fields, int(times_delivered), tuple(problems), idle_ms if idle_ms >= 0 else None)
+            )
         return as_text(reply[0]), entries, int(reply[2])
 
     def renew_pending(self, ids: list[str]) -> list[str]:
@@ -307,6 +311,16 @@ class StreamQueue:
             reply = _RENEW_OWN(self.client, [self.stream], [self.group, self.consumer, *ids[start : start + 500]])
             renewed.extend(as_text(x) for x in reply)
         return renewed
+
+    def recount_own(self, counts: dict[str, int]) -> list[str]:
+        """Set the delivery count of our own pending entries (XCLAIM … RETRYCOUNT n JUSTID to
+        ourselves), skipping any another consumer has claimed. Returns the ids set."""
+        done: list[str] = []
+        pairs = [str(x) for mid, n in counts.items() for x in (mid, max(1, n))]
+        for start in range(0, len(pairs), 1000):
+            reply = _RECOUNT_OWN(self.owner, [self.stream], [self.group, self.consumer, *pairs[start : start + 1000]])
+            done.extend(as_text(x) for x in reply)
+        return done
 
     def supports_xnack(self) -> bool:
         """True when the server has XNACK (Redis >= 8.8; not Valkey). Asked once, then cached."""

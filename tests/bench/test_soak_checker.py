@@ -98,7 +98,7 @@ def verdicts(d: dict[str, Any]) -> dict[str, bool]:
 
 
 def test_a_clean_history_passes_every_guarantee() -> None:
-    assert verdicts(good_run()) == {str(n): True for n in range(1, 11)}
+    assert verdicts(good_run()) == {str(n): True for n in range(1, 12)}
 
 
 def _failing(d: dict[str, Any]) -> set[str]:
@@ -139,6 +139,41 @@ def test_an_exit_the_nemesis_did_not_cause_fails_5() -> None:
     d = good_run()
     d["supervisor"].append({"event": "exit", "slot": 0, "pid": 5, "rc": 1, "expected": False, "t": T0 + 9})
     assert _failing(d) == {"5"}
+
+
+def _poisoned(d: dict[str, Any], deaths: int, status: str = "error") -> dict[str, Any]:
+    """``d`` with a poison execution the nemesis started that killed ``deaths`` worker processes."""
+    d["faults"].append(
+        {
+            "kind": "poison_step",
+            "target": "redis",
+            "at_s": 5.0,
+            "start": T0 + 5,
+            "end": T0 + 5,
+            "note": "id=poison-500 mid=9-0",
+        }
+    )
+    for k in range(deaths):
+        pid = 50 + k
+        d["history"] += _run("poison-500", "bite", T0 + 6 + k, None, pid=pid, flow="soak-poison")
+        d["supervisor"].append({"event": "exit", "slot": 0, "pid": pid, "rc": -9, "expected": False, "t": T0 + 6.1 + k})
+    d["executions"]["poison-500"] = {"status": status, "step": "bite", "error": {"type": "WorkerCrashed"}}
+    return d
+
+
+def test_a_poison_step_that_ends_error_within_its_strikes_passes_5_and_11() -> None:
+    assert _failing(_poisoned(good_run(), 3)) == set()
+
+
+def test_a_poison_step_left_running_or_killing_too_often_fails_11() -> None:
+    assert _failing(_poisoned(good_run(), 2, status="running")) == {"11"}
+    assert _failing(_poisoned(good_run(), 4)) == {"11"}
+
+
+def test_an_innocent_task_in_the_dlq_fails_11() -> None:
+    d = good_run()
+    d["dlq"].append({"payload": '{"reason": "max_deliveries", "payload": {"execution_id": "p1"}}'})
+    assert _failing(d) == {"11"}
 
 
 def test_a_keeper_that_died_by_itself_or_was_dead_at_the_end_fails_5() -> None:

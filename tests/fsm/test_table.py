@@ -54,6 +54,12 @@ EXPECTED: dict[tuple[State, str], State | _NoOp] = {
     (S.BACKOFF, "stop_requested"): S.STOPPING,
     (S.ENSURE_GROUP, "pause_requested"): S.PAUSED,
     (S.RECLAIMING, "pause_requested"): S.PAUSED,
+    (S.RESUMING_OWN, "suspects_found"): S.ISOLATING,
+    (S.RECLAIMING, "suspects_found"): S.ISOLATING,
+    (S.ISOLATING, "suspects_cleared"): S.RECLAIMING,
+    (S.ISOLATING, "redis_failed"): S.BACKOFF,
+    (S.ISOLATING, "stop_requested"): S.STOPPING,
+    (S.ISOLATING, "pause_requested"): S.PAUSED,
     (S.READING, "pause_requested"): S.PAUSED,
     (S.BACKOFF, "pause_requested"): S.PAUSED,
     (S.PAUSED, "pause_requested"): NOOP,
@@ -70,6 +76,8 @@ EXPECTED_TRIGGERS = [
     "own_pending_done",
     "reclaim_done",
     "reclaim_due",
+    "suspects_found",
+    "suspects_cleared",
     "redis_failed",
     "backoff_elapsed",
     "pause_requested",
@@ -184,9 +192,10 @@ class TestTableRules:
     """The structural rules of the issue, read from the live machine rather than from EXPECTED."""
 
     def test_every_active_failure_goes_to_backoff(self) -> None:
-        """redis_failed is accepted exactly in ENSURE_GROUP, RESUMING_OWN, RECLAIMING and READING -> BACKOFF."""
+        """redis_failed is accepted exactly in ENSURE_GROUP, RESUMING_OWN, RECLAIMING, ISOLATING and READING
+        -> BACKOFF."""
         machine = Lifecycle().machine
-        assert set(ACTIVE_STATES) == {S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.READING}
+        assert set(ACTIVE_STATES) == {S.ENSURE_GROUP, S.RESUMING_OWN, S.RECLAIMING, S.ISOLATING, S.READING}
         found = {(t.source, t.dest) for t in machine.get_transitions(trigger="redis_failed")}
         assert found == {(s.name, "BACKOFF") for s in ACTIVE_STATES}
 

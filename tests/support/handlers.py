@@ -5,7 +5,8 @@ writes of a short line are atomic), so counts survive Redis faults. ``count_in_r
 counts executions in Redis itself ($PLAITA_TEST_REDIS_URL), for exclusivity tests.
 Body ``params``: ``sleep_s`` (cancel-aware), ``hold_file`` (wait, cancel-aware and at most 30 s,
 until that file exists: a test releases the task when it has seen what it wanted while the task
-ran), ``fail`` (raise RuntimeError), ``bad`` (BadTaskError), ``exit_process`` (``os._exit(3)``).
+ran), ``fail`` (raise RuntimeError), ``bad`` (BadTaskError), ``exit_process`` (``os._exit(3)``),
+``crash`` (kill the process after ``crash_after_s``: ``tests.support.crashsteps.crash``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import redis
 
 from plaita.errors import BadTaskError
 from plaita.tasks import Task
+from tests.support.crashsteps import crash
 
 _clients: dict[str, redis.Redis] = {}
 
@@ -30,6 +32,9 @@ def _behave(task: Task) -> None:
     params = _params(task)
     if params.get("exit_process"):
         os._exit(3)  # a handler that kills its own process, ack and all
+    if params.get("crash"):
+        task.cancelled.wait(float(params.get("crash_after_s", 0)))
+        crash(str(params["crash"]))
     if params.get("sleep_s"):
         task.cancelled.wait(float(params["sleep_s"]))
     if params.get("hold_file"):

@@ -9,21 +9,35 @@
 -- ARGV[4]    want: stop after claiming this many
 -- ARGV[5]    scan limit the scan used (a full scan means the pending list goes on)
 -- ARGV[5+i]  candidate i's id (as many as lease keys)
--- Returns    {next cursor ('0-0' at the end of the pending list), {{id, fields, deliveries}, ...},
+-- Returns    {next cursor ('0-0' at the end of the pending list), {{id, fields, deliveries, idle of
+--            the consumer it was taken from (ms; -1 unknown, or this consumer itself)}, ...},
 --            skipped for a live lease}
 local want, scan = tonumber(ARGV[4]), tonumber(ARGV[5])
 local n = #KEYS - 1
 local claimed, skipped, last = {}, 0, nil
+-- How long each consumer has not talked to Redis: a dead worker's tasks are suspects
+-- (plaita.runtime.suspects), a live one's failed tasks are plain redeliveries.
+local idle = {}
+if n > 0 then
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+    local name, ms = nil, nil
+    for j = 1, #c, 2 do
+      if c[j] == 'name' then name = c[j + 1] elseif c[j] == 'idle' then ms = c[j + 1] end
+    end
+    if name then idle[name] = ms end
+  end
+end
 for i = 1, n do
   local id = ARGV[5 + i]
   last = id
   if redis.call('EXISTS', KEYS[1 + i]) == 1 then
     skipped = skipped + 1
   else
+    local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
     local r = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), id)
-    if #r > 0 and r[1] then
-      local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
-      table.insert(claimed, {id, r[1][2], p[1][4]})
+    if #r > 0 and r[1] and #p > 0 then
+      local owner = p[1][2]
+      table.insert(claimed, {id, r[1][2], p[1][4] + 1, (owner ~= ARGV[2] and idle[owner]) or -1})
     end
   end
   if #claimed >= want then break end
