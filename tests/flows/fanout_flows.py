@@ -59,4 +59,19 @@ def summary(ctx: StepContext) -> dict[str, Any]:
     return {"ok": sum(1 for o in ctx.state["outcomes"] if o[1] == "completed")}
 
 
-FLOWS = [kid, fan]
+rounds = Flow("rounds")
+
+
+@rounds.step
+def twice(ctx: StepContext) -> Any:
+    """Spawns two ``kid`` children, then, once joined, two more from the same step; records
+    what the second join saw. ``plaita:test:rounds:{eid}`` counts the joins the step ran."""
+    children = ctx.children
+    if children is None:
+        return ctx.spawn("kid", [{"item": i} for i in range(2)])
+    if client().incr(f"plaita:test:rounds:{ctx.execution_id}") == 1:
+        return ctx.spawn("kid", [{"item": 10 + i} for i in range(2)])
+    return {"seen": [[c.execution_id, (c.result or {}).get("item")] for c in children]}
+
+
+FLOWS = [kid, fan, rounds]

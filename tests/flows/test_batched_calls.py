@@ -241,3 +241,104 @@ def test_loop_connection_sends_a_write_larger_than_the_socket_takes_at_once(clie
     for i, e in enumerate(eids):
         doc = store.get(e)
         assert doc is not None and doc["n"] == i and len(doc["blob"]) == len(blob)
+
+
+#: The three ways a batch goes out: ``run_calls`` itself, and the batcher's two ways.
+SENDERS = pytest.mark.parametrize("sender", ["run_calls", "thread", "loop"])
+
+
+def _send_all(client: redis.Redis, calls: list[ScriptCall], sender: str) -> list[Any]:
+    """Each call's outcome, the calls sent as one batch (``run_calls``) or through a batcher."""
+    if sender == "run_calls":
+        return run_calls(client, calls)
+    batcher = CallBatcher(loop_connection=sender == "loop")
+
+    async def together() -> list[Any]:
+        return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
+
+    try:
+        return asyncio.run(asyncio.wait_for(together(), 30))
+    finally:
+        batcher.stop()
+
+
+@SENDERS
+def test_noscript_in_a_mixed_batch_resends_only_the_refused_call_never_one_that_ran(
+    client: redis.Redis, sender: str
+) -> None:
+    """Guards issue 31: a NOSCRIPT in a pipelined batch must re-send only the calls Redis refused.
+    One script is loaded (the checkpoint's), another is not (the create's), as after a restart
+    that only some calls have met since: the checkpoint in the batch runs, the create is refused.
+    Re-sending the whole batch once the create's script is loaded ran the checkpoint twice and
+    applied its staged INCRBY twice (the bug put in by hand: ``run_calls`` re-executing the
+    whole pipeline on a NoScriptError)."""
+    store = ExecutionStore(client)
+    gens = created(client, store, ["mx1"])
+    leases = LeaseManager(client, consumer="mixed", ttl_s=30.0)
+    lease = leases.acquire("mx2")
+    assert isinstance(lease, Lease)
+    client.script_flush()
+    assert store.checkpoint("mx1", gens["mx1"], "{}", status="running", now_s=time.time()) == (True, False)
+    checkpoint_sha, create_sha = (
+        checkpoint(store, "mx1", 0, 0).script.sha,
+        store.create_call("x", 1, "{}", 0.0, None).script.sha,
+    )
+    assert client.script_exists(checkpoint_sha, create_sha) == [True, False]  # the mix the bug needs
+    calls = [
+        checkpoint(store, "mx1", gens["mx1"], 1, staged=[Staged("incrby", "app:mx:count", "1")]),
+        store.create_call("mx2", lease.generation, "{}", time.time(), None),
+        checkpoint(store, "mx1", gens["mx1"], 2, staged=[Staged("incrby", "app:mx:count", "10")]),
+    ]
+    outcomes = _send_all(client, calls, sender)
+    assert outcomes[0] == (True, False) and outcomes[2] == (True, False), outcomes
+    assert outcomes[1][0] == 1, outcomes  # created
+    assert client.get("app:mx:count") == b"11"  # each INCRBY once: 1 + 10
+    assert store.get("mx1") == {"n": 2} and store.get("mx2") == {}
+
+
+def test_a_batch_of_more_than_max_batch_calls_answers_every_call(client: redis.Redis) -> None:
+    """Guards issue 31: the batcher's thread takes at most ``MAX_BATCH`` (256) queued calls per
+    round trip and must keep the rest for the next one. The bug put in by hand, dropping what
+    was queued past the first 256 (``self._queued = []``), left 43 of 300 awaits unanswered
+    for ever (here: the bounded wait fails). The server is paused while the calls queue, so the
+    thread finds all 299 queued at once behind the first call."""
+    from plaita.flows import batch as batch_module
+
+    store = ExecutionStore(client)
+    n = batch_module.MAX_BATCH + 44
+    eids = [f"mb{i}" for i in range(n)]
+    gens = created(client, store, eids)
+    calls = [checkpoint(store, e, gens[e], 1, staged=[Staged("incrby", "app:mb:count", "1")]) for e in eids]
+    admin = redis.Redis(connection_pool=redis.ConnectionPool(**client.connection_pool.connection_kwargs))
+    batcher = CallBatcher(loop_connection=False)
+
+    def queued() -> int:
+        with batcher._cond:
+            return len(batcher._queued)
+
+    async def held_then_released() -> list[Any]:
+        admin.client_pause(30_000, all=False)  # WRITE: the EVALSHAs wait, CLIENT UNPAUSE does not
+        try:
+            first = asyncio.ensure_future(batcher.run(calls[0]))
+            await _until(lambda: batcher._thread is not None and queued() == 0, "the thread to take the first call")
+            rest = [asyncio.ensure_future(batcher.run(c)) for c in calls[1:]]
+            await _until(lambda: queued() == n - 1, f"{n - 1} calls queued behind the first")
+        finally:
+            admin.client_unpause()
+        return await asyncio.wait_for(asyncio.gather(first, *rest, return_exceptions=True), 20)
+
+    try:
+        outcomes = asyncio.run(held_then_released())
+    finally:
+        batcher.stop()
+        admin.close()
+    assert outcomes == [(True, False)] * n
+    assert client.get("app:mb:count") == str(n).encode()
+
+
+async def _until(predicate: Any, what: str, timeout_s: float = 10.0) -> None:
+    """Poll ``predicate`` with the loop running, up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.005)

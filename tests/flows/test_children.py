@@ -403,3 +403,29 @@ def test_a_child_the_keeper_marks_orphaned_wakes_its_parent(redis_url: str, flow
     outcomes = doc["state"]["outcomes"]
     assert [o[:2] for o in outcomes] == [[c0, "completed"], [c1, "error"]]
     assert outcomes[1][3] == "Orphaned"
+
+
+def test_a_second_spawn_of_one_step_gets_new_children_never_the_first_rounds(redis_url: str, flows: FlowClient) -> None:
+    """Guards issue 31: a step that spawns again after its first join names a new set of
+    children (``{parent}:{step}:1:*``: the step's join count moved on). The bug put in by hand
+    (the join count not moved on in ``Children._joined``) made the second spawn name the first
+    round's children, all ended: it joined at once with their outcomes and never started the
+    second round."""
+    s = settings(redis_url, "rounds")
+    client = make_client(redis_url, socket_timeout_s=5.0)
+    runner = FlowRunner(fanout_flows.FLOWS, ExecutionStore(client, keyspace_of(s)))
+    parent = flows.start("rounds", {})
+    try:
+        with inproc_worker(s, runner):
+            doc = flows.wait(parent, 30)
+    finally:
+        runner.close()
+        client.close()
+    assert doc["status"] == "completed", doc
+    second = [f"{parent}:twice:1:{i}" for i in range(2)]
+    assert doc["state"]["seen"] == [[second[0], 10], [second[1], 11]]
+    for eid in [f"{parent}:twice:0:{i}" for i in range(2)] + second:
+        child = flows.get(eid)
+        assert child is not None and child["status"] == "completed", (eid, child)
+        assert flowdefs.ledger(eid, "work") == 1
+    assert flowdefs.client().get(f"plaita:test:rounds:{parent}") == "2"  # two joins, once each

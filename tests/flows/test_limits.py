@@ -39,9 +39,22 @@ def pause(ctx: StepContext) -> Any:
     return ctx.suspend() if ctx.resume is None else None
 
 
+both = Flow("both", max_concurrent=5, max_starts_per_s=0.01)  # a slot, and one start per 100 s
+
+
+@both.step
+def hold(ctx: StepContext) -> Any:
+    return ctx.suspend() if ctx.resume is None else None
+
+
+@both.step
+def finish(ctx: StepContext) -> str:
+    return "done"
+
+
 @pytest.fixture
 def h(redis_url: str) -> Any:
-    harness = Harness(redis_url, flows=[gate, rare], slot_ttl_s=30.0)
+    harness = Harness(redis_url, flows=[gate, rare, both], slot_ttl_s=30.0)
     yield harness
     harness.close()
 
@@ -172,3 +185,78 @@ def test_a_key_of_another_type_is_refused_before_any_write(h: Harness, rclient: 
 def test_bad_limits_are_config_errors(options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="max_"):
         Flow("f", **options)
+
+
+def server_ms(client: redis.Redis) -> int:
+    now_s, micros = client.time()
+    return int(now_s) * 1000 + int(micros) // 1000
+
+
+def test_the_start_bucket_holds_at_most_its_burst_after_a_quiet_spell(h: Harness, rclient: redis.Redis) -> None:
+    """Guards issue 31: tokens accrue while a flow is idle only up to its burst. The bug put in
+    by hand (the refill not capped, ``math.min(burst, …)`` dropped from acquire_flow_slot)
+    let 20 starts through at once after 20 s idle at 1/s with a burst of 1. The quiet spell is
+    written into the bucket (its last refill 20 s ago, server time) instead of waited out."""
+    store = limits(h)
+
+    def start_token(eid: str) -> int:
+        return store.acquire("rated", eid, "t", max_concurrent=0, ttl_s=30, starts_per_s=1.0, burst=1.0).code
+
+    assert start_token("s0") == TAKEN  # the bucket exists, its one token spent
+    _, _, bucket = limit_keys(h.store.ks, "rated")
+    rclient.hset(bucket, "at_ms", server_ms(rclient) - 20_000)  # idle for 20 s since
+    codes = [start_token(f"s{i}") for i in range(1, 21)]
+    assert codes.count(TAKEN) == 1 and codes[0] == TAKEN, codes
+    assert set(codes[1:]) == {RATE_LIMITED}
+
+
+def test_a_resume_never_takes_a_start_token(h: Harness, rclient: redis.Redis) -> None:
+    """Guards issue 31: only starts are rate limited (docs/flows.md, Fleet-wide limits). A flow
+    with both limits checks a resume for its slot, and must not charge it a start token. The
+    bugs put in by hand (a resume entering with ``start=True``, or ``FlowLimits.enter`` asking
+    the rate of any task) refused this resume for 100 s, the one token being the start's."""
+    assert h.run(start("b1", "both"))["status"] == "suspended"  # type: ignore[index]
+    _, _, bucket = limit_keys(h.store.ks, "both")
+    before = rclient.hgetall(bucket)
+    assert float(before["tokens"]) < 1  # the start took the only token
+    done = h.run({"type": "resume", "execution_id": "b1", "resume_type": "event"})
+    assert done is not None and done["status"] == "completed"
+    assert rclient.hgetall(bucket) == before  # the resume left the bucket alone
+    assert limits(h).holders("both") == 0
+
+
+@pytest.mark.parametrize("loss", ["taken_over", "expired"])
+def test_a_holder_that_lost_its_slot_fails_to_renew_it_and_says_so(
+    h: Harness, rclient: redis.Redis, caplog: pytest.LogCaptureFixture, loss: str
+) -> None:
+    """Guards issue 31: a renewal is compare-and-extend. A holder whose slot was taken over (the
+    execution's next task took it with its own token) or expired (its worker was cut off past
+    the ttl) must fail to renew, stop renewing and log it. The bugs put in by hand (the token
+    check or the expiry check dropped from renew_flow_slots, or the failure not reported by
+    ``renew_once``) renewed a slot someone else holds, or lost it without a word."""
+    from plaita.flows.limits import FlowLimits, slot_member
+    from plaita.tasks import Task
+
+    fl = FlowLimits(limits(h), ttl_s=30.0)
+    task = Task("1-0", start("lost1", "gate"), 1)
+    member = slot_member(task)
+    slots, owners, _ = limit_keys(h.store.ks, "gate")
+    try:
+        fl.enter(gate, task, start=True)
+        assert fl.holds(task)
+        fl.renew_once()
+        assert fl.holds(task)  # renewing a slot it holds works
+        if loss == "taken_over":
+            assert take(h, "gate", member, "next-task") == TAKEN
+        else:
+            rclient.zadd(slots, {member: server_ms(rclient) - 1000})  # past its expiry, not pruned yet
+        score = rclient.zscore(slots, member)
+        with caplog.at_level("WARNING", logger="plaita.flows.limits"):
+            fl.renew_once()
+        assert not fl.holds(task)
+        assert any("lost1" in r.getMessage() and "expired" in r.getMessage() for r in caplog.records), caplog.text
+        assert rclient.zscore(slots, member) == score  # not extended by the holder that lost it
+        if loss == "taken_over":
+            assert rclient.hget(owners, member) == "next-task"
+    finally:
+        fl.close()

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from plaita.errors import BadTaskError
-from plaita.flows import FlowRunner
+from plaita.flows import Flow, FlowRunner
 from plaita.flows.client import FlowClient
 from plaita.flows.context import StepContext
 from plaita.flows.execution import Execution
@@ -255,3 +256,100 @@ def test_the_keeper_keeps_every_tenant(redis_url: str, monkeypatch: pytest.Monke
         assert later.timeouts == ["t1/s1"]
         last = json.loads(h.client.xrevrange(QUEUE, count=1)[0][1][b"payload"])  # type: ignore[index]
         assert (last["execution_id"], last["resume_type"], last["tenant_id"]) == ("s1", "timeout", "t1")
+
+
+# -- every key of a tenant's execution ---------------------------------------------------------
+
+keys_flow = Flow("tenant-keys")
+child_flow = Flow("tenant-keys-child")
+#: Every key in Redis, snapshot from inside the steps (while the lease is held).
+_seen_keys: set[str] = set()
+_snapshot_client: list[redis.Redis] = []
+
+
+def _snapshot() -> None:
+    _seen_keys.update(_snapshot_client[0].scan_iter(count=1000))
+
+
+@keys_flow.step
+def published(ctx: StepContext) -> Any:
+    ctx.publish("progress", {"done": 1})
+    _snapshot()
+    return ctx.suspend(timeout_s=300) if ctx.resume is None else None
+
+
+@keys_flow.step
+def fanned(ctx: StepContext) -> Any:
+    _snapshot()
+    return ctx.spawn("tenant-keys-child", [{}]) if ctx.children is None else None
+
+
+@keys_flow.step
+def finished(ctx: StepContext) -> str:
+    ctx.publish("result", {"ok": True})
+    _snapshot()
+    return "done"
+
+
+@child_flow.step
+def only(ctx: StepContext) -> str:
+    ctx.publish("child", {"ok": True})
+    _snapshot()
+    return "ok"
+
+
+def _queued(h: Harness) -> list[dict[str, Any]]:
+    """The bodies the runner enqueued on its store's queue (emptied: each is run by hand)."""
+    stream = h.store.ks.stream(0)
+    bodies = [json.loads(f[b"payload"]) for _, f in h.client.xrange(stream)]  # type: ignore[union-attr]
+    h.client.delete(stream)
+    return bodies
+
+
+@pytest.mark.redis
+def test_every_key_of_a_tenants_execution_is_in_the_tenants_namespace(redis_url: str) -> None:
+    """Guards issue 31: a tenant's execution, through its whole life (a dedup key, a published
+    event, a suspension with a deadline, a child and its join, the end, a cancel flag), writes
+    no key outside ``plaita:<tenant>:`` but the platform's queue and tenant list. The bugs put
+    in by hand (the events key built without the tenant's ns, or published through the default
+    tenant's store) left ``plaita:execution:events:…`` in the default tenant's namespace and
+    the whole suite passed. Ids with ':' (escaped in keys) and the Keyspace's own methods name
+    the keys expected."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5)
+    _seen_keys.clear()
+    _snapshot_client[:] = [client]
+    eid, tenant = "ord:1", "t1"
+    ks = DEFAULT.for_tenant(tenant)
+    h = Harness(redis_url, flows=[keys_flow, child_flow])
+    try:
+        body = {**start(eid, "tenant-keys"), "tenant_id": tenant, "dedup_key": "order:1"}
+        assert h.run(body)["status"] == "suspended"  # type: ignore[index]
+        assert h.run({**resume(eid, "event"), "tenant_id": tenant})["status"] == "suspended"  # type: ignore[index]
+        children = _queued(h)
+        assert [(b["flow_id"], b["tenant_id"]) for b in children] == [("tenant-keys-child", tenant)]
+        h.run(children[0])
+        (wake,) = _queued(h)
+        assert h.run(wake)["status"] == "completed"  # type: ignore[index]
+        assert h.run({**start("ord:2", "tenant-keys"), "tenant_id": tenant})["status"] == "suspended"  # type: ignore[index]
+        h.flows.for_tenant(tenant).cancel("ord:2")  # a cancel flag of the tenant's
+        _snapshot()
+    finally:
+        h.close()
+        client.close()
+    p = ks.partition_of(eid)
+    expected = {
+        ks.lease_key(eid),
+        ks.fence_key(eid),
+        ks.execution_key(eid),
+        ks.events_key(eid),
+        ks.dedup_key(p, "order:1"),
+        ks.status_key(p, "completed"),
+        ks.deadlines_key(p),
+        ks.execution_key(f"{eid}:fanned:0:0"),
+        ks.events_key(f"{eid}:fanned:0:0"),
+        ks.cancel_key("ord:2"),
+    }
+    assert expected <= _seen_keys, sorted(expected - _seen_keys)  # the life above touched each
+    platform = {QUEUE, DEFAULT.stream(0), TENANTS_KEY}  # the streams and the tenant list are not per tenant
+    outside = {k for k in _seen_keys if not k.startswith(ks.ns + ":")} - platform
+    assert not outside, sorted(outside)

@@ -247,3 +247,48 @@ def test_after_a_full_batch_the_next_goes_without_lingering(
     assert time.monotonic() - started < lingering.linger_s / 2  # the fixture's linger is long
     lingering.put(Outcome("3-0"))  # that batch held one: low rate again, so this one lingers
     holds_for(lambda: "3-0" not in queue.acked(), 0.2, "a lone ack after a small batch lingers")
+
+
+class SettleBlips(RecordingQueue):
+    """Hands back always; fails the next ``blips`` settles (a Redis blip right after the
+    hand-back's own transaction went through)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blips = 0
+
+    def settle(
+        self, acks: list[str], dead: list[DeadLetter], releases: list[tuple[str, str]]
+    ) -> list[tuple[DeadLetter, str]]:
+        with self.lock:
+            if self.blips:
+                self.blips -= 1
+                raise ConnectionError("redis blip")
+        return super().settle(acks, dead, releases)
+
+
+def test_a_failed_settle_gives_back_the_window_slots_of_the_hand_backs_that_went_through() -> None:
+    """Guards issue 31: a batch's hand-backs go out in a transaction of their own before its
+    settle; when the settle then fails, the hand-backs are done (only the rest is kept for a
+    retry), so their ack-window slots must come back. The bug put in by hand (the failed
+    settle's branch not returning them: ``self._open -= size - len(batch)`` removed) lost one
+    slot per blip: after 3 blips a window of 4 had 1 slot left, and a worker whose window is
+    spent stalls without a word."""
+    queue = SettleBlips()
+    failures: list[BaseException] = []
+    s = Settler(queue, on_failure=failures.append, window=4)  # type: ignore[arg-type]
+    s.start()
+    try:
+        for blip in range(1, 4):
+            assert s.take(2) == 2  # two handlers start a task each
+            queue.blips = 1
+            s.put_many([Outcome(f"{blip}-0", HANDBACK, fields={"body": b"{}"}), Outcome(f"{blip}-1")])
+            s.give_back(2)  # routed: each outcome holds a slot of its own until settled
+            wait_until(lambda b=blip: len(failures) == b, 5.0, f"blip {blip} to fail the settle")  # type: ignore[misc]
+            s.redis_ok()
+            assert s.flush(5.0)
+        assert [ids for ids in queue.handed_back] == [["1-0"], ["2-0"], ["3-0"]]  # each once
+        assert queue.acked() == ["1-1", "2-1", "3-1"]  # the kept acks went on the retry
+        assert s.take(4, block=False) == 4, "ack-window slots lost to failed settles"
+    finally:
+        s.close()
