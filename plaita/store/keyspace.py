@@ -218,7 +218,7 @@ class Keyspace:
 
     def crashes_key(self, name: str) -> str:
         """The crash strikes of an execution id (or of a task's qualified message id)."""
-        return self.named(CRASHES_PREFIX) + self._t(self.partition_of(name)) + name
+        return self.named(CRASHES_PREFIX) + self._t(self.partition_of(name)) + key_id(name)
 
     def dedup_key(self, p: int, key: str) -> str:
         return self.named(DEDUP_PREFIX) + self._t(p) + key_id(key)

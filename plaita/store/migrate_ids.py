@@ -121,7 +121,7 @@ class _Mover:
     def execution(self, ks: Keyspace, eid: str) -> None:
         doc = self.state(ks, eid)
         moved = self.report.moved
-        for new in (ks.events_key(eid), ks.cancel_key(eid), ks.fence_key(eid), ks.lease_key(eid)):
+        for new in (ks.events_key(eid), ks.cancel_key(eid), ks.fence_key(eid), ks.lease_key(eid), ks.crashes_key(eid)):
             self.move(_old(new, eid), new)
         retry = ks.named(KEEPER_RETRY_PREFIX)
         self.move(retry + eid, retry + key_id(eid))

@@ -48,6 +48,7 @@ def keys_of(ks: Keyspace, eid: str) -> dict[str, str]:
         "events": ks.events_key(eid),
         "dedup": ks.dedup_key(p, eid),
         "retry": ks.named(KEEPER_RETRY_PREFIX) + key_id(eid),
+        "crashes": ks.crashes_key(eid),
         "children": done_key(ks, eid, f"{eid}:fan:0"),
     }
 
