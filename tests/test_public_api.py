@@ -244,7 +244,7 @@ def test_configuration_errors_raise_before_anything_runs(redis_url: str) -> None
     settings = _settings(redis_url, "pub:bad")
     with pytest.raises(ConfigError, match="needs --handler"):
         run_worker(settings)
-    with pytest.raises(ConfigError, match="--keeper runs inside a flow worker"):
+    with pytest.raises(ConfigError, match="--handler cannot be combined with --flows or --keeper"):
         start_worker(settings, handler=lambda task: None, keeper=True)
     with pytest.raises(ConfigError, match="cannot import"):
         start_worker(settings, flows=["no_such_module_here"])

@@ -120,10 +120,10 @@ class ConsumePhases:
             return
         self._own_cursor = page[-1].message_id
         # At process start, what a dead predecessor left is suspect: it runs alone in ISOLATING.
-        entries = self.suspects.from_own_scan([e for e in page if e.message_id not in ours])
-        if entries:
-            logger.info("resuming %d of this consumer's own pending tasks", len(entries))
-        self.intake.accept(entries)
+        own = [e for e in page if e.message_id not in ours]
+        if own:
+            logger.info("resuming %d of this consumer's own pending tasks", len(own))
+        self.intake.accept(self.suspects.from_own_scan(own))
 
     def reclaim(self) -> None:
         """One bounded pass: claim abandoned entries (idle and unleased), then housekeeping."""
@@ -147,8 +147,6 @@ class ConsumePhases:
         # Our own finished work whose ack is still queued (say, across an outage) may look
         # abandoned: claimed back to us is harmless, running it again is not.
         claimed = [e for e in claimed if e.message_id not in ours]
-        # A dead consumer's tasks are suspects (ISOLATING); a live one's failed tasks run as usual.
-        claimed = self.suspects.from_claim(claimed)
         if skipped:
             logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
         if claimed:
@@ -157,7 +155,10 @@ class ConsumePhases:
                 len(claimed),
                 ", ".join(f"{e.message_id} (delivery {e.delivery_count})" for e in claimed[:10]),
             )
-            self.counters.add("reclaimed", self.intake.accept(claimed))
+            # A dead consumer's tasks are suspects (ISOLATING, counted here); a live one's failed
+            # tasks run as usual.
+            usual = self.suspects.from_claim(claimed)
+            self.counters.add("reclaimed", self.intake.accept(usual) + len(claimed) - len(usual))
 
     def _housekeeping(self) -> None:
         """Remove long-idle consumers with nothing pending, and acked-but-undeleted residue."""

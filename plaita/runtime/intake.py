@@ -274,6 +274,17 @@ class Intake:
                 (task.keyspace or self.leases.keyspace).lease_key(task.execution_id),
             )
 
+    def parse(self, entry: Entry) -> Task:
+        """The task of a stream entry read whole; BadTaskError with the reason when it is none."""
+        assert entry.fields is not None
+        return parse_entry(
+            entry.message_id,
+            entry.fields,
+            entry.delivery_count,
+            max_payload_bytes=self.settings.max_payload_bytes,
+            problems=entry.problems,
+        )
+
     def _parse(self, entry: Entry, running: set[str]) -> Task | None:
         """The entry as a runnable task, or None (dead-lettered, deleted, or already running).
         ``running``: the batch's ids that were in flight when it was accepted."""
@@ -283,13 +294,7 @@ class Intake:
         if entry.message_id in running:
             return None  # already running here (our own idle entry came back)
         try:
-            task = parse_entry(
-                entry.message_id,
-                entry.fields,
-                entry.delivery_count,
-                max_payload_bytes=self.settings.max_payload_bytes,
-                problems=entry.problems,
-            )
+            task = self.parse(entry)
         except BadTaskError as exc:
             self._malformed(entry, exc.reason)
             return None

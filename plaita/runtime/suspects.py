@@ -38,7 +38,7 @@ from plaita.runtime.intake import Intake
 from plaita.store.crashes import CrashStrikes
 from plaita.store.entries import Entry
 from plaita.store.streams import StreamQueue
-from plaita.tasks import Task, parse_entry
+from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
 
@@ -260,15 +260,8 @@ class Suspects:
     def _parse(self, entry: Entry) -> Task | None:
         """The suspect's task with its keyspace (its strike key's home), or None when the entry is
         no task (the intake dead-letters it; no handler runs)."""
-        assert entry.fields is not None
         try:
-            task = parse_entry(
-                entry.message_id,
-                entry.fields,
-                entry.delivery_count,
-                max_payload_bytes=self.settings.max_payload_bytes,
-                problems=entry.problems,
-            )
+            task = self.intake.parse(entry)
             ks = self.queue.keyspace
             task.keyspace = ks.for_tenant(task.tenant_id) if task.tenant_id else ks
         except Exception:
