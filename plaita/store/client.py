@@ -270,7 +270,11 @@ def bounded_clone(client: redis.Redis, timeout_s: float) -> redis.Redis:
         pool: redis.ConnectionPool = SentinelConnectionPool(source.service_name, source.sentinel_manager, **kwargs)  # type: ignore[no-untyped-call]
     else:
         pool = redis.ConnectionPool(connection_class=source.connection_class, **kwargs)
-    return redis.Redis(connection_pool=pool)
+    clone = redis.Redis(connection_pool=pool)
+    # The pool is the clone's alone: closing the clone closes its sockets too (a pool passed in is
+    # otherwise left open, and a stop's hand-back left a socket for the garbage collector).
+    clone.auto_close_connection_pool = True
+    return clone
 
 
 def delete_keys(client: redis.Redis, keys: list[str]) -> int:

@@ -104,10 +104,7 @@ class CrashStrikes:
         try:
             client.set(key, "1", ex=CRASH_STRIKES_TTL_S)
         finally:
-            client.close()
-            pool = getattr(client, "connection_pool", None)
-            if pool is not None:  # a pool passed in is not closed with its client
-                pool.disconnect()
+            client.close()  # its pool too (``bounded_clone``)
 
     def take_clean_stop(self, key: str) -> bool:
         """True (and the mark removed) when the predecessor under this name stopped gracefully."""
