@@ -33,6 +33,7 @@ from bench.soak_flows import CHILDREN, HISTORY_KEY, STAGED_PREFIX
 from bench.soak_keepers import Keepers
 from bench.soak_nemesis import Nemesis, Supervisor, schedule
 from plaita.flows import model
+from plaita.store.keyspace import DEFAULT
 from tests.support.redis_server import RedisServer
 
 QUEUE = "plaita:flow:queue"
@@ -149,13 +150,13 @@ class Producer:
         """One resume or cancel; False to try again later (state not there yet, or a Redis error)."""
         rec: dict[str, Any] = {"op": op, "id": eid, "t": time.time()}
         try:
-            raw = self.client.get(f"plaita:execution:{eid}")
+            raw = self.client.get(DEFAULT.execution_key(eid))
             if raw is None:
                 return False
             status = json.loads(raw).get("status")
             rec["status_seen"] = status
             if op == "cancel":
-                self.client.set(f"plaita:execution:cancel:{eid}", "1", ex=7 * 86400)
+                self.client.set(DEFAULT.cancel_key(eid), "1", ex=7 * 86400)
                 if status == "suspended":
                     body = model.resume_body(eid, "cancel", flow_id="soak-multi")
                     self.client.xadd(QUEUE, {"payload": json.dumps(body), "schema_version": "1"})  # type: ignore[arg-type]
@@ -182,7 +183,7 @@ def _final_state(server: RedisServer, history: redis.Redis, owed: list[str]) -> 
         staged: dict[str, int] = {}
         for lo in range(0, len(ids), 500):
             chunk = ids[lo : lo + 500]
-            for eid, raw in zip(chunk, c.mget([f"plaita:execution:{i}" for i in chunk]), strict=True):
+            for eid, raw in zip(chunk, c.mget([DEFAULT.execution_key(i) for i in chunk]), strict=True):
                 if raw is not None:
                     d = json.loads(raw)
                     docs[eid] = {"status": d.get("status"), "step": d.get("step"), "error": d.get("error")}
@@ -203,7 +204,7 @@ def _settle(server: RedisServer, ids: list[str]) -> float:
         while time.monotonic() - t0 < SETTLE_TIMEOUT_S:
             left = 0
             for lo in range(0, len(ids), 500):
-                for raw in c.mget([f"plaita:execution:{i}" for i in ids[lo : lo + 500]]):
+                for raw in c.mget([DEFAULT.execution_key(i) for i in ids[lo : lo + 500]]):
                     if raw is None or json.loads(raw).get("status") not in ("completed", "cancelled", "error"):
                         left += 1
             if left == 0:
@@ -238,7 +239,7 @@ def _first_tick(server: RedisServer, times: dict[str, Any]) -> int:
     ticks = list(range(lo, times["tick_until_s"] + 1))
     c = server.client()
     try:
-        found = c.mget([f"plaita:execution:{tick_id(t)}" for t in ticks]) if ticks else []
+        found = c.mget([DEFAULT.execution_key(tick_id(t)) for t in ticks]) if ticks else []
     finally:
         c.close()
     return next((t for t, raw in zip(ticks, found, strict=True) if raw is not None), math.ceil(times["t_start"]))

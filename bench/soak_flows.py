@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from plaita.flows import Flow, Schedule, StepContext
+from plaita.store.keyspace import DEFAULT
 
 HISTORY_KEY = "soak:history"
 STAGED_PREFIX = "soak:staged:"
@@ -45,7 +46,7 @@ def _client(env: str, timeout_s: float) -> redis.Redis:
 def _generation(execution_id: str) -> int | None:
     """The fencing generation of the execution's current lease (the holder's, normally ours)."""
     try:
-        raw = _client("PLAITA_REDIS_URL", GENERATION_READ_TIMEOUT_S).get(f"plaita:execution:lease:{execution_id}")
+        raw = _client("PLAITA_REDIS_URL", GENERATION_READ_TIMEOUT_S).get(DEFAULT.lease_key(execution_id))
     except redis.RedisError:
         return None
     if raw is None:
