@@ -277,6 +277,18 @@ def bounded_clone(client: redis.Redis, timeout_s: float) -> redis.Redis:
     return clone
 
 
+def close_clone(client: redis.Redis) -> None:
+    """Close a ``bounded_clone`` and every socket it opened. A cluster clone also holds the
+    connections of its startup nodes, which closing the client leaves to the garbage collector."""
+    client.close()
+    manager = getattr(client, "nodes_manager", None)
+    if manager is None:
+        return
+    for node in [*manager.startup_nodes.values(), *manager.nodes_cache.values()]:
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
+
+
 def delete_keys(client: redis.Redis, keys: list[str]) -> int:
     """DEL ``keys`` in batches of 500; returns how many existed."""
     deleted = 0

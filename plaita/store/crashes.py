@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import redis
 
 from plaita.store import scripts
-from plaita.store.client import bounded_clone
+from plaita.store.client import bounded_clone, close_clone
 from plaita.store.entries import as_text
 from plaita.store.errors import error_code
 from plaita.store.keyspace import Keyspace
@@ -104,7 +104,7 @@ class CrashStrikes:
         try:
             client.set(key, "1", ex=CRASH_STRIKES_TTL_S)
         finally:
-            client.close()  # its pool too (``bounded_clone``)
+            close_clone(client)
 
     def take_clean_stop(self, key: str) -> bool:
         """True (and the mark removed) when the predecessor under this name stopped gracefully."""

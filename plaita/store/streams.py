@@ -18,7 +18,7 @@ from redis.client import Pipeline
 from plaita.config import Settings
 from plaita.envelope import build_envelope
 from plaita.store import scripts
-from plaita.store.client import bounded_clone, clients_for, interrupt, node_client
+from plaita.store.client import bounded_clone, clients_for, close_clone, interrupt, node_client
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
 from plaita.store.errors import error_code
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace, key_id_bytes, tenant_prefix
@@ -354,7 +354,7 @@ class StreamQueue:
         try:
             self._hand_back(client, entries, releases)
         finally:
-            client.close()
+            close_clone(client)
 
     def _hand_back(
         self, client: redis.Redis, entries: list[tuple[str, dict[str, bytes]]], releases: list[tuple[str, str]]
