@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -30,16 +31,7 @@ def test_a_deadline_passing_while_suspended_cancels_and_show_says_why(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with worker_proc(redis_url, tmp_path, "dl", *WORKER_ARGS) as w:
-        w.wait_reading()
-        r = plaita(
-            redis_url, "executions", "start", "waiter", "--execution-id", "cd1",
-            "--deadline-s", "1", "--wait", "--timeout-s", "30", "--json",
-        )  # fmt: skip
-        assert w.terminate() == 0
-    assert r.returncode == 1, r.stderr  # ended, not completed
-    doc = json.loads(r.stdout)
-    assert doc["status"] == "cancelled" and doc["error"]["type"] == "DeadlineExceeded", doc
+    _started_past_a_1s_deadline(redis_url, tmp_path, "dl", "waiter", "cd1")
     shown = plaita(redis_url, "executions", "show", "cd1")
     assert shown.returncode == 0, shown.stderr
     assert "status cancelled" in shown.stdout and "deadline " in shown.stdout
@@ -52,14 +44,25 @@ def test_a_one_step_flow_past_its_deadline_ends_cancelled_not_completed(
     """Issue 29, item 5: the only step sees ``ctx.cancel`` at the deadline and returns; its result
     was written as ``completed`` (a two-step flow ended ``cancelled``). Now it is discarded."""
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with worker_proc(redis_url, tmp_path, "dl1", *WORKER_ARGS, "--flows", "tests.flows.cancel_flows") as w:
+    doc = _started_past_a_1s_deadline(
+        redis_url, tmp_path, "dl1", "polite", "cd2", "--flows", "tests.flows.cancel_flows"
+    )
+    assert "listen" not in doc["results"]
+
+
+def _started_past_a_1s_deadline(
+    redis_url: str, tmp_path: Path, name: str, flow: str, eid: str, *worker_args: str
+) -> dict[str, Any]:
+    """``executions start FLOW --deadline-s 1 --wait`` on a worker: the document it printed, which
+    must be ``cancelled`` by ``DeadlineExceeded`` (exit 1: ended, not completed)."""
+    with worker_proc(redis_url, tmp_path, name, *WORKER_ARGS, *worker_args) as w:
         w.wait_reading()
         r = plaita(
-            redis_url, "executions", "start", "polite", "--execution-id", "cd2",
+            redis_url, "executions", "start", flow, "--execution-id", eid,
             "--deadline-s", "1", "--wait", "--timeout-s", "30", "--json",
         )  # fmt: skip
         assert w.terminate() == 0
-    assert r.returncode == 1, r.stderr  # ended, not completed
-    doc = json.loads(r.stdout)
+    assert r.returncode == 1, r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
     assert doc["status"] == "cancelled" and doc["error"]["type"] == "DeadlineExceeded", doc
-    assert "listen" not in doc["results"]
+    return doc
