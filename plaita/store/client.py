@@ -149,7 +149,19 @@ class LazyCluster:
     def close(self) -> None:
         with self._lock:
             if self._cluster is not None:
-                self._cluster.close()
+                _close_cluster(self._cluster)
+
+
+def _close_cluster(cluster: Any) -> None:
+    """Close a cluster client and every socket it opened: ``RedisCluster.close`` closes the nodes
+    of its slot map but leaves the connections of its startup nodes to the garbage collector."""
+    cluster.close()
+    manager = getattr(cluster, "nodes_manager", None)
+    if manager is None:
+        return
+    for node in [*manager.startup_nodes.values(), *manager.nodes_cache.values()]:
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
 
 
 def _close_half_built(exc: BaseException) -> None:
@@ -280,13 +292,10 @@ def bounded_clone(client: redis.Redis, timeout_s: float) -> redis.Redis:
 def close_clone(client: redis.Redis) -> None:
     """Close a ``bounded_clone`` and every socket it opened. A cluster clone also holds the
     connections of its startup nodes, which closing the client leaves to the garbage collector."""
-    client.close()
-    manager = getattr(client, "nodes_manager", None)
-    if manager is None:
-        return
-    for node in [*manager.startup_nodes.values(), *manager.nodes_cache.values()]:
-        if node.redis_connection is not None:
-            node.redis_connection.connection_pool.disconnect()
+    if is_cluster(client):
+        _close_cluster(client)
+    else:
+        client.close()
 
 
 def delete_keys(client: redis.Redis, keys: list[str]) -> int:

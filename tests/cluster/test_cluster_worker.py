@@ -84,6 +84,7 @@ def test_kill9_worker_its_tasks_are_reclaimed_on_every_partition(clean_cluster: 
     assert reclaimed == n
     assert is_settled(q)
     q.close()
+    client.close()
 
 
 class Producer(threading.Thread):
@@ -174,3 +175,4 @@ def test_a_graceful_stop_hands_back_on_every_partition(clean_cluster: ClusterSer
     assert (stats["pending"], stats["length"]) == (0, 12)
     assert {p for p, row in enumerate(stats["partitions"]) if int(row["length"]) > 0} == used
     q.close()
+    client.close()
