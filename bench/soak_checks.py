@@ -58,7 +58,10 @@ def _fanout_problems(eid: str, d: dict[str, Any], by_id: dict[str, list[dict[str
 def check_fanout(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Each completed parent joined exactly its children, each completed before the join; no
     child id other than ``{parent}:spawn:0:{i}`` ever ran (a second set, or a stray child)."""
-    parents = [r["id"] for r in d["producer"] if r["op"] == "start" and "mid" in r and r["flow"] == "soak-fanout"]
+    # A start whose XADD reply a fault cut may still have landed and run: every parent that ran is
+    # judged (and may have children), not only the acknowledged ones.
+    fanouts = [r for r in d["producer"] if r["op"] == "start" and r["flow"] == "soak-fanout"]
+    parents = [r["id"] for r in fanouts if "mid" in r or r["id"] in by_id]
     bad = []
     for eid in parents:
         bad += _fanout_problems(eid, d, by_id)
