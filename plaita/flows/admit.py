@@ -332,7 +332,7 @@ class Admission:
             text = reopened.encode()
         except (TypeError, ValueError) as exc:
             raise BadTaskError(f"restart of execution {eid!r}: its document is not strict JSON ({exc})") from None
-        if not await call_io(offload, self.store.reopen, eid, task.fencing_token, text, now_s):
+        if not await call_io(offload, self.store.reopen, eid, task.fencing_token, text, now_s, dropped):
             raise LeaseLostError(f"lease of execution {eid} lost before its restart was written")
         logger.info("execution %s restarted from step %r by %s (was %s)", eid, name, by, execution.status)
         run.execution = reopened
