@@ -21,7 +21,7 @@ from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.cancel import CancelOutcome, request_cancel
 from plaita.flows.tracing import producing
-from plaita.flows.validate import check_deadline_s, require_json
+from plaita.flows.validate import check_deadline_s, check_wait_name, require_json
 from plaita.store.client import make_client
 from plaita.store.executions import TERMINAL, ExecutionStore
 from plaita.store.partitioned import open_queue
@@ -40,6 +40,10 @@ class ExecutionNotFound(PlaitaError):
 
 #: Random ids drawn to find one in a given partition (1 in N hits; 64 N tries never all miss in practice).
 MAX_ID_TRIES = 100_000
+
+
+class NotResumable(PlaitaError):
+    """An addressed ``resume`` (``wait_for``) of an execution that has ended."""
 
 
 class NotRetryable(PlaitaError):
@@ -174,19 +178,40 @@ class FlowClient:
             )
 
     def resume(
-        self, execution_id: str, resume_type: str = "event", data: Any = None, *, resume_id: str | None = None
+        self,
+        execution_id: str,
+        resume_type: str = "event",
+        data: Any = None,
+        *,
+        resume_id: str | None = None,
+        wait_for: str | None = None,
     ) -> str:
         """Enqueue a resume (``resume_type`` event, continue, retry, timeout or cancel); returns its task id.
 
         Pass ``resume_id`` to make a repeated call (say, a webhook delivered twice) a no-op.
+        ``wait_for`` addresses an event to the wait of that name (``ctx.suspend(wait_for=...)``):
+        only it takes the event, and an event that comes before its wait is kept until the wait
+        runs (``plaita.flows.inbox``). NotResumable when the execution has ended (no wait can
+        take it any more); ValueError for a bad name or type.
         """
         if resume_type not in model.RESUME_TYPES:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
+        check_wait_name(wait_for)
+        if wait_for is not None and resume_type != "event":
+            raise ValueError(f"wait_for addresses an event; a {resume_type!r} resume takes none")
         require_json(data, "data")
         doc = self._require(execution_id)
+        if wait_for is not None and doc.get("status") in TERMINAL:
+            raise NotResumable(f"execution {execution_id} is {doc.get('status')}: no wait can take a resume any more")
         flow_id, tenant = doc.get("flow_id"), self.tenant_id
         body = model.resume_body(
-            execution_id, resume_type, flow_id=flow_id, data=data, resume_id=resume_id, tenant_id=tenant
+            execution_id,
+            resume_type,
+            flow_id=flow_id,
+            data=data,
+            resume_id=resume_id,
+            tenant_id=tenant,
+            wait_for=wait_for,
         )
         return self._enqueue(body)
 
