@@ -61,7 +61,10 @@ def _operator() -> str:
 
 
 class WaitTimeout(PlaitaError):
-    """``wait`` reached its timeout before the execution ended."""
+    """``wait`` reached its timeout before the execution ended (in a step: retried, it may end
+    by the next attempt)."""
+
+    retryable = True
 
 
 class FlowClient:
