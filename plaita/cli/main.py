@@ -110,14 +110,15 @@ def _dlq_key_option(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
 
 
 def _add_fleet(add: Any, env: Mapping[str, str]) -> None:
-    _admin(
+    w = _admin(
         add,
         env,
         "workers",
         "list registered workers",
-        "One row per live worker from the registry: instance, host, "
-        "state, since, in-flight, processed, failed, last error, heartbeat age.",
+        "One row per live worker from the registry: instance, host, queue, "
+        "state, since, in-flight, processed, failed, last error, heartbeat age, what it runs.",
     )
+    w.add_argument("--wide", action="store_true", help="print long names and errors whole (default: cut to fit)")
     st = _admin(
         add,
         env,
