@@ -1,5 +1,6 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo | executions | keeper | schedules | doctor``. The only place that configures logging.
+diagram | demo | executions | keeper | schedules | doctor | dashboard | migrate``. The only place
+that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
 ``enqueue``), 2 bad configuration (``doctor``: 1 a warning, 3 an error finding). A Redis failure

@@ -1,7 +1,8 @@
 """The producer API (what a web app calls): start, resume, cancel, get, wait.
 
-Every call is a task on the stream or a read of the state: the worker holding the
-execution's lease is the only writer of an execution, so a producer never races a step.
+Every call is a task on the stream or a read of the state, except a cancel, which also sets the
+execution's (and its descendants') cancel flag for the worker to honour: the worker holding the
+execution's lease is the only writer of an execution's document, so a producer never races a step.
 ``FlowClient.from_url(url)`` builds its own queue and store (close it, or use ``with``);
 ``FlowClient(queue)`` uses a queue the caller built and owns.
 """
