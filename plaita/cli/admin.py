@@ -19,6 +19,7 @@ from typing import Any
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import Unset, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
+from plaita.errors import PlaitaError
 from plaita.ops import fleetcheck
 from plaita.store import fleet
 from plaita.store.client import Client, is_cluster, make_client
@@ -39,7 +40,7 @@ ADMIN_SOCKET_TIMEOUT_S = STATUS_REPLY_TIMEOUT_S + 2.0
 STREAM_ID = re.compile(r"(\d+/)?\d+(-\d+)?")
 
 
-class AdminError(Exception):
+class AdminError(PlaitaError):
     """Raised for an operator mistake (exit 1 with the message)."""
 
 

@@ -16,6 +16,7 @@ import datetime
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.definition import Flow
 from plaita.flows.failures import TRACEBACK_CHARS as TRACEBACK_CHARS
@@ -37,7 +38,7 @@ _ABSENT: dict[str, Any] = {"versions": None, "suspensions": 0, "deadline_at": No
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 
 
-class BadExecution(ValueError):
+class BadExecution(PlaitaError, ValueError):
     """A stored document that is not an execution plaita could have written (its status)."""
 
 
