@@ -28,6 +28,13 @@ class HandlerLoadError(ConfigError):
     """Raised when ``--handler MODULE:CALLABLE`` cannot be imported or is not callable."""
 
 
+class LeaseLostError(PlaitaError):
+    """The worker lost an execution's lease mid-run (a renewal failed, or a newer holder fenced
+    it out): nothing more is written; the task stays pending and the lease's successor
+    continues from the last checkpoint. Expected after an outage longer than the lease: the
+    pool logs it as one line, never as a handler's failure with a traceback."""
+
+
 class NotForThisWorker(PlaitaError):
     """Raised by a handler that cannot run a task another worker can (a flow it does not load,
     an execution checkpointed by a newer version of its flow).

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from plaita.errors import BadTaskError
+from plaita.errors import BadTaskError, LeaseLostError
 from plaita.flows import inbox, model
 from plaita.flows.batch import CallBatcher, send
-from plaita.flows.checkpoint import LeaseLostError, call_io
+from plaita.flows.checkpoint import call_io
 from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover

@@ -11,18 +11,13 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plaita.errors import ConfigError, PlaitaError
+from plaita.errors import ConfigError, LeaseLostError, PlaitaError
 from plaita.flows.batch import CallBatcher, send
 from plaita.flows.execution import Execution
 from plaita.flows.validate import StepOutputError, output_error
 from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.staged import MAX_SECONDS
 from plaita.tasks import Task
-
-
-class LeaseLostError(PlaitaError):
-    """The worker lost the execution's lease mid-run: nothing more is written; the task stays
-    pending and the lease's successor continues from the last checkpoint."""
 
 
 async def call_io(offload: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S
+from plaita.errors import LeaseLostError
 from plaita.flows import inbox, model
 from plaita.flows.admit import Run
 from plaita.flows.batch import CallBatcher
-from plaita.flows.checkpoint import CancelledMeanwhile, LeaseLostError, call_io, sealed
+from plaita.flows.checkpoint import CancelledMeanwhile, call_io, sealed
 from plaita.flows.children import Children, needs_ending
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step

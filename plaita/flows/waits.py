@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plaita.errors import BadTaskError
+from plaita.errors import BadTaskError, LeaseLostError
 from plaita.flows import inbox
 from plaita.flows.admit import Run
-from plaita.flows.checkpoint import LeaseLostError, call_io
+from plaita.flows.checkpoint import call_io
 from plaita.flows.children import Children
 from plaita.flows.context import Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Step
