@@ -202,6 +202,16 @@ class FlowLimitStore:
         return int(self.client.zcount(slots, f"({now_s * 1000 + micros // 1000}", "+inf"))
 
 
+def waiting_starts(client: redis.Redis, ks: Keyspace) -> dict[str, int]:
+    """How many starts wait for a slot, by flow, for every flow of ``ks``'s queue that ever parked
+    one (``plaita status``, the metrics, the dashboard): one SMEMBERS and one ZCARD per flow."""
+    flows = sorted(as_text(f) for f in client.smembers(parking_index(ks)))
+    pipe = client.pipeline(transaction=False)
+    for flow_id in flows:
+        pipe.zcard(flow_keys(ks, flow_id).parked)
+    return {f: int(n) for f, n in zip(flows, pipe.execute() if flows else [], strict=True)}
+
+
 def order_of(message_id: str) -> float:
     """A start's place in its flow's queue of parked starts: its stream id ``ms-seq`` as one number
     (``p/ms-seq`` on a partitioned queue), ``ms * 1000 + seq``, exact below 2**53."""
