@@ -104,12 +104,10 @@ def test_a_lost_promotion_is_promoted_again_by_the_sweep(h: Harness, rclient: re
 def test_a_start_parks_only_for_a_slot_not_for_a_resume(h: Harness) -> None:
     """Issue 31 item 4: the store parks a start (PARKED) and refuses a resume as before."""
     store = limits(h)
-    assert store.acquire("line", "a", "t", max_concurrent=1, ttl_s=30, starts_per_s=0, burst=1).code == TAKEN
-    park = (1.0, start("b", "line"))
-    assert (
-        store.acquire("line", "b", "t2", max_concurrent=1, ttl_s=30, starts_per_s=0, burst=1, park=park).code == PARKED
-    )
-    assert store.acquire("line", "c", "t3", max_concurrent=1, ttl_s=30, starts_per_s=0, burst=1).code == 0
+    opts: dict[str, Any] = {"max_concurrent": 1, "ttl_s": 30, "starts_per_s": 0, "burst": 1}
+    assert store.acquire("line", "a", "t", **opts).code == TAKEN
+    assert store.acquire("line", "b", "t2", park=(1.0, start("b", "line")), **opts).code == PARKED
+    assert store.acquire("line", "c", "t3", **opts).code == FULL
 
 
 def test_rate_limit_lets_n_through_in_the_first_window_then_waits(h: Harness) -> None:
