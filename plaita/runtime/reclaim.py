@@ -43,16 +43,16 @@ class Reclaimer:
         self._dead_ms = int(silent_ms(settings))
 
     def claim(self) -> int:
-        """Claim until the pending list ends or the free slots are spent; how many were claimed."""
+        """Claim until the pending list ends, or the free slots are spent and a step took no dead
+        consumer's entry (with no slot free, a step takes only those); how many were claimed."""
         budget = min(self.intake.free_slots(), RECLAIM_BATCH)
         total = 0
         for _ in range(MAX_STEPS):
-            if budget <= 0:
-                break
-            claimed = self._step(budget)
+            claimed = self._step(max(0, budget))
             total += len(claimed)
-            budget -= sum(1 for e in claimed if not self._dead(e))
-            if self.cursor == "0-0":
+            live = sum(1 for e in claimed if not self._dead(e))
+            budget -= live
+            if self.cursor == "0-0" or (budget <= 0 and live == len(claimed)):
                 break
         return total
 

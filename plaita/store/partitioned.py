@@ -288,10 +288,11 @@ class PartitionedQueue(StreamQueue):
         skipped = 0
         open_ = [i for i, c in enumerate(cursors) if c != _DONE]
         for k, i in enumerate(open_):
-            left = count - sum(1 for e in claimed if not _dead(e, dead_ms))
-            if left <= 0:
+            left = max(0, count - sum(1 for e in claimed if not _dead(e, dead_ms)))
+            if left <= 0 and not dead_ms:
                 break  # the budget is spent: the rest continue from their cursors next time
-            share = -(-left // (len(open_) - k))  # what is left, shared over the partitions still to go
+            # What is left, shared over the partitions still to go (0: only dead consumers' entries).
+            share = -(-left // (len(open_) - k))
             p = self.assigned[i]
             after, entries, n = self.parts[p].claim_unleased(cursors[i], min_idle_ms, share, dead_ms=dead_ms)
             cursors[i] = _DONE if after == "0-0" else after

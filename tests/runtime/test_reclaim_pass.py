@@ -122,3 +122,23 @@ def test_a_live_consumers_entries_are_still_bounded_by_the_budget(redis_url: str
     cursor, claimed, _ = q.claim_unleased(cursor, 0, 10, dead_ms=dead_ms)
     assert ({e.message_id for e in claimed}, cursor) == (set(live[2:]), "0-0")
     raw.close()
+
+
+def test_a_dead_consumers_entries_are_claimed_with_no_slot_free(redis_url: str, rclient: redis.Redis) -> None:
+    """Issue 31 item 8: the worker's one slot runs a long task, yet a reclaim pass takes all of a
+    dead consumer's entries (they wait as suspects, needing no slot). Before the fix a pass with
+    no free slot claimed nothing, so a busy survivor took a dead worker's tasks a few at a time."""
+    rclient.xgroup_create(QUEUE, GROUP, id="0", mkstream=True)
+    gate = Gate()
+    settings = {**SETTINGS, "reclaim_interval_s": 0.2}
+    with running_worker(redis_url, recorder=gate, **settings) as w:  # type: ignore[arg-type]
+        busy = add(rclient, 1)
+        wait_for(lambda: gate.ran() == set(busy), WAIT_S, "the busy task holds the only slot")
+        ids = read_as(rclient, "dead-host:0", STRANDED)
+        silent = silent_ms(fast_settings(redis_url, **settings))
+        wait_for(lambda: consumer_idle_ms(rclient, "dead-host:0") > silent + 200, WAIT_S, "the dead consumer silent")
+        wait_for(lambda: owners(rclient).get(CONSUMER, 0) == 1 + STRANDED, WAIT_S, "every stranded entry claimed")
+        assert gate.ran() == set(busy), "claimed while the slot was still busy"
+        gate.opened.set()
+        wait_for(lambda: gate.ran() == set(busy) | set(ids), WAIT_S, "every stranded task ran")
+        assert w.worker.counters.reclaimed == STRANDED

@@ -6,7 +6,7 @@
 -- ARGV[1]    group
 -- ARGV[2]    consumer claiming
 -- ARGV[3]    min_idle (ms)
--- ARGV[4]    want: stop after claiming this many entries of live consumers
+-- ARGV[4]    want: stop after claiming this many entries of live consumers (0: claim none)
 -- ARGV[5]    scan limit the scan used (a full scan means the pending list goes on)
 -- ARGV[6]    dead_ms: a consumer silent this long is dead, and its entries do not count toward
 --            want (its successor holds them as crash suspects, not in handler slots); 0 = every
@@ -32,19 +32,26 @@ if n > 0 then
 end
 for i = 1, n do
   local id = ARGV[6 + i]
-  last = id
   if redis.call('EXISTS', KEYS[1 + i]) == 1 then
     skipped = skipped + 1
   else
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+    local owner_idle = -1
+    if #p > 0 and p[1][2] ~= ARGV[2] and idle[p[1][2]] then owner_idle = idle[p[1][2]] end
+    local counts = dead_ms <= 0 or owner_idle < dead_ms
+    if counts and live >= want then
+      -- want 0 (no handler slot free): a live consumer's entry ends the step before its claim.
+      full = true
+      break
+    end
     local r = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), id)
     if #r > 0 and r[1] and #p > 0 then
-      local owner_idle = (p[1][2] ~= ARGV[2] and idle[p[1][2]]) or -1
       table.insert(claimed, {id, r[1][2], p[1][4] + 1, owner_idle})
-      if dead_ms <= 0 or owner_idle < dead_ms then live = live + 1 end
+      if counts then live = live + 1 end
     end
   end
-  if live >= want then
+  last = id
+  if want > 0 and live >= want then
     full = true
     break
   end
