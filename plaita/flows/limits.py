@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from plaita.errors import NotForThisWorker
 from plaita.flows.definition import Flow
 from plaita.flows.handover import task_name
-from plaita.store.flow_limits import FULL, PARKED, TAKEN, FlowLimitStore, order_of
+from plaita.store.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, order_of
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -106,43 +106,48 @@ class FlowLimits:
         NotForThisWorker (a delayed hand-back) when refused otherwise."""
         if not self.limited(flow, start=start):
             return True
+        limit, token, member = flow.max_concurrent or 0, uuid.uuid4().hex, slot_member(task)
+        admit = self._acquire(flow, task, member, token, start=start)
+        name = task_name(task)
+        if admit.code not in (TAKEN, PARKED):
+            raise self._refused(flow, task, admit)
+        with self._lock:
+            self._refusals.pop(name, None)
+            if admit.code == TAKEN and limit:
+                self._held[id(task)] = Held(flow.flow_id, member, token, limit)
+                self._start_renewing()
+        if admit.code == PARKED:
+            logger.debug("start %s (execution %s) of flow %r parked for a slot", task.message_id, name, flow.flow_id)
+        return admit.code == TAKEN
+
+    def _acquire(self, flow: Flow, task: Task, member: str, token: str, *, start: bool) -> Admit:
         limit = flow.max_concurrent or 0
-        rate = flow.max_starts_per_s if start and flow.max_starts_per_s else 0.0
-        token = uuid.uuid4().hex
-        member = slot_member(task)
-        park = (order_of(task.message_id), {**task.body, "execution_id": task.execution_id}) if start else None
-        if park is not None and limit:
+        park = None
+        if start and limit:  # a start finding every slot held parks, its body kept to re-add it
+            park = (order_of(task.message_id), {**task.body, "execution_id": task.execution_id})
             self._register(flow.flow_id)
-        admit = self.store.acquire(
+        return self.store.acquire(
             flow.flow_id,
             member,
             token,
             max_concurrent=limit,
             ttl_s=self.ttl_s,
-            starts_per_s=rate,
+            starts_per_s=flow.max_starts_per_s if start and flow.max_starts_per_s else 0.0,
             burst=flow.start_burst,
             window=flow.rate_limit if start else None,
-            park=park if limit else None,
+            park=park,
         )
+
+    def _refused(self, flow: Flow, task: Task, admit: Admit) -> NotForThisWorker:
+        """The delayed hand-back of a task over a limit (a resume over the slots, a start over a rate)."""
         name = task_name(task)
-        if admit.code in (TAKEN, PARKED):
-            with self._lock:
-                self._refusals.pop(name, None)
-                if admit.code == TAKEN and limit:
-                    self._held[id(task)] = Held(flow.flow_id, member, token, limit)
-                    self._start_renewing()
-            if admit.code == PARKED:
-                logger.debug(
-                    "start %s (execution %s) of flow %r parked for a slot", task.message_id, name, flow.flow_id
-                )
-            return admit.code == TAKEN
         delay_s = self._delay(name, admit.wait_s)
         if admit.code == FULL:
-            what = f"all {limit} slots of flow {flow.flow_id!r} are taken"
+            what = f"all {flow.max_concurrent} slots of flow {flow.flow_id!r} are taken"
         else:
             what = f"flow {flow.flow_id!r} is at its start rate"
         logger.debug("task %s (execution %s): %s; back to the queue in %.2f s", task.message_id, name, what, delay_s)
-        raise NotForThisWorker(what, delay_s=delay_s)
+        return NotForThisWorker(what, delay_s=delay_s)
 
     def _register(self, flow_id: str) -> None:
         """Once per process and flow, before its first park: the index a cancel looks in."""

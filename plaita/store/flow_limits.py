@@ -152,7 +152,18 @@ class FlowLimitStore:
         if not raw:
             return
         bodies = [json.loads(as_text(b)) for b in raw]
-        enqueue_tasks(self.client, self.ks, bodies)
+        try:
+            enqueue_tasks(self.client, self.ks, bodies)
+        except redis.RedisError as exc:  # the script's own answer still stands (a slot taken, given back)
+            logger.warning(
+                "could not put %d parked start(s) of flow %r back on their streams (%s: %s); they are "
+                "promoted again once their reservations expire",
+                len(bodies),
+                flow_id,
+                type(exc).__name__,
+                exc,
+            )
+            return
         logger.debug("flow %r: %d parked start(s) given a slot", flow_id, len(bodies))
 
     def register_parking(self, flow_id: str) -> None:
