@@ -103,17 +103,3 @@ async def c_async(ctx: StepContext) -> None:
 
 
 FLOWS += [noop3_async]
-
-# -- a flow of three fleet-wide slots (``bench/parking.py``): records the order its runs began --
-slots3 = Flow("bench-slots3", max_concurrent=3)
-#: Where ``slots3`` records each run's execution id as it begins.
-SLOTS3_ORDER = "plaita:bench:slots3:order"
-
-
-@slots3.step
-def occupy(ctx: StepContext) -> None:
-    _client().rpush(SLOTS3_ORDER, ctx.execution_id)
-    time.sleep(0.05)
-
-
-FLOWS += [slots3]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import redis
 
 from bench.common import WorkerProcess, wait_for
-from bench.flowdefs import SLOTS3_ORDER
+from bench.parkdefs import SLOTS3_ORDER
 
 STARTS = 355
 STREAM = "bench:parking"
@@ -43,7 +43,7 @@ def run(url: str) -> ParkingResult:
     client = redis.Redis.from_url(url, socket_timeout=30)
     client.flushdb()
     os.environ["PLAITA_BENCH_REDIS_URL"] = url
-    args = ["--no-registry", "--flows", "bench.flowdefs", "--concurrency", "4"]
+    args = ["--no-registry", "--flows", "bench.parkdefs", "--concurrency", "4"]
     try:
         with (
             WorkerProcess(url, stream=STREAM, group="plaita-workers", extra_args=args) as a,
