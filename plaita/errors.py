@@ -6,6 +6,11 @@ from __future__ import annotations
 class PlaitaError(Exception):
     """Root of every exception plaita raises on purpose."""
 
+    #: Whether a step that raises it is retried under its retry policy. Most plaita errors are
+    #: deliberate (a bad task, a refused call), so False; one that says "not yet" (a wait that
+    #: timed out, a replica lagging) sets True. Decided per class here, never guessed from it.
+    retryable: bool = False
+
 
 class ConfigError(PlaitaError):
     """Raised when a flag, environment variable or URL cannot be used (exit code 2)."""

@@ -63,8 +63,11 @@ class RetryPolicy:
         return nominal * (1.0 - self.jitter * rng.random())
 
     def retryable(self, exc: BaseException) -> bool:
-        # Every plaita error (NonRetryableError, BadTaskError, ...) is deliberate, not flaky.
-        return not isinstance(exc, (PlaitaError, *self.non_retryable))
+        """Whether ``exc`` earns another attempt: not one of ``non_retryable``, and a plaita
+        error only when its class says so (``PlaitaError.retryable``: most are deliberate)."""
+        if isinstance(exc, self.non_retryable):
+            return False
+        return exc.retryable if isinstance(exc, PlaitaError) else True
 
 
 @dataclass(frozen=True)

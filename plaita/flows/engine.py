@@ -31,15 +31,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S
-from plaita.flows import model
+from plaita.flows import inbox, model
 from plaita.flows.admit import Run
 from plaita.flows.batch import CallBatcher
-from plaita.flows.checkpoint import CancelledMeanwhile, LeaseLostError, call_io
+from plaita.flows.checkpoint import CancelledMeanwhile, LeaseLostError, call_io, sealed
 from plaita.flows.children import Children, needs_ending
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.events import publisher
-from plaita.flows.execution import Execution, error_doc, sealed
+from plaita.flows.execution import Execution, error_doc
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
 from plaita.flows.limits import FlowLimits
@@ -341,6 +341,9 @@ class FlowRunner(StepWaits, Throttle):
         if written.status != wanted.status:  # replaced: none of the step's writes, no deadline
             logger.error("execution %s: %s", run.task.execution_id, (written.error or {}).get("message"))
             staged, deadline_s = None, None
+        if written.status == "suspended" and deadline_s is None:  # still waiting (a resume kept): its deadline stays
+            deadline_s = (written.suspension or {}).get("deadline")
+        inbox.left_over(written)
         if written.status == "suspended" and written.deadline_at is not None:
             # The keeper finds a suspension past the whole execution's deadline by the same index.
             deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
