@@ -70,7 +70,7 @@ class FlowLimits:
     and sweeps the parked starts of ``flows`` (those with ``max_concurrent``)."""
 
     def __init__(
-        self, store: FlowLimitStore, *, ttl_s: float, rng: random.Random | None = None, flows: Iterable[Flow] = ()
+        self, store: FlowLimitStore, flows: Iterable[Flow] = (), *, ttl_s: float, rng: random.Random | None = None
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
