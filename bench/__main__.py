@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from bench import flows, latency, plots, recovery, report, shutdown, storm, stranded, throughput, worker_kill
+from bench import flows, latency, parking, plots, recovery, report, shutdown, storm, stranded, throughput, worker_kill
 from bench import matrix as chaos
 from bench.common import ROOT, exit_on_sigterm  # puts the repository root on sys.path first
 from tests.support.redis_server import RedisServer
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             flows_section += worker_kill.render(worker_kill.run(server.url, a.reclaim_trials)) + "\n"
         if "flows" in a.sections:
             flows_section += flows.render(flows.run(server.url, min(a.tasks, 5000), a.reclaim_trials))
+            flows_section += "\n" + parking.render(parking.run(server.url))
     if "recovery" in a.sections:
         res.recovery = recovery.run(a.recovery_trials, a.fault_s)  # servers of its own (one is killed)
     matrix_s = 0.0
