@@ -11,7 +11,9 @@ of parked starts (ordered by its stream id) with its task body, and its handler 
 entry is acked and never re-read. Whoever frees a slot (a release, an acquire that prunes an
 expired slot, or the sweep each worker runs every ttl/3) reserves it for the oldest parked start
 and puts that start back on its stream; its task takes the reserved slot. So starts run in the
-order they were started, per flow. Crash windows, each safe under kill -9:
+order they were started, per flow. The sweep also puts back (without a slot) a parked start whose
+deadline passed, so it ends ``cancelled`` without waiting for its turn. Crash windows, each safe
+under kill -9:
 
 - parked, then killed before the ack: the entry is redelivered, finds itself parked (or its slot
   reserved) and parks again (a no-op) or runs; the parked entry is kept until a task of the start
@@ -37,9 +39,10 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from plaita.errors import NotForThisWorker
+from plaita.errors import BadTaskError, NotForThisWorker
 from plaita.flows.definition import Flow
 from plaita.flows.handover import task_name
+from plaita.flows.validate import task_deadline
 from plaita.store.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, order_of
 from plaita.tasks import Task
 
@@ -124,7 +127,8 @@ class FlowLimits:
         limit = flow.max_concurrent or 0
         park = None
         if start and limit:  # a start finding every slot held parks, its body kept to re-add it
-            park = (order_of(task.message_id), {**task.body, "execution_id": task.execution_id})
+            body = {**task.body, "execution_id": task.execution_id}
+            park = (order_of(task.message_id), body, _deadline(task))
             self._register(flow.flow_id)
         return self.store.acquire(
             flow.flow_id,
@@ -246,6 +250,14 @@ class FlowLimits:
 
 #: Joins a tenant and an execution id in a slot's member name (tenant ids never hold it).
 _SEP = "\x1f"
+
+
+def _deadline(task: Task) -> float | None:
+    """The start's ``deadline_at`` (a bad one is its admission's to report: none here)."""
+    try:
+        return task_deadline(task.body)
+    except BadTaskError:
+        return None
 
 
 def slot_member(task: Task) -> str:

@@ -11,8 +11,10 @@ from the partitions' tags (a flow's executions live in every partition; its limi
   slot reserved for a parked start.
 - ``…:starts``: hash ``{tokens, at_ms}``, a token bucket of the flow's starts (``max_starts_per_s``).
 - ``…:window``: zset of the start times of the last ``rate_limit`` period (one member per start).
-- ``…:parked`` and ``…:parked-tasks``: starts waiting for a slot, in order of their start (zset,
-  score from the start's stream id), and their task bodies (hash). They never expire.
+- ``…:parked``, ``…:parked-tasks`` and ``…:parked-deadlines``: starts waiting for a slot, in
+  order of their start (zset, score from the start's stream id), their task bodies (hash) and the
+  deadlines of those that have one (zset, epoch ms: the sweep puts a start back once its deadline
+  passed, so it ends ``cancelled`` without waiting for its turn). They never expire.
 - ``plaita:flow-limit:{<queue>}:parking``: set of the flows that ever parked a start, so a cancel
   finds a parked start by its execution id alone.
 
@@ -45,6 +47,8 @@ _RELEASE = scripts.script("release_flow_slot")
 _RENEW = scripts.script("renew_flow_slots")
 _PROMOTE = scripts.script("promote_parked")
 
+#: Parked starts past their deadline one sweep puts back at most (a bound, not a policy).
+SWEEP_DEADLINES_MAX = 100
 #: ``acquire`` replies.
 TAKEN, FULL, RATE_LIMITED, PARKED = 1, 0, 2, 3
 
@@ -68,11 +72,18 @@ class FlowKeys:
     window: str
     parked: str
     parked_tasks: str
+    parked_deadlines: str
+
+    @property
+    def parking(self) -> list[str]:
+        """The keys of the release and sweep scripts."""
+        return [self.slots, self.owners, self.parked, self.parked_tasks, self.parked_deadlines]
 
 
 def flow_keys(ks: Keyspace, flow_id: str) -> FlowKeys:
     base = f"{LIMIT_PREFIX}{{{ks.queue}:{flow_id}}}:"
-    return FlowKeys(*(base + k for k in ("slots", "owners", "starts", "window", "parked", "parked-tasks")))
+    names = ("slots", "owners", "starts", "window", "parked", "parked-tasks", "parked-deadlines")
+    return FlowKeys(*(base + k for k in names))
 
 
 def limit_keys(ks: Keyspace, flow_id: str) -> tuple[str, str, str]:
@@ -103,18 +114,22 @@ class FlowLimitStore:
         starts_per_s: float,
         burst: float,
         window: tuple[int, float] | None = None,
-        park: tuple[float, dict[str, Any]] | None = None,
+        park: tuple[float, dict[str, Any], float | None] | None = None,
     ) -> Admit:
         """One atomic check of every limit (0 / None = that limit is off): a slot is taken only
-        with the start's rates, and a rate only with the slot. ``park``: (order, task body) of a
-        start that parks when no slot is free (PARKED) instead of coming back FULL. Safe to run
-        twice (NOSCRIPT). Parked starts this call gave a slot to are put back on their streams."""
+        with the start's rates, and a rate only with the slot. ``park``: (order, task body,
+        deadline in epoch seconds or None) of a start that parks when no slot is free (PARKED)
+        instead of coming back FULL. Safe to run twice (NOSCRIPT). Parked starts this call gave a
+        slot to are put back on their streams."""
         k = flow_keys(self.ks, flow_id)
         window_n, window_s = window or (0, 0.0)
-        order, body = ("", "") if park is None else (repr(float(park[0])), json.dumps(park[1], separators=(",", ":")))
+        order, body, deadline = "", "", ""
+        if park is not None:
+            order, body = repr(float(park[0])), json.dumps(park[1], separators=(",", ":"))
+            deadline = "" if park[2] is None else str(int(park[2] * 1000))
         argv = [execution_id, token, max_concurrent, _ms(ttl_s), repr(float(starts_per_s)), repr(float(burst))]
-        argv += [window_n, _ms(window_s) if window_n else 0, order, body]
-        keys = [k.slots, k.owners, k.starts, k.window, k.parked, k.parked_tasks]
+        argv += [window_n, _ms(window_s) if window_n else 0, order, body, deadline]
+        keys = [k.slots, k.owners, k.starts, k.window, k.parked, k.parked_tasks, k.parked_deadlines]
         reply = _ACQUIRE(self.client, keys, argv)
         self._requeue(flow_id, reply[2:])
         return Admit(int(reply[0]), int(reply[1]) / 1000)
@@ -134,15 +149,15 @@ class FlowLimitStore:
     def _release(self, flow_id: str, member: str, token: str, limit: int, ttl_s: float, *, forget: bool) -> bool:
         k = flow_keys(self.ks, flow_id)
         argv = [member, token, limit, _ms(ttl_s), "1" if forget else "0"]
-        reply = _RELEASE(self.client, [k.slots, k.owners, k.parked, k.parked_tasks], argv)
+        reply = _RELEASE(self.client, k.parking, argv)
         self._requeue(flow_id, reply[1:])
         return int(reply[0]) == 1
 
     def promote(self, flow_id: str, *, max_concurrent: int, ttl_s: float) -> int:
-        """The sweep: give ``flow_id``'s free slots to its oldest parked starts (put back on their
-        streams); how many starts are parked."""
+        """The sweep: give ``flow_id``'s free slots to its oldest parked starts, and put them and
+        those past their deadline back on their streams; how many starts are parked."""
         k = flow_keys(self.ks, flow_id)
-        reply = _PROMOTE(self.client, [k.slots, k.owners, k.parked, k.parked_tasks], [max_concurrent, _ms(ttl_s)])
+        reply = _PROMOTE(self.client, k.parking, [max_concurrent, _ms(ttl_s), SWEEP_DEADLINES_MAX])
         self._requeue(flow_id, reply[1:])
         return int(reply[0])
 

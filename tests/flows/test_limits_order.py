@@ -6,6 +6,7 @@ no window of ``period_s`` hold more than N starts (the first window exactly N)."
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -101,12 +102,31 @@ def test_a_lost_promotion_is_promoted_again_by_the_sweep(h: Harness, rclient: re
     assert h.run(promoted(h)[-1])["status"] == "suspended"  # type: ignore[index]
 
 
+def test_a_parked_start_past_its_deadline_is_put_back_and_ends_cancelled(h: Harness) -> None:
+    """Issue 31 item 4: a parked start whose deadline passes does not wait for its turn: the sweep
+    puts it back on its stream (no slot reserved), and read, it takes no slot, leaves the parked
+    starts and ends ``cancelled``; the start parked behind it is not held up."""
+    assert limits(h).acquire("line", "holder", "tok", max_concurrent=1, ttl_s=30, starts_per_s=0, burst=1).code == TAKEN
+    soon = time.time() + 0.3
+    assert h.run({**start("late", "line"), "deadline_at": soon}, message_id="4001-0") is None
+    assert h.run(start("next", "line"), message_id="4002-0") is None
+    wait_for(lambda: time.time() > soon + 0.05, 5.0, "the deadline passed")
+    assert limits(h).promote("line", max_concurrent=1, ttl_s=30.0) == 2
+    [body] = promoted(h)
+    assert body["execution_id"] == "late" and limits(h).holders("line") == 1, "put back without a slot"
+    doc = h.run(body)
+    assert doc is not None and doc["status"] == "cancelled"
+    assert limits(h).waiting("line") == 1
+    assert limits(h).release("line", "holder", "tok", max_concurrent=1, ttl_s=30.0)
+    assert [b["execution_id"] for b in promoted(h)] == ["late", "next"]
+
+
 def test_a_start_parks_only_for_a_slot_not_for_a_resume(h: Harness) -> None:
     """Issue 31 item 4: the store parks a start (PARKED) and refuses a resume as before."""
     store = limits(h)
     opts: dict[str, Any] = {"max_concurrent": 1, "ttl_s": 30, "starts_per_s": 0, "burst": 1}
     assert store.acquire("line", "a", "t", **opts).code == TAKEN
-    assert store.acquire("line", "b", "t2", park=(1.0, start("b", "line")), **opts).code == PARKED
+    assert store.acquire("line", "b", "t2", park=(1.0, start("b", "line"), None), **opts).code == PARKED
     assert store.acquire("line", "c", "t3", **opts).code == FULL
 
 

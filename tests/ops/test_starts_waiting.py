@@ -29,7 +29,7 @@ def park(url: str, flow_id: str, n: int) -> None:
         store.register_parking(flow_id)
         for i in range(n):
             body = {"type": "start", "flow_id": flow_id, "execution_id": f"{flow_id}-{i}"}
-            assert store.acquire(flow_id, f"{flow_id}-{i}", f"t{i}", park=(float(i), body), **opts).code == PARKED
+            assert store.acquire(flow_id, f"{flow_id}-{i}", f"t{i}", park=(float(i), body, None), **opts).code == PARKED
     finally:
         client.close()
 

@@ -8,6 +8,7 @@
 -- KEYS[4]  the flow's start window: zset, member = acquire token, score = start time (server ms)
 -- KEYS[5]  the flow's parked starts: zset, member = execution, score = start order
 -- KEYS[6]  the flow's parked start tasks: hash, execution -> task body (JSON)
+-- KEYS[7]  the flow's parked start deadlines: zset, member = execution, score = deadline (ms)
 -- ARGV[1]  execution (member)
 -- ARGV[2]  token (unique per acquire)
 -- ARGV[3]  max_concurrent (0 = no slot is taken)
@@ -18,6 +19,7 @@
 -- ARGV[8]  rate_limit period (ms)
 -- ARGV[9]  park order ('' = do not park: a resume), the start's stream id as a number
 -- ARGV[10] task body to park (JSON)
+-- ARGV[11] the start's deadline (epoch ms; '' = none), for the sweep to end it in time
 -- Returns  {code, wait_ms, body...}: code 1 taken, 0 every slot is held, 2 a start rate is
 --          spent (no slot taken; wait_ms until the next start may pass), 3 parked; the bodies
 --          are parked starts this call gave a slot to, for the caller to put back on their
@@ -25,8 +27,8 @@
 --          proves it; or reserved for it as a parked start) is taken over. Expired slots are
 --          pruned first.
 --- @include "flow_slots"
-local kinds = {'zset', 'hash', 'hash', 'zset', 'zset', 'hash'}
-for i = 1, 6 do
+local kinds = {'zset', 'hash', 'hash', 'zset', 'zset', 'hash', 'zset'}
+for i = 1, 7 do
   local kind = redis.call('TYPE', KEYS[i]).ok
   if kind ~= kinds[i] and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is not a ' .. kinds[i])
@@ -58,6 +60,7 @@ if limit > 0 then
       if not parking then return reply(0, 0) end
       redis.call('ZADD', KEYS[5], 'NX', tonumber(ARGV[9]), ARGV[1])
       redis.call('HSETNX', KEYS[6], ARGV[1], ARGV[10])
+      if ARGV[11] ~= '' then redis.call('ZADD', KEYS[7], 'NX', tonumber(ARGV[11]), ARGV[1]) end
       return reply(3, 0)
     end
   end
@@ -98,6 +101,7 @@ if limit > 0 then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
   redis.call('ZREM', KEYS[5], ARGV[1])
   redis.call('HDEL', KEYS[6], ARGV[1])
+  redis.call('ZREM', KEYS[7], ARGV[1])
   keep_slot_keys(KEYS[1], KEYS[2], ttl_ms)
 end
 return reply(1, 0)

@@ -4,6 +4,7 @@
 -- KEYS[2]  the flow's slot owners (hash)
 -- KEYS[3]  the flow's parked starts (zset)
 -- KEYS[4]  the flow's parked start tasks (hash)
+-- KEYS[5]  the flow's parked start deadlines (zset)
 -- ARGV[1]  execution (member)
 -- ARGV[2]  the token it was taken with ('~promoted': a slot reserved for a parked start)
 -- ARGV[3]  max_concurrent (0 = promote no parked start)
@@ -14,8 +15,8 @@
 --          body...}: the bodies are parked starts given a slot, for the caller to put back on
 --          their streams.
 --- @include "flow_slots"
-local kinds = {'zset', 'hash', 'zset', 'hash'}
-for i = 1, 4 do
+local kinds = {'zset', 'hash', 'zset', 'hash', 'zset'}
+for i = 1, 5 do
   local kind = redis.call('TYPE', KEYS[i]).ok
   if kind ~= kinds[i] and kind ~= 'none' then
     return {0}
@@ -30,6 +31,7 @@ end
 if ARGV[5] == '1' then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[5], ARGV[1])
 end
 local limit, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 if limit > 0 then
