@@ -25,6 +25,7 @@ from plaita.store import fleet
 from plaita.store.client import Client, is_cluster, make_client
 from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import list_workers, send_command
+from plaita.store.flow_limits import waiting_starts
 from plaita.store.keyspace import Keyspace
 from plaita.store.partitioned import open_queue
 from plaita.store.stats import execution_counts, stray_streams, stream_stats_or_empty
@@ -205,11 +206,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     stats["partitions_from"] = args.partitions_from
     stats["problems"] = fleetcheck.check(q.client, q.keyspace, args.consumer_group)
     stats["executions"] = execution_counts(q.client, q.keyspace)
+    stats["starts_waiting_for_slot"] = waiting_starts(q.client, q.keyspace)
     if args.json:
         _emit(args, stats, None, [])
         return 0
     _print_queue_status(stats)
     _print_execution_counts(stats["executions"])
+    for flow_id, n in stats["starts_waiting_for_slot"].items():
+        print(f"{'waiting for a slot':>22}: {n} start(s) of flow {flow_id}")
     return 0
 
 

@@ -104,8 +104,8 @@ class FlowRunner(StepWaits, Throttle):
         self._scopes = TenantScopes(store, parts)
         default = self._scopes.default
         self._admission, self._checkpoints, self._children = default.admission, default.checkpoints, default.children
-        #: Flow limits (``max_concurrent``, ``max_starts_per_s``); slots live as long as leases.
-        self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), ttl_s=slot_ttl_s, rng=self._rng)
+        #: Flow limits (``max_concurrent``, start rates); slots live as long as leases.
+        self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), self.flows, ttl_s=slot_ttl_s, rng=self._rng)
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
@@ -208,8 +208,8 @@ class FlowRunner(StepWaits, Throttle):
 
     async def _admitted(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
-        if start_flow is not None:  # a start waits for its flow's limits before it creates anything
-            await self._enter(start_flow, task, offload, start=True)
+        if start_flow is not None and not await self._enter(start_flow, task, offload, start=True):
+            return None  # a start waits for its flow's limits before it creates anything: parked
         scope = self._scope(task)
         run = await scope.admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)

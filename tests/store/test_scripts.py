@@ -62,7 +62,7 @@ def test_the_assembled_source_has_no_directive_left(name: str) -> None:
 @pytest.mark.parametrize(
     ("line", "why"),
     [
-        ('--- @include "nope"', "unknown include 'nope' \\(known: fence\\)"),
+        ('--- @include "nope"', "unknown include 'nope' \\(known: fence, flow_slots\\)"),
         ("--- @include fence", "write an include as a whole line"),
         ('  --- @include "fence"', "write an include as a whole line"),
         ('--- @include "fence"\n--- @include "fence"', "include 'fence' is already included"),
