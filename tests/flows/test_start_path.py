@@ -1,0 +1,127 @@
+"""Issue 31, items 1 and 2: the start path. A start with a live dedup key answers with the id of the
+execution that holds it (one script: concurrent starts with one key get one id), and a start is
+recorded ``queued`` at once (document and status index) until a worker takes it over.
+
+One runner fed by hand under a real lease, a real private redis-server (``tests.flows.support``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from plaita.flows.client import DuplicateStart
+from plaita.flows.execution import Execution
+from tests.flows.flowdefs import FLOWS
+from tests.flows.support import Harness
+from tests.flows.test_cli import plaita
+
+pytestmark = pytest.mark.redis
+
+#: Concurrent starts racing for one dedup key.
+RACERS = 8
+#: The bound of every wait of these tests.
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    harness = Harness(redis_url, flows=FLOWS)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def stream_bodies(h: Harness) -> list[dict[str, Any]]:
+    return [json.loads(f[b"payload"]) for _, f in h.client.xrange(h.queue.stream)]  # type: ignore[union-attr]
+
+
+def queued_ids(h: Harness) -> list[str]:
+    return [m.decode() for m in h.client.zrange(h.store.ks.status_key(0, "queued"), 0, -1)]  # type: ignore[union-attr]
+
+
+# -- item 1: one dedup key, one id ---------------------------------------------------------------
+def test_two_starts_with_one_dedup_key_return_the_same_id_and_enqueue_once(h: Harness) -> None:
+    """Item 1. Before: the second start returned a new id that never got an execution (``wait`` on
+    it hung until its timeout), and a second start task was enqueued."""
+    first = h.flows.start("ledger3", {}, dedup_key="order-7")
+    second = h.flows.start("ledger3", {}, dedup_key="order-7")
+    assert second == first
+    assert [b["execution_id"] for b in stream_bodies(h)] == [first]
+    with pytest.raises(DuplicateStart) as raised:  # the documented way to be told
+        h.flows.start("ledger3", {}, dedup_key="order-7", on_duplicate="raise")
+    assert raised.value.execution_id == first and "order-7" in str(raised.value)
+    doc = h.run(stream_bodies(h)[0])
+    assert doc is not None and doc["status"] == "completed"
+    assert h.flows.wait(second, WAIT_S)["execution_id"] == first  # the id a duplicate got has an end
+
+
+def test_concurrent_starts_with_one_dedup_key_get_one_id(h: Harness) -> None:
+    """Item 1: the dedup answer is atomic. Before: each racer read the key unset and got its own id."""
+    barrier = threading.Barrier(RACERS)
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def racer() -> None:
+        barrier.wait(WAIT_S)
+        eid = h.flows.start("ledger3", {}, dedup_key="race")
+        with lock:
+            ids.append(eid)
+
+    threads = [threading.Thread(target=racer) for _ in range(RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert len(ids) == RACERS and len(set(ids)) == 1, ids
+    assert [b["execution_id"] for b in stream_bodies(h)] == ids[:1]
+
+
+def test_a_dedup_key_first_used_by_an_older_producer_still_answers(h: Harness) -> None:
+    """Item 1, compatibility: a key a worker's create recorded (a start without a record, from a
+    producer older than this) is answered the same way."""
+    h.run({"type": "start", "flow_id": "ledger3", "execution_id": "old-1", "params": {}, "dedup_key": "k-old"})
+    assert h.flows.start("ledger3", {}, dedup_key="k-old") == "old-1"
+    assert stream_bodies(h) == []
+
+
+# -- item 2: a start is visible at once ----------------------------------------------------------
+def test_a_start_is_recorded_queued_at_once_and_taken_over_by_the_worker(h: Harness) -> None:
+    """Item 2. Before: ``get`` right after ``start`` returned None (queued and unknown looked the
+    same), ``list`` and the counts did not show it."""
+    eid = h.flows.start("ledger3", {"n": 1}, dedup_key="seen")
+    doc = h.flows.get(eid)
+    assert doc is not None and doc["status"] == "queued" and doc["params"] == {"n": 1}
+    assert Execution.decode(doc).status == "queued"  # a real status of the typed record
+    assert queued_ids(h) == [eid] and h.store.counts()["queued"] == 1
+    assert [d["execution_id"] for d in h.store.by_status("queued", 10)] == [eid]
+    doc = h.run(stream_bodies(h)[0])  # the worker's create takes the record over, atomically
+    assert doc is not None and doc["status"] == "completed" and doc["steps_run"] == 3
+    assert queued_ids(h) == [] and h.store.counts()["queued"] == 0
+    assert h.client.zscore(h.store.ks.status_key(0, "completed"), eid) is not None
+
+
+def test_a_start_of_an_existing_execution_keeps_its_document(h: Harness) -> None:
+    """Item 2: a start of an id that has a document is enqueued as before (a no-op for the worker),
+    and never turns that document back into a queued record."""
+    h.run({"type": "start", "flow_id": "ledger3", "execution_id": "done-1", "params": {}})
+    assert h.flows.start("ledger3", {}, execution_id="done-1") == "done-1"
+    doc = h.flows.get("done-1")
+    assert doc is not None and doc["status"] == "completed" and queued_ids(h) == []
+    assert h.run(stream_bodies(h)[0]) == doc
+
+
+def test_executions_list_and_show_print_a_queued_start(h: Harness, redis_url: str) -> None:
+    """Item 2: ``plaita executions list --status queued`` and ``show`` see a start no worker read."""
+    eid = h.flows.start("ledger3", {}, execution_id="q-cli")
+    listed = plaita(redis_url, "executions", "list", "--status", "queued", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["execution_id"], r["status"]) for r in json.loads(listed.stdout)] == [(eid, "queued")]
+    shown = plaita(redis_url, "executions", "show", eid)
+    assert shown.returncode == 0 and "status queued" in shown.stdout, shown.stdout + shown.stderr
