@@ -235,7 +235,12 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
         settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
     )
     # Flow slots (max_concurrent) outlive a dead worker exactly as long as its leases do.
-    runner = FlowRunner(registry, ExecutionStore(client, keyspace_of(settings)), slot_ttl_s=settings.lease_ttl_s)
+    runner = FlowRunner(
+        registry,
+        ExecutionStore(client, keyspace_of(settings)),
+        slot_ttl_s=settings.lease_ttl_s,
+        version_wait_s=settings.version_wait_s,
+    )
     runner.handover.group = settings.consumer_group  # hand over only to workers of our group
     try:
         # Steps run as coroutines on the async pool's loop; sync steps move to threads there.

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from plaita.errors import BadTaskError, NotForThisWorker
 from plaita.flows.client import DuplicateStart
 from plaita.flows.execution import Execution
 from tests.flows.flowdefs import FLOWS
@@ -125,3 +126,48 @@ def test_executions_list_and_show_print_a_queued_start(h: Harness, redis_url: st
     assert [(r["execution_id"], r["status"]) for r in json.loads(listed.stdout)] == [(eid, "queued")]
     shown = plaita(redis_url, "executions", "show", eid)
     assert shown.returncode == 0 and "status queued" in shown.stdout, shown.stdout + shown.stderr
+
+
+# -- item 3: a start asking for a version no live worker runs waits for one ---------------------
+class Clock:
+    """The runner's wall clock, moved by the test (the version wait is counted on it)."""
+
+    def __init__(self) -> None:
+        self.now_s = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_a_start_for_a_version_no_worker_runs_waits_then_is_dead_lettered_with_the_reason(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 3. Before: the start went to the DLQ at once (BadTaskError "version '2' requested").
+    Now it is handed back with a growing delay, its record shows what it waits for, and only past
+    ``version_wait_s`` is it dead-lettered, its record ended ``error`` with the reason."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    clock = Clock()
+    h = Harness(redis_url, flows=FLOWS, clock=clock, version_wait_s=60.0)
+    try:
+        eid = h.flows.start("ledger3", {}, version="2")
+        body = stream_bodies(h)[0]
+        delays = []
+        for _ in range(3):
+            with pytest.raises(NotForThisWorker) as handed:
+                h.run(body)
+            assert handed.value.hand_back and "version '2'" in handed.value.reason
+            delays.append(handed.value.delay_s)
+            clock.now_s += 20.0
+        assert delays == sorted(delays) and delays[0] < delays[-1]  # a growing delay
+        doc = h.flows.get(eid)
+        assert doc is not None and doc["status"] == "queued", doc
+        assert doc["waiting"]["version"] == "2" and doc["waiting"]["until"] - doc["waiting"]["since"] == 60.0
+        with pytest.raises(BadTaskError) as dead:  # 60 s after the first try: to the DLQ
+            h.run(body)
+        assert "no live worker runs it" in dead.value.reason and "waited 60 s" in dead.value.reason
+        doc = h.flows.get(eid)
+        assert doc is not None and doc["status"] == "error" and doc["error"]["type"] == "DeadLettered"
+        assert queued_ids(h) == [] and h.client.ttl(h.store.ks.execution_key(eid)) > 0  # cleaned up
+        assert h.flows.wait(eid, WAIT_S)["status"] == "error"  # a wait ends instead of timing out
+    finally:
+        h.close()
