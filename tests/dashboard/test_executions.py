@@ -85,7 +85,14 @@ class TestReadPages:
         plant(rclient, "s1", "suspended", now)
         dash = make_dashboard()
         snap = sample(dash)
-        assert snap["executions"] == {"running": 0, "suspended": 1, "completed": 3, "error": 0, "cancelled": 0}
+        assert snap["executions"] == {
+            "queued": 0,
+            "running": 0,
+            "suspended": 1,
+            "completed": 3,
+            "error": 0,
+            "cancelled": 0,
+        }
         live = dash.get("/fragment/overview").text
         assert 'id="executions-total">4<' in live and 'data-status="completed">3 completed<' in live
         assert 'data-status="suspended">suspended (1)<' in dash.get("/executions").text
