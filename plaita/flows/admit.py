@@ -26,7 +26,7 @@ from plaita.flows.handover import Handover
 from plaita.flows.queued import QueuedStarts
 from plaita.flows.tracing import TaskTrace
 from plaita.flows.validate import check_wait_name, require_task_json, task_deadline
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions import QUEUED, ExecutionStore
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,8 @@ class Admission:
         doc, cancel = await call_io(offload, self.store.load, task.execution_id)
         if doc is None:
             raise BadTaskError(f"resume of unknown execution {task.execution_id!r}")
+        if doc.get("status") == QUEUED:  # its start has not run: as for an unknown one, nothing to resume
+            raise BadTaskError(f"resume of execution {task.execution_id!r}, which is queued (its start has not run)")
         return await self._resume(task, _decoded(self.store, task.execution_id, doc), cancel, offload)
 
     async def _flow(self, flow_id: Any, task: Task, offload: bool) -> Flow:

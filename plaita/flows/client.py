@@ -25,7 +25,7 @@ from plaita.flows.execution import Execution
 from plaita.flows.tracing import producing
 from plaita.flows.validate import check_deadline_s, check_wait_name, require_json
 from plaita.store.client import make_client
-from plaita.store.executions import TERMINAL, ExecutionStore
+from plaita.store.executions import QUEUED, TERMINAL, ExecutionStore
 from plaita.store.partitioned import open_queue
 from plaita.store.streams import StreamQueue
 
@@ -223,6 +223,8 @@ class FlowClient:
         only it takes the event, and an event that comes before its wait is kept until the wait
         runs (``plaita.flows.inbox``). NotResumable when the execution has ended (no wait can
         take it any more); ValueError for a bad name or type.
+        ExecutionNotFound when there is no execution, or it is still ``queued`` (no worker ran
+        its start yet: as before a start was recorded, there is nothing to resume).
         """
         if resume_type not in model.RESUME_TYPES:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
@@ -233,6 +235,8 @@ class FlowClient:
         doc = self._require(execution_id)
         if wait_for is not None and doc.get("status") in TERMINAL:
             raise NotResumable(f"execution {execution_id} is {doc.get('status')}: no wait can take a resume any more")
+        if doc.get("status") == QUEUED:  # a worker would dead-letter it: nothing runs yet to resume
+            raise ExecutionNotFound(f"execution {execution_id!r} is queued: its start has not run, nothing to resume")
         flow_id, tenant = doc.get("flow_id"), self.tenant_id
         body = model.resume_body(
             execution_id,

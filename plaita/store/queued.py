@@ -22,7 +22,7 @@ import redis
 
 from plaita.store import scripts
 from plaita.store.execution_docs import reply_text
-from plaita.store.keyspace import Keyspace
+from plaita.store.keyspace import TENANTS_KEY, Keyspace
 from plaita.store.staged import ExecutionKeyError
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
@@ -50,6 +50,8 @@ class QueuedAccess:
 
     client: redis.Redis
     ks: Keyspace
+    #: This tenant is in ``TENANTS_KEY`` (``ExecutionStore``; a platform key: a call of its own).
+    _registered: bool
 
     def enqueue_start(
         self,
@@ -67,6 +69,9 @@ class QueuedAccess:
         ``stream``: the stream of the execution's partition (the producer's queue names it).
         ExecutionKeyError (nothing written) when one of the keys holds the wrong type. The dedup
         key must be in the execution's partition (``FlowClient`` picks ids there)."""
+        if not self._registered:  # the tenant's counts and listings must find its queued starts
+            self.client.sadd(TENANTS_KEY, self.ks.tenant)
+            self._registered = True
         ks = self.ks
         p = ks.partition_of(execution_id)
         keys = [ks.execution_key(execution_id), ks.status_key(p, QUEUED), stream]

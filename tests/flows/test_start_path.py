@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plaita.errors import BadTaskError, NotForThisWorker
-from plaita.flows.client import DuplicateStart
+from plaita.flows.client import DuplicateStart, ExecutionNotFound
 from plaita.flows.execution import Execution
 from tests.flows.flowdefs import FLOWS
 from tests.flows.support import Harness
@@ -116,6 +116,29 @@ def test_a_start_of_an_existing_execution_keeps_its_document(h: Harness) -> None
     doc = h.flows.get("done-1")
     assert doc is not None and doc["status"] == "completed" and queued_ids(h) == []
     assert h.run(stream_bodies(h)[0]) == doc
+
+
+def test_a_resume_of_a_queued_execution_is_refused_and_leaves_the_record(h: Harness) -> None:
+    """Item 2: a queued record is no execution a step ran. A resume of it is refused by the
+    producer as before (ExecutionNotFound) and by a worker (a raw task: to the DLQ), which must not
+    end the record (a definition check against a record with no fingerprint would)."""
+    eid = h.flows.start("signup", {"name": "ann"}, execution_id="early")
+    with pytest.raises(ExecutionNotFound, match="queued"):
+        h.flows.resume(eid, "event", "yes")
+    with pytest.raises(BadTaskError, match="queued"):
+        h.run({"type": "resume", "execution_id": eid, "resume_type": "event", "data": "yes"})
+    doc = h.flows.get(eid)
+    assert doc is not None and doc["status"] == "queued" and queued_ids(h) == [eid]
+
+
+def test_a_tenants_first_start_registers_the_tenant(h: Harness) -> None:
+    """Item 2, tenants: the tenant's counts (dashboard overview, stats) find its queued starts before
+    any worker created one of its executions."""
+    t7 = h.flows.for_tenant("t7")
+    eid = t7.start("ledger3", {}, dedup_key="same")
+    assert h.store.tenants() == ["t7"] and h.store.for_tenant("t7").counts()["queued"] == 1
+    assert t7.start("ledger3", {}, dedup_key="same") == eid and h.flows.start("ledger3", {}, dedup_key="same") != eid
+    assert (t7.get(eid) or {}).get("status") == "queued" and h.flows.get(eid) is None
 
 
 def test_executions_list_and_show_print_a_queued_start(h: Harness, redis_url: str) -> None:
