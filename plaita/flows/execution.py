@@ -102,29 +102,14 @@ class Execution:
         deadline_at: float | None = None,
     ) -> Execution:
         """A new execution of ``flow``, running, at its first step (cancelled past ``deadline_at``)."""
-        return cls(
-            execution_id=execution_id,
-            flow_id=flow.flow_id,
+        queued = cls.queued(execution_id, flow.flow_id, params, dedup_key=dedup_key, version=None, now_s=now_s)
+        return replace(
+            queued,
             fingerprint=flow.fingerprint,
             version=flow.version,
             versions=flow.lineage(),
             status="running",
-            step_index=0,
             step=flow.steps[0].name,
-            attempt=0,
-            params=params,
-            state={},
-            results={},
-            resume=None,
-            suspension=None,
-            history=[],
-            steps_run=0,
-            applied_resumes=[],
-            error=None,
-            dedup_key=dedup_key,
-            created_at=now_s,
-            updated_at=now_s,
-            ended_at=None,
             deadline_at=deadline_at,
         )
 
