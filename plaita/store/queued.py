@@ -103,7 +103,7 @@ class QueuedAccess:
         """(since, hand-backs so far, this one included) of a start of ``execution_id`` waiting for a
         version no live worker runs: ``since`` is set by the first call and kept ``ttl_s``."""
         key = self.ks.version_wait_key(execution_id)
-        pipe = self.client.pipeline(transaction=True)  # one key: one slot on a cluster too
+        pipe = self.client.pipeline(transaction=False)  # one key: in order on one connection, any server
         pipe.hsetnx(key, "since", repr(now_s))
         pipe.hincrby(key, "n", 1)
         pipe.expire(key, max(1, int(ttl_s)))  # renewed while it waits; gone a while after
