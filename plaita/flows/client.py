@@ -175,7 +175,7 @@ class FlowClient:
         deadline_at = None if deadline_s is None else now_s + check_deadline_s(deadline_s)
         if dedup_key is not None and execution_id is not None:
             self._check_same_partition(execution_id, dedup_key)
-        eid = _checked_id(execution_id) if execution_id is not None else self._new_id(dedup_key)
+        eid = execution_id or self._new_id(dedup_key)
         body = model.start_body(
             flow_id,
             params or {},

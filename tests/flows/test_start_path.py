@@ -194,3 +194,23 @@ def test_a_start_for_a_version_no_worker_runs_waits_then_is_dead_lettered_with_t
         assert h.flows.wait(eid, WAIT_S)["status"] == "error"  # a wait ends instead of timing out
     finally:
         h.close()
+
+
+def test_a_queued_record_is_rewritten_only_under_the_lease_and_only_while_queued(h: Harness) -> None:
+    """Items 2 and 3: the worker's rewrite of a queued record (what it waits for, its dead-lettered
+    end) is fenced like a checkpoint and never touches a record a worker took over."""
+    eid = h.flows.start("ledger3", {}, execution_id="rw")
+    task, lease = h.task(stream_bodies(h)[0])
+    try:
+        doc = h.flows.get(eid)
+        assert doc is not None
+        ended = json.dumps({**doc, "status": "error"})
+        assert not h.store.rewrite_queued(eid, task.fencing_token + 1, ended, "error", 1.0, 60)  # fenced out
+        assert (h.flows.get(eid) or {}).get("status") == "queued" and queued_ids(h) == [eid]
+        assert h.store.rewrite_queued(eid, task.fencing_token, ended, "error", 1.0, 60)
+        assert queued_ids(h) == [] and h.client.zscore(h.store.ks.status_key(0, "error"), eid) is not None
+        assert 0 < h.client.ttl(h.store.ks.execution_key(eid)) <= 60
+        assert not h.store.rewrite_queued(eid, task.fencing_token, json.dumps(doc), "queued", 2.0, 0)  # not queued
+        assert (h.flows.get(eid) or {}).get("status") == "error"
+    finally:
+        h.leases.release(lease)
