@@ -45,10 +45,11 @@ FLOW_WORKER_ACL_RULES = (
 #: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE/ZCARD (listing, counts), XRANGE
 #: (a cancel of an id with no document looks for its start in the stream), SMEMBERS + HGET (... or
 #: its parked start); EVALSHA and SCRIPT LOAD for the start's script, which runs TYPE, EXISTS, GET,
-#: SET, ZADD and XADD; SADD (a tenant's first start registers the tenant); no channels.
+#: SET, ZADD, ZREMRANGEBYSCORE (expired queued records leave their index) and XADD; SADD (a
+#: tenant's first start registers the tenant); no channels.
 PRODUCER_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange +zcard "
-    "+evalsha +script|load +type +exists +zadd +sadd +smembers"
+    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers"
 )
 
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.

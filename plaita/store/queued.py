@@ -28,7 +28,8 @@ from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: The status of a start recorded by its producer and not yet taken over by a worker.
 QUEUED = "queued"
-#: The start dedup key lives this long (as a worker's create sets it).
+#: The start dedup key lives this long (as a worker's create sets it), and so does a queued record
+#: no worker takes over (a worker's create makes it a running execution, which does not expire).
 DEDUP_TTL_S = 7 * 24 * 3600
 
 ENQUEUE_START = scripts.script("enqueue_start")

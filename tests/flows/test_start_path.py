@@ -214,3 +214,21 @@ def test_a_queued_record_is_rewritten_only_under_the_lease_and_only_while_queued
         assert (h.flows.get(eid) or {}).get("status") == "error"
     finally:
         h.leases.release(lease)
+
+
+def test_a_queued_record_no_worker_takes_over_expires_with_its_dedup_key(h: Harness) -> None:
+    """Item 2, clean-up: a record whose task is lost (dead-lettered before its handler ran) must not
+    show ``queued`` for ever. It lives as long as its dedup key; the create removes the expiry, and
+    the index entries of expired records go with a later start."""
+    eid = h.flows.start("ledger3", {}, dedup_key="ttl")
+    key = h.store.ks.execution_key(eid)
+    assert 6 * 86400 < h.client.ttl(key) <= 7 * 86400
+    index = h.store.ks.status_key(0, "queued")
+    h.client.zadd(index, {"long-gone": 1.0})  # an entry of a record that expired a week ago
+    h.flows.start("ledger3", {})
+    assert b"long-gone" not in h.client.zrange(index, 0, -1)  # type: ignore[operator]
+    doc = h.run(stream_bodies(h)[0])
+    assert doc is not None and doc["status"] == "completed" and h.client.ttl(key) > 0  # terminal: its retention
+    running = h.flows.start("signup", {"name": "ann"}, execution_id="no-expiry")
+    assert (h.run(stream_bodies(h)[-1]) or {}).get("status") == "suspended"
+    assert h.client.ttl(h.store.ks.execution_key(running)) == -1  # taken over: no expiry while it lives

@@ -11,7 +11,7 @@
 -- ARGV[2]  the new document (JSON)
 -- ARGV[3]  now (epoch seconds; the index score)
 -- ARGV[4]  execution id (the index member)
--- ARGV[5]  retention seconds of the document (0: none, while it stays queued)
+-- ARGV[5]  retention seconds of the document (0: it stays queued and keeps the TTL it has)
 -- Returns  1 written; 0 refused (fenced out, no document, or not a queued one; also when an
 --          index holds the wrong type: nothing is written then)
 --- @include "fence"
@@ -26,7 +26,7 @@ for i = 4, 5 do
 end
 redis.call('ZREM', KEYS[4], ARGV[4])
 redis.call('ZADD', KEYS[5], ARGV[3], ARGV[4])
-redis.call('SET', KEYS[3], ARGV[2])
 local retention = tonumber(ARGV[5])
-if retention > 0 then redis.call('EXPIRE', KEYS[3], retention) end
+if retention > 0 then redis.call('SET', KEYS[3], ARGV[2], 'EX', retention)
+else redis.call('SET', KEYS[3], ARGV[2], 'KEEPTTL') end
 return 1
