@@ -103,7 +103,10 @@ def request_cancel(
         return CancelOutcome(execution_id, UNSEEN if queued is None else QUEUED, None)
     if status in TERMINAL:
         return _ended(execution_id, doc)
-    if status == QUEUED_STATUS:  # recorded by its producer, not taken by a worker yet
+    if status == QUEUED_STATUS or parked is not None:
+        # Recorded by its producer and not taken by a worker yet; or parked for a flow slot (its
+        # document may say running: a worker creates ahead before it looks for a slot), re-added
+        # above with its flag set, so it ends cancelled when read, without a step or a slot.
         return CancelOutcome(execution_id, QUEUED, doc)
     if status != "suspended":
         return CancelOutcome(execution_id, RUNNING, doc)
