@@ -6,6 +6,10 @@ from __future__ import annotations
 class PlaitaError(Exception):
     """Root of every exception plaita raises on purpose."""
 
+    #: Whether another attempt may succeed: a flow step's retry policy retries only these among
+    #: plaita's errors (most are deliberate verdicts; a dead child process is bad luck).
+    retryable = False
+
 
 class ConfigError(PlaitaError):
     """Raised when a flag, environment variable or URL cannot be used (exit code 2)."""
@@ -40,3 +44,32 @@ class NotForThisWorker(PlaitaError):
         self.reason = reason
         self.hand_back = hand_back
         self.delay_s = delay_s
+
+
+class StepTimeLimit(PlaitaError):
+    """A step ran past its time limit (``@flow.step(time_limit_s=...)``, ``--step-time-limit-s``).
+    In ``--pool process`` its child process was killed; in threads the step ran to its end and its
+    result was discarded. A failed attempt: the step's retry policy applies."""
+
+    retryable = True
+
+
+class ChildProcessDied(PlaitaError):
+    """The child process running a step or a handler (``--pool process``) died: ``os._exit``, a
+    signal (SIGKILL from the OOM killer), a segfault. Only that attempt fails; ``exit_code`` is
+    the process's (negative: the signal's number)."""
+
+    retryable = True
+
+    def __init__(self, reason: str, exit_code: int | None = None) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.exit_code))
+
+
+class StepCancelled(PlaitaError):
+    """The child process of a step (``--pool process``) was killed because its execution was
+    cancelled, passed its deadline or lost its lease while the step ran; the runner ends the
+    execution ``cancelled`` (or stops, the lease lost), it is no failure of the step."""

@@ -1,0 +1,273 @@
+"""``--pool process``: a prefork pool of child processes, one pipe each, that run steps and handlers
+so that whatever kills a process (``os._exit``, SIGKILL from the OOM killer, a segfault in a C
+extension) kills only a child. The worker process alone talks to Redis, holds the leases, renews
+and acks; a child's death fails the one attempt it ran and the pool replaces the child at once.
+
+Children are started with ``forkserver`` where the platform has it (Linux, macOS), else ``spawn``:
+never a plain ``fork`` of the worker, which has threads (a lock held by another thread at the fork
+stays held in the child for ever). The fork server preloads the modules of the steps and handler,
+so a replacement child is a fork of an already-imported process, not a fresh interpreter.
+
+``concurrent.futures.ProcessPoolExecutor`` is not used: one dead child breaks that whole pool and
+fails every future in it, innocent ones included.
+
+``run`` blocks its calling thread for one job: it sends the job, forwards a cancel, answers the
+child's live calls (``request``), kills the child past the time limit or a cancel's grace, and
+returns what the job returned or raises what it raised.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import multiprocessing
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
+from plaita.runtime.procchild import serve
+from plaita.tasks import CancelFlag
+
+logger = logging.getLogger(__name__)
+
+#: How often a waiting ``run`` looks at the cancel flag and the time limit (a reply wakes it at once).
+_TICK_S = 0.05
+#: After a cancel reaches a child, the step has this long to return by itself before it is killed:
+#: with the cancel poll (0.5 s) well within one lease renewal (a third of the lease TTL, >= 0.33 s).
+DEFAULT_CANCEL_GRACE_S = 0.25
+#: How long ``close`` waits for idle children to exit before it kills them.
+_CLOSE_JOIN_S = 2.0
+#: How long a dead child's exit status is waited for (its pipe closed first).
+_REAP_S = 2.0
+
+OnRequest = Callable[..., Any]
+
+
+def start_method() -> str:
+    """``forkserver`` where the platform has it, else ``spawn`` (see the module docstring)."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def describe_exit(exit_code: int | None) -> str:
+    """``exit code 3`` / ``killed by signal 9 (SIGKILL)`` / ``exit status unknown``."""
+    if exit_code is None:
+        return "exit status unknown"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = "?"
+        return f"killed by signal {-exit_code} ({name})"
+    return f"exit code {exit_code}"
+
+
+@dataclass
+class _Child:
+    process: BaseProcess
+    conn: Connection
+    tasks_done: int = 0
+
+
+class _Died(Exception):
+    """The child's pipe closed under a run (it is dead, or dying)."""
+
+
+class ProcessPool:
+    """``size`` children (prefork); ``run`` one job at a time on each. Thread-safe."""
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child_mb: int | None = None,
+        preload: Sequence[str] = (),
+        cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
+        method: str | None = None,
+    ) -> None:
+        self.size = size
+        self.max_tasks_per_child = max_tasks_per_child
+        self.max_memory_per_child_mb = max_memory_per_child_mb
+        self.cancel_grace_s = cancel_grace_s
+        self.method = method or start_method()
+        self._preload = ["plaita.runtime.procchild", *preload]
+        #: The start method's context (typeshed's BaseContext lacks the Process of the concrete ones).
+        self._ctx: Any = multiprocessing.get_context(self.method)
+        self._cond = threading.Condition()
+        self._idle: list[_Child] = []
+        self._started = False
+        self._closed = False
+        #: Children replaced so far (dead, killed or recycled): tests and the benchmark read it.
+        self.replaced = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> ProcessPool:
+        with self._cond:
+            if self._started:
+                return self
+            self._started = True
+        if self.method == "forkserver":
+            self._ctx.set_forkserver_preload(self._preload)
+        children = [self._spawn() for _ in range(self.size)]
+        with self._cond:
+            self._idle.extend(children)
+            self._cond.notify_all()
+        # Before multiprocessing's own exit hook, which would wait for non-daemon children for ever.
+        atexit.register(self.close)
+        return self
+
+    def close(self) -> None:
+        """Ask idle children to exit, kill those that do not; a running job's child is killed by its
+        ``run`` once it sees the pool closed."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._cond.notify_all()
+        for child in idle:
+            _send(child.conn, ("exit",))
+        deadline_s = time.monotonic() + _CLOSE_JOIN_S
+        for child in idle:
+            _retire(child, max(0.0, deadline_s - time.monotonic()))
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the idle children (tests)."""
+        with self._cond:
+            return [c.process.pid or 0 for c in self._idle]
+
+    def _spawn(self) -> _Child:
+        parent_end, child_end = self._ctx.Pipe(duplex=True)
+        # Not a daemon: a step may start processes of its own; ``close`` (atexit) ends the children.
+        process = self._ctx.Process(target=serve, args=(child_end,), name="plaita-step-child")
+        process.start()
+        child_end.close()
+        return _Child(process, parent_end)
+
+    def _take(self) -> _Child:
+        with self._cond:
+            while not self._idle:
+                if self._closed:
+                    raise ChildProcessDied("the process pool is closed (the worker is stopping)")
+                self._cond.wait(1.0)
+            return self._idle.pop()
+
+    def _give_back(self, child: _Child) -> None:
+        with self._cond:
+            if not self._closed:
+                self._idle.append(child)
+                self._cond.notify()
+                return
+        _send(child.conn, ("exit",))
+
+    def _replace(self, child: _Child, *, grace_s: float = 0.0) -> None:
+        """Kill ``child`` if it lives (after ``grace_s``), and put a new one in its place at once."""
+        _retire(child, grace_s)
+        self.replaced += 1
+        with self._cond:
+            closed = self._closed
+        if not closed:
+            self._give_back(self._spawn())
+
+    # -- one job ----------------------------------------------------------------------------
+    def run(self, job: Any, *, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest) -> Any:
+        """Run ``job(services)`` in a child; its return value, or what it raised. ``ChildProcessDied``
+        when the child died, ``StepTimeLimit`` past ``time_limit_s``, ``StepCancelled`` when
+        ``cancel`` was set and the job did not return within the grace (each time the child is
+        replaced). A job that cannot be pickled raises here (TypeError, PicklingError)."""
+        blob = pickle.dumps(job)
+        child = self._take()
+        try:
+            ok, value, rss_kb = self._converse(child, blob, cancel, time_limit_s, on_request)
+        except BaseException:
+            self._replace(child)
+            raise
+        child.tasks_done += 1
+        if self._worn_out(child, rss_kb):
+            _send(child.conn, ("exit",))  # between tasks: it exits by itself, its successor starts now
+            self._replace(child, grace_s=_CLOSE_JOIN_S)
+        else:
+            self._give_back(child)
+        if not ok:
+            raise value
+        return value
+
+    def _worn_out(self, child: _Child, rss_kb: int) -> bool:
+        if self.max_tasks_per_child is not None and child.tasks_done >= self.max_tasks_per_child:
+            return True
+        limit_mb = self.max_memory_per_child_mb
+        if limit_mb is not None and rss_kb > limit_mb * 1024:
+            logger.info("step child %s uses %d MiB (over %d): replaced", child.process.pid, rss_kb // 1024, limit_mb)
+            return True
+        return False
+
+    def _converse(
+        self, child: _Child, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
+    ) -> tuple[bool, Any, int]:
+        conn, began_s = child.conn, time.monotonic()
+        limit_at = None if time_limit_s is None else began_s + time_limit_s
+        kill_at: float | None = None  # set once a cancel was forwarded
+        try:
+            conn.send_bytes(pickle.dumps(("run", blob)))
+            while True:
+                now = time.monotonic()
+                waits = [_TICK_S] + [t - now for t in (limit_at, kill_at) if t is not None]
+                if conn.poll(max(0.0, min(waits))):
+                    msg = pickle.loads(conn.recv_bytes())
+                    if msg[0] == "done":
+                        return msg[1], msg[2], msg[3]
+                    _answer(conn, on_request, msg[1], msg[2])
+                    continue
+                now = time.monotonic()
+                if limit_at is not None and now >= limit_at:
+                    raise StepTimeLimit(f"ran past its time limit of {time_limit_s:g} s: its child process was killed")
+                if kill_at is not None and now >= kill_at:
+                    raise StepCancelled("cancelled while it ran: its child process was killed")
+                if kill_at is None and (cancel.is_set() or self._closed):
+                    conn.send(("cancel",))
+                    kill_at = now + self.cancel_grace_s
+        except (EOFError, OSError) as exc:
+            raise self._death(child, exc) from None
+
+    def _death(self, child: _Child, exc: BaseException) -> ChildProcessDied:
+        child.process.join(_REAP_S)
+        code = child.process.exitcode
+        logger.warning("step child %s died (%s)", child.process.pid, describe_exit(code))
+        return ChildProcessDied(f"its child process died: {describe_exit(code)}", code)
+
+
+def _answer(conn: Connection, on_request: OnRequest, kind: str, args: tuple[Any, ...]) -> None:
+    """Run the child's live call here (in the worker process) and send back its value or error."""
+    try:
+        reply: tuple[Any, ...] = ("reply", True, on_request(kind, *args))
+    except Exception as exc:  # the step's own error (ValueError, LeaseLostError): raised there
+        reply = ("reply", False, exc)
+    try:
+        conn.send(reply)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        conn.send(("reply", False, RuntimeError(f"{kind}: its reply cannot be sent to the child ({exc})")))
+
+
+def _send(conn: Connection, msg: tuple[Any, ...]) -> None:
+    with contextlib.suppress(OSError, ValueError):  # the child is gone already
+        conn.send(msg)
+
+
+def _retire(child: _Child, grace_s: float = 0.0) -> None:
+    """Kill ``child`` unless it has exited (within ``grace_s``), reap it, close its pipe."""
+    if grace_s > 0:
+        child.process.join(grace_s)
+    if child.process.exitcode is None:
+        child.process.kill()
+    child.process.join(_REAP_S)
+    child.conn.close()
+    child.process.close()
