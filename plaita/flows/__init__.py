@@ -4,6 +4,7 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 (the handler is a ``FlowRunner``); start and steer them with ``FlowClient``.
 """
 
+from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
 from plaita.flows.checkpoint import LeaseLostError
 from plaita.flows.client import FlowClient, WaitTimeout
 from plaita.flows.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
@@ -14,6 +15,7 @@ from plaita.flows.schedules import Schedule
 
 __all__ = [
     "Child",
+    "ChildProcessDied",
     "Execution",
     "Flow",
     "FlowClient",
@@ -27,7 +29,9 @@ __all__ = [
     "Sleep",
     "Spawn",
     "Step",
+    "StepCancelled",
     "StepContext",
+    "StepTimeLimit",
     "Suspend",
     "WaitTimeout",
     "load_flows",
