@@ -6,9 +6,12 @@ A job is a picklable callable ``job(services)`` (a flow step's ``StepJob``, a pl
 flag, set by the parent; ``request`` for a live call such as ``ctx.publish``). The child never
 talks to Redis for plaita: the parent holds the leases, renews and acks.
 
-Messages, parent to child: ``("run", bytes)`` (the pickled job: unpickled here, so a job that
-cannot be imported is that attempt's error), ``("cancel",)``, ``("reply", ok, value)``,
-``("exit",)``. Child to parent: ``("request", kind, args)``, ``("done", ok, value, rss_kb)``.
+Two pipes per child. On the first, one byte says what follows: parent to child ``R`` (a run: an
+8-byte run id, then the pickled job, unpickled here so that a job that cannot be imported is that
+attempt's error), ``P`` (the pickled reply to a request), ``X`` (exit); child to parent ``Q`` (a
+pickled request) and ``D`` (the pickled ``(ok, value, peak_rss_kb)`` of the run). The second
+carries only cancels (``C`` and the run id), read by a thread while the job runs; the main
+thread reads the first itself, with no hand-over between threads on the way of a job.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import asyncio
 import contextlib
 import os
 import pickle
-import queue
 import resource
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -29,6 +32,7 @@ from typing import Any
 
 from plaita.tasks import CancelFlag
 
+RUN, REPLY, EXIT, REQUEST, DONE, CANCEL = b"R", b"P", b"X", b"Q", b"D", b"C"
 #: The child's traceback kept with an exception sent to the parent (the innermost frames).
 TRACEBACK_CHARS = 3000
 
@@ -42,7 +46,7 @@ class StepRaised(Exception):
         self.kind = kind
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.kind, str(self).partition(": ")[2]))
+        return (type(self), (self.kind, str(self).partition(": ")[2]), self.__dict__)  # notes too
 
 
 @dataclass
@@ -61,64 +65,61 @@ class ChildServices:
         return self._loop[0]
 
 
-def rss_kb() -> int:
-    """This process's resident memory now (Linux ``/proc``), else its peak (``ru_maxrss``)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    except (OSError, ValueError, IndexError):
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+def peak_rss_kb() -> int:
+    """This process's peak resident memory (``ru_maxrss``: KiB on Linux, bytes on macOS), read
+    after every job: one system call, where reading ``/proc`` costs a file open per task."""
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak // 1024 if sys.platform == "darwin" else peak
 
 
-def serve(conn: Connection) -> None:
-    """The child's main: run jobs until told to exit or the parent is gone."""
+def serve(conn: Connection, control: Connection) -> None:
+    """The child's main: run jobs sent on ``conn`` until told to exit or the parent is gone;
+    cancels come on ``control``, read by a thread of their own while a job runs."""
     # The parent decides when a child ends (drain, recycle, kill): a terminal's Ctrl-C or a
     # SIGTERM to the whole process group (systemd's default) must not cut a step short here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _Child(conn).serve()
+    _Child(conn, control).serve()
 
 
 class _Child:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, control: Connection) -> None:
         self._conn = conn
-        self._send_lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[bytes, CancelFlag] | None] = queue.SimpleQueue()
-        self._replies: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+        self._control = control
+        #: One request (and its reply) on the pipe at a time, whichever thread of the job asks.
+        self._request_lock = threading.Lock()
+        self._flag_lock = threading.Lock()
+        self._run_id = -1
         self._cancel = CancelFlag()
-        self._services: list[ChildServices] = []
-        threading.Thread(target=self._read, name="plaita-child-reader", daemon=True).start()
+        threading.Thread(target=self._watch_control, name="plaita-child-control", daemon=True).start()
 
-    def _read(self) -> None:
-        """Route the parent's messages; the parent gone (EOF) ends the child at once, whatever the
-        job is doing: nobody is left to hold its lease or take its result."""
+    def _watch_control(self) -> None:
+        """Cancels, each naming its run (a late one must not reach the next job). The parent gone
+        (EOF) ends the child at once, whatever the job does: nobody is left to take its result."""
         while True:
             try:
-                msg = self._conn.recv()
+                data = self._control.recv_bytes()
             except (EOFError, OSError):
                 os._exit(0)
-            kind = msg[0]
-            if kind == "run":
-                # A fresh flag per run, made here: a cancel right behind the run reaches this one.
-                self._cancel = CancelFlag()
-                self._jobs.put((msg[1], self._cancel))
-            elif kind == "cancel":
-                self._cancel.set()
-            elif kind == "reply":
-                self._replies.put((msg[1], msg[2]))
-            else:  # exit
-                self._jobs.put(None)
+            with self._flag_lock:
+                if int.from_bytes(data[1:9], "big") == self._run_id:
+                    self._cancel.set()
 
     def serve(self) -> None:
-        services: ChildServices | None = None
-        while (item := self._jobs.get()) is not None:
-            blob, cancel = item
-            if services is None:
-                services = ChildServices(cancel, self._request)
-            services.cancel = cancel
-            ok, value = self._run(blob, services)
-            self._send(_done(ok, value))
-        if services is not None and services._loop:
+        services = ChildServices(self._cancel, self._request)
+        while True:
+            try:
+                data = self._conn.recv_bytes()
+            except (EOFError, OSError):
+                os._exit(0)
+            if data[:1] != RUN:
+                break  # EXIT
+            with self._flag_lock:
+                self._run_id, self._cancel = int.from_bytes(data[1:9], "big"), CancelFlag()
+                services.cancel = self._cancel
+            ok, value = self._run(data[9:], services)
+            self._conn.send_bytes(DONE + _done(ok, value))
+        if services._loop:
             services.loop.close()
 
     @staticmethod
@@ -133,25 +134,22 @@ class _Child:
     def _request(self, kind: str, *args: Any) -> Any:
         """A live call into the parent (``ctx.publish``): blocks for its reply; raises what it raised."""
         try:
-            data = pickle.dumps(("request", kind, args))
+            data = pickle.dumps((kind, args))
         except Exception as exc:  # the value cannot even cross: it is not strict JSON either
             raise ValueError(f"{kind}: the value cannot be sent to the worker process ({exc})") from None
-        with self._send_lock:
-            self._conn.send_bytes(data)
-        ok, value = self._replies.get()
+        with self._request_lock:
+            self._conn.send_bytes(REQUEST + data)
+            ok, value = pickle.loads(self._conn.recv_bytes()[1:])  # after REPLY
         if not ok:
             raise value
         return value
 
-    def _send(self, data: bytes) -> None:
-        with self._send_lock:
-            self._conn.send_bytes(data)
-
 
 def _done(ok: bool, value: Any) -> bytes:
-    """The pickled ``done`` message; what cannot cross the boundary becomes a ``StepRaised``."""
+    """The pickled ``(ok, value, peak_rss_kb)`` of a finished job; what cannot cross the boundary
+    becomes a ``StepRaised``."""
     try:
-        data = pickle.dumps(("done", ok, value, rss_kb()))
+        data = pickle.dumps((ok, value, peak_rss_kb()))
         if not ok:
             pickle.loads(data)  # an exception class whose __init__ needs other arguments fails here
         return data
@@ -163,7 +161,7 @@ def _done(ok: bool, value: Any) -> bytes:
             for note in getattr(value, "__notes__", ()):  # the child's traceback (_note_traceback)
                 substitute.add_note(str(note))
             value = substitute
-        return pickle.dumps(("done", False, value, rss_kb()))
+        return pickle.dumps((False, value, peak_rss_kb()))
 
 
 def _note_traceback(exc: BaseException) -> None:

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
+import math
 import multiprocessing
 import pickle
+import select
 import signal
 import threading
 import time
@@ -33,7 +36,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
-from plaita.runtime.procchild import serve
+from plaita.runtime.procchild import CANCEL, DONE, EXIT, REPLY, RUN, serve
 from plaita.tasks import CancelFlag
 
 logger = logging.getLogger(__name__)
@@ -73,7 +76,17 @@ def describe_exit(exit_code: int | None) -> str:
 class _Child:
     process: BaseProcess
     conn: Connection
+    #: Write end of the child's cancel pipe (``plaita.runtime.procchild``).
+    control: Connection
     tasks_done: int = 0
+    #: Waits for the child's pipe: made once, where ``Connection.poll`` builds a selector per call.
+    poller: Any = None
+
+    def wait_s(self, timeout_s: float) -> bool:
+        """True once the child's pipe has something to read (or closed), within ``timeout_s``."""
+        if self.poller is None:
+            return bool(self.conn.poll(timeout_s))
+        return bool(self.poller.poll(max(0, math.ceil(timeout_s * 1000))))
 
 
 class _Died(Exception):
@@ -105,6 +118,7 @@ class ProcessPool:
         self._idle: list[_Child] = []
         self._started = False
         self._closed = False
+        self._run_ids = itertools.count()
         #: Children replaced so far (dead, killed or recycled): tests and the benchmark read it.
         self.replaced = 0
 
@@ -134,7 +148,7 @@ class ProcessPool:
             idle, self._idle = self._idle, []
             self._cond.notify_all()
         for child in idle:
-            _send(child.conn, ("exit",))
+            _send(child.conn, EXIT)
         deadline_s = time.monotonic() + _CLOSE_JOIN_S
         for child in idle:
             _retire(child, max(0.0, deadline_s - time.monotonic()))
@@ -147,11 +161,17 @@ class ProcessPool:
 
     def _spawn(self) -> _Child:
         parent_end, child_end = self._ctx.Pipe(duplex=True)
+        control_read, control_write = self._ctx.Pipe(duplex=False)
         # Not a daemon: a step may start processes of its own; ``close`` (atexit) ends the children.
-        process = self._ctx.Process(target=serve, args=(child_end,), name="plaita-step-child")
+        process = self._ctx.Process(target=serve, args=(child_end, control_read), name="plaita-step-child")
         process.start()
         child_end.close()
-        return _Child(process, parent_end)
+        control_read.close()
+        child = _Child(process, parent_end, control_write)
+        if hasattr(select, "poll"):  # not on Windows (spawn there; Connection.poll instead)
+            child.poller = select.poll()
+            child.poller.register(parent_end.fileno(), select.POLLIN)
+        return child
 
     def _take(self) -> _Child:
         with self._cond:
@@ -167,7 +187,7 @@ class ProcessPool:
                 self._idle.append(child)
                 self._cond.notify()
                 return
-        _send(child.conn, ("exit",))
+        _send(child.conn, EXIT)
 
     def _replace(self, child: _Child, *, grace_s: float = 0.0) -> None:
         """Kill ``child`` if it lives (after ``grace_s``), and put a new one in its place at once."""
@@ -193,7 +213,7 @@ class ProcessPool:
             raise
         child.tasks_done += 1
         if self._worn_out(child, rss_kb):
-            _send(child.conn, ("exit",))  # between tasks: it exits by itself, its successor starts now
+            _send(child.conn, EXIT)  # between tasks: it exits by itself, its successor starts now
             self._replace(child, grace_s=_CLOSE_JOIN_S)
         else:
             self._give_back(child)
@@ -216,16 +236,18 @@ class ProcessPool:
         conn, began_s = child.conn, time.monotonic()
         limit_at = None if time_limit_s is None else began_s + time_limit_s
         kill_at: float | None = None  # set once a cancel was forwarded
+        run_id = next(self._run_ids).to_bytes(8, "big")
         try:
-            conn.send_bytes(pickle.dumps(("run", blob)))
+            conn.send_bytes(RUN + run_id + blob)
             while True:
                 now = time.monotonic()
                 waits = [_TICK_S] + [t - now for t in (limit_at, kill_at) if t is not None]
-                if conn.poll(max(0.0, min(waits))):
-                    msg = pickle.loads(conn.recv_bytes())
-                    if msg[0] == "done":
-                        return msg[1], msg[2], msg[3]
-                    _answer(conn, on_request, msg[1], msg[2])
+                if child.wait_s(max(0.0, min(waits))):
+                    data = conn.recv_bytes()
+                    if data[:1] == DONE:
+                        ok, value, rss_kb = pickle.loads(data[1:])
+                        return ok, value, rss_kb
+                    _answer(conn, on_request, data[1:])
                     continue
                 now = time.monotonic()
                 if limit_at is not None and now >= limit_at:
@@ -233,7 +255,7 @@ class ProcessPool:
                 if kill_at is not None and now >= kill_at:
                     raise StepCancelled("cancelled while it ran: its child process was killed")
                 if kill_at is None and (cancel.is_set() or self._closed):
-                    conn.send(("cancel",))
+                    child.control.send_bytes(CANCEL + run_id)
                     kill_at = now + self.cancel_grace_s
         except (EOFError, OSError) as exc:
             raise self._death(child, exc) from None
@@ -245,21 +267,24 @@ class ProcessPool:
         return ChildProcessDied(f"its child process died: {describe_exit(code)}", code)
 
 
-def _answer(conn: Connection, on_request: OnRequest, kind: str, args: tuple[Any, ...]) -> None:
+def _answer(conn: Connection, on_request: OnRequest, request: bytes) -> None:
     """Run the child's live call here (in the worker process) and send back its value or error."""
+    kind = "request"
     try:
-        reply: tuple[Any, ...] = ("reply", True, on_request(kind, *args))
+        kind, args = pickle.loads(request)
+        reply: tuple[bool, Any] = (True, on_request(kind, *args))
     except Exception as exc:  # the step's own error (ValueError, LeaseLostError): raised there
-        reply = ("reply", False, exc)
+        reply = (False, exc)
     try:
-        conn.send(reply)
+        data = pickle.dumps(reply)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        conn.send(("reply", False, RuntimeError(f"{kind}: its reply cannot be sent to the child ({exc})")))
+        data = pickle.dumps((False, RuntimeError(f"{kind}: its reply cannot be sent to the child ({exc})")))
+    conn.send_bytes(REPLY + data)
 
 
-def _send(conn: Connection, msg: tuple[Any, ...]) -> None:
+def _send(conn: Connection, data: bytes) -> None:
     with contextlib.suppress(OSError, ValueError):  # the child is gone already
-        conn.send(msg)
+        conn.send_bytes(data)
 
 
 def _retire(child: _Child, grace_s: float = 0.0) -> None:
@@ -270,4 +295,5 @@ def _retire(child: _Child, grace_s: float = 0.0) -> None:
         child.process.kill()
     child.process.join(_REAP_S)
     child.conn.close()
+    child.control.close()
     child.process.close()

@@ -1,0 +1,70 @@
+"""``ProcessPool`` alone, on real child processes (no Redis): what crosses its pipes, and the
+rules that keep one run from touching another's."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from plaita.runtime.procchild import StepRaised
+from plaita.runtime.procpool import ProcessPool
+from plaita.tasks import CancelFlag
+from tests.support.pooljobs import Job
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def pool() -> Iterator[ProcessPool]:
+    p = ProcessPool(1, max_tasks_per_child=3, preload=["tests.support.pooljobs"], cancel_grace_s=5.0).start()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _run(pool: ProcessPool, job: Job, on_request: Any = None, cancel: CancelFlag | None = None) -> Any:
+    return pool.run(job, cancel=cancel or CancelFlag(), time_limit_s=None, on_request=on_request or (lambda *a: None))
+
+
+def test_a_live_call_returns_its_value_and_raises_its_error_in_the_child(pool: ProcessPool) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def answer(*args: Any) -> str:
+        calls.append(args)
+        return "ok"
+
+    assert _run(pool, Job("ask"), answer) == "ok"
+    assert calls == [("publish", "name", 1)]
+
+    def refuse(*_args: Any) -> None:
+        raise ValueError("bad event name")
+
+    with pytest.raises(ValueError, match="bad event name"):
+        _run(pool, Job("ask"), refuse)
+
+
+def test_an_exception_that_cannot_cross_arrives_as_step_raised_with_its_class_name(pool: ProcessPool) -> None:
+    with pytest.raises(StepRaised) as caught:
+        _run(pool, Job("raise_two"))
+    assert caught.value.kind == "NeedsTwo" and str(caught.value) == "NeedsTwo: 1 and 2"
+    assert "in the step's child process" in "".join(caught.value.__notes__)  # the child's traceback
+
+
+def test_a_cancel_reaches_its_own_run_and_never_the_next(pool: ProcessPool) -> None:
+    cancel = CancelFlag()
+    timer = threading.Timer(0.1, cancel.set)
+    timer.start()
+    assert _run(pool, Job("wait_cancel", 10.0), cancel=cancel) is True  # returned within the grace
+    timer.join()
+    # The cancel of the run before was forwarded once and stays with it: this one is not cancelled.
+    assert _run(pool, Job("wait_cancel", 0.3)) is False
+
+
+def test_a_child_is_replaced_after_max_tasks(pool: ProcessPool) -> None:
+    pids = [_run(pool, Job("pid")) for _ in range(7)]
+    assert [len(set(pids[i : i + 3])) for i in (0, 3)] == [1, 1] and len(set(pids)) == 3, pids
+    assert pool.replaced == 2
