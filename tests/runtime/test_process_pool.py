@@ -185,31 +185,32 @@ def test_a_cancel_kills_the_step_and_frees_its_slot(
 
 
 @pytest.mark.parametrize("handler", ["handle", "handle_async"])
-@pytest.mark.parametrize("fault", ["exit", "sigkill", "segv"])
+@pytest.mark.parametrize("fault", sorted(FAILURES))
 def test_a_plain_handler_that_kills_its_child_is_a_failed_delivery(
     rclient: redis.Redis, redis_url: str, tmp_path: Path, handler: str, fault: str
 ) -> None:
-    """Each crash is one failed delivery of that task only; at --max-deliveries it is dead-lettered
-    with the reason; the innocents beside it are acked on their first delivery."""
+    """Each crash (or a call past ``--step-time-limit-s``) is one failed delivery of that task only;
+    at --max-deliveries it is dead-lettered with the reason; the innocents beside it are acked on
+    their first delivery."""
 
     def add(params: dict[str, Any]) -> str:
         body = {"type": "start", "flow_id": "f", "params": params}
         return str(rclient.xadd(QUEUE, {"payload": json.dumps(body), "schema_version": "1"}))
 
-    poison = add({"fault": fault})
+    poison = add({"fault": fault, "hang_s": 30})
     innocents = [add({"hold_s": 0.1}) for _ in range(INNOCENTS)]
 
     def settled() -> bool:
         return rclient.xlen(DLQ) == 1 and not rclient.xpending(QUEUE, "plaita-workers")["pending"]
 
     args = (*PROCESS, "--handler", f"tests.support.poolsteps:{handler}", "--max-deliveries", "2")
-    _run_worker(redis_url, tmp_path, (*args, "--claim-min-idle-ms", "300", "--reclaim-interval-s", "0.1"), settled)
+    args += ("--step-time-limit-s", str(LIMIT_S), "--claim-min-idle-ms", "300", "--reclaim-interval-s", "0.1")
+    _run_worker(redis_url, tmp_path, args, settled)
     ((_, letter),) = rclient.xrange(DLQ)
     envelope = json.loads(letter["payload"])
     assert envelope["source_id"] == poison and envelope["delivery_count"] == 2
-    assert envelope["reason"].startswith(
-        f"processing_failed:ChildProcessDied:its child process died: {FAILURES[fault][1].split(': ')[1]}"
-    )
+    kind, message = FAILURES[fault]
+    assert envelope["reason"].startswith(f"processing_failed:{kind}:{message}"), envelope["reason"]
     runs = _runs(rclient)
     assert Counter(name for name, _ in runs) == {poison: 2, **dict.fromkeys(innocents, 1)}, runs
 

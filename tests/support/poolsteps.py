@@ -138,7 +138,9 @@ def hold(ctx: StepContext) -> dict[str, Any]:
 def _behave(task: Task) -> None:
     params = task.body.get("params") or {}
     _record(task.message_id)
-    if params.get("fault"):
+    if params.get("fault") == "hang":
+        time.sleep(float(params["hang_s"]))
+    elif params.get("fault"):
         time.sleep(float(params.get("fault_after_s", 0)))
         crash(str(params["fault"]))
     time.sleep(float(params.get("hold_s", 0)))
