@@ -128,6 +128,7 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=3000)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--only", default="", help="run only the workloads whose name contains this")
     a = p.parse_args()
     c, flows = a.concurrency, ["--flows", "bench.pooldefs"]
     workloads: list[tuple[str, int, Callable[[str], Run]]] = []
@@ -166,6 +167,7 @@ def main() -> None:
             label = f"{CRASH_INNOCENTS} innocents {'+ 1 poison (os._exit)' if poison else 'alone'}|{pool}"
             workloads.append((label, CRASH_INNOCENTS, lambda url, pool=pool, b=bodies: _timed(
                 url, pool, c, flows, b, _completed(CRASH_INNOCENTS))))  # fmt: skip
+    workloads = [w for w in workloads if a.only in w[0]]
     results: dict[str, list[Run]] = {}
     with RedisServer(persist=False) as server:
         for r in range(a.rounds):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from plaita.errors import ChildProcessDied
 from plaita.runtime.procchild import StepRaised
 from plaita.runtime.procpool import ProcessPool
 from plaita.tasks import CancelFlag
@@ -68,3 +69,18 @@ def test_a_child_is_replaced_after_max_tasks(pool: ProcessPool) -> None:
     pids = [_run(pool, Job("pid")) for _ in range(7)]
     assert [len(set(pids[i : i + 3])) for i in (0, 3)] == [1, 1] and len(set(pids)) == 3, pids
     assert pool.replaced == 2
+
+
+def test_a_batch_that_loses_its_child_keeps_what_ran_and_never_started_the_rest(pool: ProcessPool) -> None:
+    jobs = [Job("pid"), Job("pid"), Job("exit"), Job("pid")]
+    results, error = pool.run_batch(jobs, [CancelFlag() for _ in jobs], on_request=lambda *a: None)
+    assert [ok for ok, _ in results] == [True, True] and len({pid for _, pid in results}) == 1
+    assert isinstance(error, ChildProcessDied) and error.exit_code == 3
+    assert _run(pool, Job("pid")) != results[0][1]  # replaced at once
+
+
+def test_in_a_batch_a_cancel_reaches_a_job_that_has_not_started_yet(pool: ProcessPool) -> None:
+    jobs, cancels = [Job("wait_cancel", 0.3), Job("wait_cancel", 5.0)], [CancelFlag(), CancelFlag()]
+    cancels[1].set()
+    results, error = pool.run_batch(jobs, cancels, on_request=lambda *a: None)
+    assert (results, error) == ([(True, False), (True, True)], None)

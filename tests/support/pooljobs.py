@@ -19,7 +19,8 @@ class NeedsTwo(Exception):
 @dataclass(frozen=True)
 class Job:
     """``what``: pid (return the child's pid), ask (a live call, returned), raise_two (NeedsTwo),
-    wait_cancel (wait up to ``seconds`` for the cancel flag, return whether it came)."""
+    wait_cancel (wait up to ``seconds`` for the cancel flag, return whether it came), exit
+    (``os._exit(3)``)."""
 
     what: str
     seconds: float = 0.0
@@ -33,4 +34,6 @@ class Job:
             raise NeedsTwo(1, 2)
         if self.what == "wait_cancel":
             return services.cancel.wait(self.seconds)
+        if self.what == "exit":
+            os._exit(3)
         raise ValueError(self.what)
