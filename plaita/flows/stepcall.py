@@ -16,6 +16,7 @@ discarded for ``StepTimeLimit``. Either way a failed attempt: the retry policy a
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,17 +87,13 @@ class StepCaller:
             began_s = time.monotonic()
             attempt = await invoke(step.fn, ctx, offload=offload, thread_loop=thread_loop)
             return _soft_limit(attempt, limit_s, time.monotonic() - began_s)
-        if offload:
-            return await asyncio.to_thread(self._in_child, step, ctx, limit_s)
-        return self._in_child(step, ctx, limit_s)
-
-    def _in_child(self, step: Step, ctx: StepContext, limit_s: float | None) -> Attempt:
-        assert self.pool is not None
         job = StepJob(step.fn, {name: getattr(ctx, name) for name in _FIELDS} | {"slot_tag": ctx.slot_tag})
+        serve = functools.partial(_serve, ctx)
         try:
-            result = self.pool.run(
-                job, cancel=ctx.cancel, time_limit_s=limit_s, on_request=lambda kind, *a: _serve(ctx, kind, *a)
-            )
+            if offload:  # on the runner's loop: the loop waits for the child's pipe itself
+                result = await self.pool.run_async(job, cancel=ctx.cancel, time_limit_s=limit_s, on_request=serve)
+            else:
+                result = self.pool.run(job, cancel=ctx.cancel, time_limit_s=limit_s, on_request=serve)
         except BaseException as exc:  # noqa: B036 - the step's raise, or its child's death: a failed attempt
             return Attempt(raised=exc)
         ctx.state, ctx.next_step, ctx.staged = result.state, result.next_step, list(result.staged)

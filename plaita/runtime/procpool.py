@@ -18,6 +18,7 @@ returns what the job returned or raises what it raised.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import itertools
@@ -218,6 +219,75 @@ class ProcessPool:
             raise value
         return value
 
+    async def run_async(
+        self, job: Any, *, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
+    ) -> Any:
+        """``run`` for a caller on an event loop: the loop itself waits for the child's pipe, where
+        ``asyncio.to_thread(run)`` would add two thread wake-ups per step (measured: ~380 against
+        ~110 µs for a 0 ms step). ``on_request`` (a blocking Redis call) runs on a thread."""
+        blob = pickle.dumps(job)
+        with self._cond:
+            child = self._idle.pop() if self._idle else None
+        if child is None:  # every child busy (or the pool closed): wait for one on a thread
+            return await asyncio.to_thread(
+                self.run, job, cancel=cancel, time_limit_s=time_limit_s, on_request=on_request
+            )
+        try:
+            ok, value, rss_kb = await self._converse_async(child, blob, cancel, time_limit_s, on_request)
+        except BaseException:
+            await asyncio.to_thread(self._replace, child)
+            raise
+        child.tasks_done += 1
+        self._after(child, rss_kb)
+        if not ok:
+            raise value
+        return value
+
+    async def _converse_async(
+        self, child: _Child, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
+    ) -> tuple[bool, Any, int]:
+        conn, began_s = child.conn, time.monotonic()
+        limit_at = None if time_limit_s is None else began_s + time_limit_s
+        kill_at: float | None = None
+        with self._ids_lock:
+            run_id = next(self._run_ids).to_bytes(8, "big")
+        try:
+            conn.send_bytes(RUN + run_id + blob)
+            while True:
+                now = time.monotonic()
+                waits = [_TICK_S] + [t - now for t in (limit_at, kill_at) if t is not None]
+                if await _readable(conn, max(0.0, min(waits))):
+                    data = conn.recv_bytes()
+                    if data[:1] == DONE:
+                        ok, value, rss_kb = pickle.loads(data[1:])
+                        return ok, value, rss_kb
+                    await asyncio.to_thread(_answer, conn, on_request, data[1:])
+                    continue
+                kill_at = self._check(child, run_id, cancel, time_limit_s, limit_at, kill_at)
+        except (EOFError, OSError) as exc:
+            raise self._death(child, exc) from None
+
+    def _check(
+        self,
+        child: _Child,
+        run_id: bytes,
+        cancel: CancelFlag,
+        time_limit_s: float | None,
+        limit_at: float | None,
+        kill_at: float | None,
+    ) -> float | None:
+        """Between reads of one run: raise at its time limit or at the end of a cancel's grace;
+        forward a cancel (or the pool closing) once. Returns when the child is to be killed."""
+        now = time.monotonic()
+        if limit_at is not None and now >= limit_at:
+            raise StepTimeLimit(f"ran past its time limit of {time_limit_s:g} s: its child process was killed")
+        if kill_at is not None and now >= kill_at:
+            raise StepCancelled("cancelled while it ran: its child process was killed")
+        if kill_at is None and (cancel.is_set() or self._closed):
+            child.control.send_bytes(CANCEL + run_id)
+            return now + self.cancel_grace_s
+        return kill_at
+
     def run_batch(
         self, jobs: list[Any], cancels: list[CancelFlag], *, on_request: OnRequest
     ) -> tuple[list[tuple[bool, Any]], BaseException | None]:
@@ -316,14 +386,7 @@ class ProcessPool:
                         return ok, value, rss_kb
                     _answer(conn, on_request, data[1:])
                     continue
-                now = time.monotonic()
-                if limit_at is not None and now >= limit_at:
-                    raise StepTimeLimit(f"ran past its time limit of {time_limit_s:g} s: its child process was killed")
-                if kill_at is not None and now >= kill_at:
-                    raise StepCancelled("cancelled while it ran: its child process was killed")
-                if kill_at is None and (cancel.is_set() or self._closed):
-                    child.control.send_bytes(CANCEL + run_id)
-                    kill_at = now + self.cancel_grace_s
+                kill_at = self._check(child, run_id, cancel, time_limit_s, limit_at, kill_at)
         except (EOFError, OSError) as exc:
             raise self._death(child, exc) from None
 
@@ -332,6 +395,25 @@ class ProcessPool:
         code = child.process.exitcode
         logger.warning("step child %s died (%s)", child.process.pid, describe_exit(code))
         return ChildProcessDied(f"its child process died: {describe_exit(code)}", code)
+
+
+async def _readable(conn: Connection, timeout_s: float) -> bool:
+    """Wait on the running loop until ``conn`` has something to read (or closed), ``timeout_s`` at most."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = conn.fileno()
+    loop.add_reader(fd, _settle, ready, True)
+    timer = loop.call_later(timeout_s, _settle, ready, False)
+    try:
+        return bool(await ready)
+    finally:
+        timer.cancel()
+        loop.remove_reader(fd)
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _answer(conn: Connection, on_request: OnRequest, request: bytes) -> None:
