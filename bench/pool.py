@@ -179,14 +179,19 @@ def main() -> None:
 
 
 def _report(workloads: list[tuple[str, int, Callable[[str], Run]]], results: dict[str, list[Run]], c: int) -> None:
-    print(f"\n--concurrency {c}, one worker process, median of {len(next(iter(results.values())))} rounds\n")
-    print("| workload | per task, threads | per task, process | process / threads | restarts (threads) |")
-    print("|---|---|---|---|---|")
+    rounds = len(next(iter(results.values())))
+    print(f"\n--concurrency {c}, one worker process, {rounds} rounds (pools interleaved in each)\n")
+    print("| workload | per task, threads | per task, process | process / threads: median (each round) |")
+    print("|---|---|---|---|")
     sizes = {label.split("|")[0]: n for label, n, _ in workloads}
     for name, n in sizes.items():
-        t, pr = (median([x.seconds for x in results[f"{name}|{pool}"]]) for pool in POOLS)
-        restarts = max(x.restarts for x in results[f"{name}|thread"])
-        print(f"| {name} | {t / n * 1000:.2f} ms | {pr / n * 1000:.2f} ms | {pr / t:.2f}x | {restarts} |")
+        t, pr = ([x.seconds for x in results[f"{name}|{pool}"]] for pool in POOLS)
+        ratios = [p / q for p, q in zip(pr, t, strict=True)]  # each round's pair ran under the same load
+        each = ", ".join(f"{r:.2f}" for r in ratios)
+        per_task = f"{median(t) / n * 1000:.2f} ms | {median(pr) / n * 1000:.2f} ms"
+        print(f"| {name} | {per_task} | {median(ratios):.2f}× ({each}) |")
+    restarts = [x.restarts for label, runs in results.items() if "poison" in label and "thread" in label for x in runs]
+    print(f"\nworker restarts in threads with the poison, per round: {restarts}")
 
 
 if __name__ == "__main__":

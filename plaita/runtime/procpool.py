@@ -23,21 +23,27 @@ import atexit
 import contextlib
 import itertools
 import logging
-import math
 import multiprocessing
 import pickle
 import select
-import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+from collections.abc import Sequence
 from typing import Any
 
 from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
-from plaita.runtime.procchild import BATCH, CANCEL, DONE, EXIT, MANY, REPLY, RUN, serve
+from plaita.runtime.procchild import BATCH, CANCEL, DONE, EXIT, MANY, RUN, serve
+from plaita.runtime.procwire import (
+    REAP_S,
+    ChildHandle,
+    OnRequest,
+    answer,
+    describe_exit,
+    readable,
+    retire,
+    send_quietly,
+    start_method,
+)
 from plaita.tasks import CancelFlag
 
 logger = logging.getLogger(__name__)
@@ -49,49 +55,6 @@ _TICK_S = 0.05
 DEFAULT_CANCEL_GRACE_S = 0.25
 #: How long ``close`` waits for idle children to exit before it kills them.
 _CLOSE_JOIN_S = 2.0
-#: How long a dead child's exit status is waited for (its pipe closed first).
-_REAP_S = 2.0
-
-OnRequest = Callable[..., Any]
-
-
-def start_method() -> str:
-    """``forkserver`` where the platform has it, else ``spawn`` (see the module docstring)."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-
-def describe_exit(exit_code: int | None) -> str:
-    """``exit code 3`` / ``killed by signal 9 (SIGKILL)`` / ``exit status unknown``."""
-    if exit_code is None:
-        return "exit status unknown"
-    if exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = "?"
-        return f"killed by signal {-exit_code} ({name})"
-    return f"exit code {exit_code}"
-
-
-@dataclass
-class _Child:
-    process: BaseProcess
-    conn: Connection
-    #: Write end of the child's cancel pipe (``plaita.runtime.procchild``).
-    control: Connection
-    tasks_done: int = 0
-    #: Waits for the child's pipe: made once, where ``Connection.poll`` builds a selector per call.
-    poller: Any = None
-
-    def wait_s(self, timeout_s: float) -> bool:
-        """True once the child's pipe has something to read (or closed), within ``timeout_s``."""
-        if self.poller is None:
-            return bool(self.conn.poll(timeout_s))
-        return bool(self.poller.poll(max(0, math.ceil(timeout_s * 1000))))
-
-
-class _Died(Exception):
-    """The child's pipe closed under a run (it is dead, or dying)."""
 
 
 class ProcessPool:
@@ -116,9 +79,11 @@ class ProcessPool:
         #: The start method's context (typeshed's BaseContext lacks the Process of the concrete ones).
         self._ctx: Any = multiprocessing.get_context(self.method)
         self._cond = threading.Condition()
-        self._idle: list[_Child] = []
+        self._idle: list[ChildHandle] = []
         self._started = False
         self._closed = False
+        #: Children that could not be replaced yet (a start failed): ``_take`` starts them.
+        self._missing = 0
         self._run_ids = itertools.count()
         self._ids_lock = threading.Lock()
         #: Children replaced so far (dead, killed or recycled): tests and the benchmark read it.
@@ -150,10 +115,10 @@ class ProcessPool:
             idle, self._idle = self._idle, []
             self._cond.notify_all()
         for child in idle:
-            _send(child.conn, EXIT)
+            send_quietly(child.conn, EXIT)
         deadline_s = time.monotonic() + _CLOSE_JOIN_S
         for child in idle:
-            _retire(child, max(0.0, deadline_s - time.monotonic()))
+            retire(child, max(0.0, deadline_s - time.monotonic()))
 
     @property
     def pids(self) -> list[int]:
@@ -161,7 +126,7 @@ class ProcessPool:
         with self._cond:
             return [c.process.pid or 0 for c in self._idle]
 
-    def _spawn(self) -> _Child:
+    def _spawn(self) -> ChildHandle:
         parent_end, child_end = self._ctx.Pipe(duplex=True)
         control_read, control_write = self._ctx.Pipe(duplex=False)
         # Not a daemon: a step may start processes of its own; ``close`` (atexit) ends the children.
@@ -169,36 +134,55 @@ class ProcessPool:
         process.start()
         child_end.close()
         control_read.close()
-        child = _Child(process, parent_end, control_write)
+        child = ChildHandle(process, parent_end, control_write)
         if hasattr(select, "poll"):  # not on Windows (spawn there; Connection.poll instead)
             child.poller = select.poll()
             child.poller.register(parent_end.fileno(), select.POLLIN)
         return child
 
-    def _take(self) -> _Child:
+    def _take(self) -> ChildHandle:
         with self._cond:
             while not self._idle:
                 if self._closed:
                     raise ChildProcessDied("the process pool is closed (the worker is stopping)")
+                if self._missing:  # a replacement failed to start before: try again now
+                    self._missing -= 1
+                    break
                 self._cond.wait(1.0)
-            return self._idle.pop()
+            else:
+                return self._idle.pop()
+        return self._spawn_or_count()
 
-    def _give_back(self, child: _Child) -> None:
+    def _give_back(self, child: ChildHandle) -> None:
         with self._cond:
             if not self._closed:
                 self._idle.append(child)
                 self._cond.notify()
                 return
-        _send(child.conn, EXIT)
+        send_quietly(child.conn, EXIT)
+        retire(child, _CLOSE_JOIN_S)
 
-    def _replace(self, child: _Child, *, grace_s: float = 0.0) -> None:
+    def _replace(self, child: ChildHandle, *, grace_s: float = 0.0) -> None:
         """Kill ``child`` if it lives (after ``grace_s``), and put a new one in its place at once."""
-        _retire(child, grace_s)
+        retire(child, grace_s)
         self.replaced += 1
         with self._cond:
             closed = self._closed
         if not closed:
-            self._give_back(self._spawn())
+            with contextlib.suppress(ChildProcessDied):  # counted missing: the next _take tries again
+                self._give_back(self._spawn_or_count())
+
+    def _spawn_or_count(self) -> ChildHandle:
+        """A new child; if none can be started (no fork server, out of memory), the pool remembers
+        the missing one and ``ChildProcessDied`` fails this attempt only: the worker goes on."""
+        try:
+            return self._spawn()
+        except Exception as exc:
+            with self._cond:
+                self._missing += 1
+                self._cond.notify()
+            logger.error("could not start a step child process: %s: %s", type(exc).__name__, exc)
+            raise ChildProcessDied(f"no child process could be started ({type(exc).__name__}: {exc})") from None
 
     # -- one job ----------------------------------------------------------------------------
     def run(self, job: Any, *, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest) -> Any:
@@ -244,7 +228,7 @@ class ProcessPool:
         return value
 
     async def _converse_async(
-        self, child: _Child, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
+        self, child: ChildHandle, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
     ) -> tuple[bool, Any, int]:
         conn, began_s = child.conn, time.monotonic()
         limit_at = None if time_limit_s is None else began_s + time_limit_s
@@ -256,12 +240,12 @@ class ProcessPool:
             while True:
                 now = time.monotonic()
                 waits = [_TICK_S] + [t - now for t in (limit_at, kill_at) if t is not None]
-                if await _readable(conn, max(0.0, min(waits))):
+                if await readable(conn, max(0.0, min(waits))):
                     data = conn.recv_bytes()
                     if data[:1] == DONE:
                         ok, value, rss_kb = pickle.loads(data[1:])
                         return ok, value, rss_kb
-                    await asyncio.to_thread(_answer, conn, on_request, data[1:])
+                    await asyncio.to_thread(answer, conn, on_request, data[1:])
                     continue
                 kill_at = self._check(child, run_id, cancel, time_limit_s, limit_at, kill_at)
         except (EOFError, OSError) as exc:
@@ -269,7 +253,7 @@ class ProcessPool:
 
     def _check(
         self,
-        child: _Child,
+        child: ChildHandle,
         run_id: bytes,
         cancel: CancelFlag,
         time_limit_s: float | None,
@@ -315,7 +299,7 @@ class ProcessPool:
 
     def _converse_batch(
         self,
-        child: _Child,
+        child: ChildHandle,
         blobs: list[bytes],
         cancels: list[CancelFlag],
         results: list[tuple[bool, Any]],
@@ -336,7 +320,7 @@ class ProcessPool:
                         got, rss_kb = pickle.loads(data[1:])
                         results.extend(got)
                     else:
-                        _answer(conn, on_request, data[1:])
+                        answer(conn, on_request, data[1:])
                     continue
                 now, running = time.monotonic(), len(results)
                 for i in range(running, len(blobs)):  # a cancel reaches its job, started or not
@@ -349,15 +333,15 @@ class ProcessPool:
             raise self._death(child, exc) from None
         return rss_kb
 
-    def _after(self, child: _Child, rss_kb: int) -> None:
+    def _after(self, child: ChildHandle, rss_kb: int) -> None:
         """Back to the idle children, or replaced when worn out (between tasks, never during one)."""
         if self._worn_out(child, rss_kb):
-            _send(child.conn, EXIT)  # it exits by itself, its successor starts now
+            send_quietly(child.conn, EXIT)  # it exits by itself, its successor starts now
             self._replace(child, grace_s=_CLOSE_JOIN_S)
         else:
             self._give_back(child)
 
-    def _worn_out(self, child: _Child, rss_kb: int) -> bool:
+    def _worn_out(self, child: ChildHandle, rss_kb: int) -> bool:
         if self.max_tasks_per_child is not None and child.tasks_done >= self.max_tasks_per_child:
             return True
         limit_mb = self.max_memory_per_child_mb
@@ -367,7 +351,7 @@ class ProcessPool:
         return False
 
     def _converse(
-        self, child: _Child, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
+        self, child: ChildHandle, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
     ) -> tuple[bool, Any, int]:
         conn, began_s = child.conn, time.monotonic()
         limit_at = None if time_limit_s is None else began_s + time_limit_s
@@ -384,65 +368,14 @@ class ProcessPool:
                     if data[:1] == DONE:
                         ok, value, rss_kb = pickle.loads(data[1:])
                         return ok, value, rss_kb
-                    _answer(conn, on_request, data[1:])
+                    answer(conn, on_request, data[1:])
                     continue
                 kill_at = self._check(child, run_id, cancel, time_limit_s, limit_at, kill_at)
         except (EOFError, OSError) as exc:
             raise self._death(child, exc) from None
 
-    def _death(self, child: _Child, exc: BaseException) -> ChildProcessDied:
-        child.process.join(_REAP_S)
+    def _death(self, child: ChildHandle, exc: BaseException) -> ChildProcessDied:
+        child.process.join(REAP_S)
         code = child.process.exitcode
         logger.warning("step child %s died (%s)", child.process.pid, describe_exit(code))
         return ChildProcessDied(f"its child process died: {describe_exit(code)}", code)
-
-
-async def _readable(conn: Connection, timeout_s: float) -> bool:
-    """Wait on the running loop until ``conn`` has something to read (or closed), ``timeout_s`` at most."""
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    fd = conn.fileno()
-    loop.add_reader(fd, _settle, ready, True)
-    timer = loop.call_later(timeout_s, _settle, ready, False)
-    try:
-        return bool(await ready)
-    finally:
-        timer.cancel()
-        loop.remove_reader(fd)
-
-
-def _settle(future: asyncio.Future[bool], value: bool) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _answer(conn: Connection, on_request: OnRequest, request: bytes) -> None:
-    """Run the child's live call here (in the worker process) and send back its value or error."""
-    kind = "request"
-    try:
-        kind, args = pickle.loads(request)
-        reply: tuple[bool, Any] = (True, on_request(kind, *args))
-    except Exception as exc:  # the step's own error (ValueError, LeaseLostError): raised there
-        reply = (False, exc)
-    try:
-        data = pickle.dumps(reply)
-    except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        data = pickle.dumps((False, RuntimeError(f"{kind}: its reply cannot be sent to the child ({exc})")))
-    conn.send_bytes(REPLY + data)
-
-
-def _send(conn: Connection, data: bytes) -> None:
-    with contextlib.suppress(OSError, ValueError):  # the child is gone already
-        conn.send_bytes(data)
-
-
-def _retire(child: _Child, grace_s: float = 0.0) -> None:
-    """Kill ``child`` unless it has exited (within ``grace_s``), reap it, close its pipe."""
-    if grace_s > 0:
-        child.process.join(grace_s)
-    if child.process.exitcode is None:
-        child.process.kill()
-    child.process.join(_REAP_S)
-    child.conn.close()
-    child.control.close()
-    child.process.close()
