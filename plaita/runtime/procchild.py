@@ -74,19 +74,21 @@ def peak_rss_kb() -> int:
     return peak // 1024 if sys.platform == "darwin" else peak
 
 
-def serve(conn: Connection, control: Connection) -> None:
+def serve(conn: Connection, control: Connection, progress: Any) -> None:
     """The child's main: run jobs sent on ``conn`` until told to exit or the parent is gone;
     cancels come on ``control``, read by a thread of their own while a job runs."""
     # The parent decides when a child ends (drain, recycle, kill): a terminal's Ctrl-C or a
     # SIGTERM to the whole process group (systemd's default) must not cut a step short here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _Child(conn, control).serve()
+    _Child(conn, control, progress).serve()
 
 
 class _Child:
-    def __init__(self, conn: Connection, control: Connection) -> None:
+    def __init__(self, conn: Connection, control: Connection, progress: Any) -> None:
         self._conn = conn
+        #: Shared with the parent (a ``RawValue``): jobs of the current batch finished so far.
+        self._progress = progress
         self._control = control
         #: One request (and its reply) on the pipe at a time, whichever thread of the job asks.
         self._request_lock = threading.Lock()
@@ -131,11 +133,21 @@ class _Child:
             services.loop.close()
 
     def _run_batch(self, first_id: int, blobs: list[bytes], services: ChildServices) -> None:
-        """Run a batch of fast jobs in order, each result sent as soon as it is known: a job that
-        kills this process must not take the results of the jobs before it along (the parent reads
-        whatever has arrived in one wake-up, so this costs a write per job, not a round trip)."""
+        """Run a batch of fast jobs in order and send their results in one write. A job that kills
+        this process must not take the results of the jobs before it along: any result but a plain
+        success (``None``) is sent before the next job starts, and the shared ``progress`` counts
+        the jobs finished, so the parent knows the unsent ones were plain successes."""
+        plain = 0  # plain successes not sent yet
         for i, blob in enumerate(blobs):
-            self._conn.send_bytes(MANY + _many([self._run(first_id + i, blob, services)]))
+            ok, value = self._run(first_id + i, blob, services)
+            if ok and value is None:
+                plain += 1
+            else:
+                self._conn.send_bytes(MANY + _many([*[(True, None)] * plain, (ok, value)]))
+                plain = 0
+            self._progress.value = i + 1
+        if plain:
+            self._conn.send_bytes(MANY + _many([(True, None)] * plain))
         with self._flag_lock:
             self._cancelled_ahead.clear()
 

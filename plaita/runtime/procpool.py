@@ -130,11 +130,12 @@ class ProcessPool:
         parent_end, child_end = self._ctx.Pipe(duplex=True)
         control_read, control_write = self._ctx.Pipe(duplex=False)
         # Not a daemon: a step may start processes of its own; ``close`` (atexit) ends the children.
-        process = self._ctx.Process(target=serve, args=(child_end, control_read), name="plaita-step-child")
+        progress = self._ctx.RawValue("q", 0)
+        process = self._ctx.Process(target=serve, args=(child_end, control_read, progress), name="plaita-step-child")
         process.start()
         child_end.close()
         control_read.close()
-        child = ChildHandle(process, parent_end, control_write)
+        child = ChildHandle(process, parent_end, control_write, progress)
         if hasattr(select, "poll"):  # not on Windows (spawn there; Connection.poll instead)
             child.poller = select.poll()
             child.poller.register(parent_end.fileno(), select.POLLIN)
@@ -278,8 +279,8 @@ class ProcessPool:
         """Run fast ``jobs`` (no time limit) in order in one child, in one round trip for all of them
         (plain tasks of a few microseconds: the round trip would cost more than the work). Returns
         ``(ok, value)`` of each job that ran, in order, and the error of the one that was running when
-        its child died or was killed for its cancel (``ChildProcessDied``, ``StepCancelled``), else
-        None. The jobs after those never started (nor those past ``max_tasks_per_child``)."""
+        its child died (``ChildProcessDied``), else None; a cancel is forwarded to its job, which
+        is never killed for it. The jobs after those never started (nor those past ``max_tasks_per_child``)."""
         child = self._take()
         if self.max_tasks_per_child is not None:
             jobs = jobs[: max(1, self.max_tasks_per_child - child.tasks_done)]
@@ -287,7 +288,7 @@ class ProcessPool:
         results: list[tuple[bool, Any]] = []
         try:
             rss_kb = self._converse_batch(child, blobs, cancels, results, on_request)
-        except (ChildProcessDied, StepCancelled) as exc:
+        except ChildProcessDied as exc:
             self._replace(child)
             return results, exc
         except BaseException:
@@ -306,11 +307,12 @@ class ProcessPool:
         on_request: OnRequest,
     ) -> int:
         """Send the batch; collect results into ``results`` as they come; returns the peak RSS."""
-        conn, rss_kb, forwarded_s = child.conn, 0, {}
+        conn, rss_kb, forwarded = child.conn, 0, set()
         with self._ids_lock:  # consecutive ids: the child numbers the batch's runs from the first
             first = next(self._run_ids)
             for _ in blobs[1:]:
                 next(self._run_ids)
+        child.progress.value = 0  # the child is idle: nobody else writes it now
         try:
             conn.send_bytes(BATCH + first.to_bytes(8, "big") + pickle.dumps(blobs))
             while len(results) < len(blobs):
@@ -322,14 +324,16 @@ class ProcessPool:
                     else:
                         answer(conn, on_request, data[1:])
                     continue
-                now, running = time.monotonic(), len(results)
-                for i in range(running, len(blobs)):  # a cancel reaches its job, started or not
-                    if i not in forwarded_s and (cancels[i].is_set() or (self._closed and i == running)):
+                # A cancel reaches its job, started or not; a batch is never killed for one (its
+                # jobs are plain tasks of under a millisecond: a flow step never goes in a batch).
+                for i in range(int(child.progress.value), len(blobs)):
+                    if i not in forwarded and cancels[i].is_set():
                         child.control.send_bytes(CANCEL + (first + i).to_bytes(8, "big"))
-                        forwarded_s[i] = now
-                if running in forwarded_s and now >= forwarded_s[running] + self.cancel_grace_s:
-                    raise StepCancelled("cancelled while it ran: its child process was killed")
+                        forwarded.add(i)
         except (EOFError, OSError) as exc:
+            # Every result it sent has been read (EOF comes after them); the jobs it finished
+            # beyond those were plain successes it had not sent yet (``procchild._Child._run_batch``).
+            results.extend([(True, None)] * max(0, int(child.progress.value) - len(results)))
             raise self._death(child, exc) from None
         return rss_kb
 

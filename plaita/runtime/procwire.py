@@ -48,6 +48,8 @@ class ChildHandle:
     conn: Connection
     #: Write end of the child's cancel pipe (``plaita.runtime.procchild``).
     control: Connection
+    #: Shared counter of the jobs of the current batch the child finished (``RawValue("q")``).
+    progress: Any
     tasks_done: int = 0
     #: Waits for the child's pipe: made once, where ``Connection.poll`` builds a selector per call.
     poller: Any = None

@@ -79,6 +79,14 @@ def test_a_batch_that_loses_its_child_keeps_what_ran_and_never_started_the_rest(
     assert _run(pool, Job("pid")) != results[0][1]  # replaced at once
 
 
+def test_plain_successes_before_a_crash_in_a_batch_are_kept_though_never_sent(pool: ProcessPool) -> None:
+    """The child sends plain successes (None) with the next other result or at the end; a crash
+    before that loses the message, not the fact: the shared progress counter tells the parent."""
+    jobs = [Job("none"), Job("none"), Job("exit"), Job("none")]  # the pool's child runs 3 at most
+    results, error = pool.run_batch(jobs, [CancelFlag() for _ in jobs], on_request=lambda *a: None)
+    assert results == [(True, None)] * 2 and isinstance(error, ChildProcessDied)
+
+
 def test_in_a_batch_a_cancel_reaches_a_job_that_has_not_started_yet(pool: ProcessPool) -> None:
     jobs, cancels = [Job("wait_cancel", 0.3), Job("wait_cancel", 5.0)], [CancelFlag(), CancelFlag()]
     cancels[1].set()

@@ -20,7 +20,7 @@ class NeedsTwo(Exception):
 class Job:
     """``what``: pid (return the child's pid), ask (a live call, returned), raise_two (NeedsTwo),
     wait_cancel (wait up to ``seconds`` for the cancel flag, return whether it came), exit
-    (``os._exit(3)``)."""
+    (``os._exit(3)``), none (return None: a plain success, sent back with the next result)."""
 
     what: str
     seconds: float = 0.0
@@ -36,4 +36,6 @@ class Job:
             return services.cancel.wait(self.seconds)
         if self.what == "exit":
             os._exit(3)
+        if self.what == "none":
+            return None
         raise ValueError(self.what)
