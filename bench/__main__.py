@@ -1,7 +1,8 @@
 """``python -m bench``: every benchmark on private redis-servers, then docs/benchmarks.md and docs/img/*.png.
 
 Sections: throughput (raw loop vs worker, 1/2/4 processes × concurrency 1/4/16) with idle CPU
-and peak RSS, end-to-end latency, recovery after freeze / kill -9 + restart / proxy blackhole,
+and peak RSS, end-to-end latency, recovery after freeze / kill -9 + restart / proxy blackhole
+and of a killed worker's 100 stranded tasks,
 idle shutdown latency, restart storm and reclaim latency, and the chaos matrix.
 ``--quick`` is a ~2 minute smoke run with small counts (no matrix, docs not written).
 """
@@ -12,7 +13,7 @@ import argparse
 import sys
 import time
 
-from bench import flows, latency, plots, recovery, report, shutdown, storm, throughput, worker_kill
+from bench import flows, latency, parking, plots, recovery, report, shutdown, storm, stranded, throughput, worker_kill
 from bench import matrix as chaos
 from bench.common import ROOT, exit_on_sigterm  # puts the repository root on sys.path first
 from tests.support.redis_server import RedisServer
@@ -119,10 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             res.storm = storm.storm(server.url, a.storm_s)
             res.reclaim = storm.reclaim(server.url, a.reclaim_trials)
         flows_section = ""
+        if "recovery" in a.sections:  # a dead worker's stranded tasks, on the shared server
+            flows_section += stranded.render(stranded.run(server.url, a.reclaim_trials)) + "\n"
         if "workerkill" in a.sections:
             flows_section += worker_kill.render(worker_kill.run(server.url, a.reclaim_trials)) + "\n"
         if "flows" in a.sections:
             flows_section += flows.render(flows.run(server.url, min(a.tasks, 5000), a.reclaim_trials))
+            flows_section += "\n" + parking.render(parking.run(server.url))
     if "recovery" in a.sections:
         res.recovery = recovery.run(a.recovery_trials, a.fault_s)  # servers of its own (one is killed)
     matrix_s = 0.0

@@ -32,7 +32,8 @@ def record(task: Task) -> None:
 
     Line: ``kind monotonic wall message_id n delivery pid enqueued_wall``. Body ``params``:
     ``n`` (sequence number), ``t`` (time.time() at enqueue), ``sleep_s`` (cancel-aware sleep)
-    and ``first_only`` (sleep on the first delivery only, so a re-execution is quick).
+    and ``first_only`` (sleep on the first delivery only, so a re-execution is quick), or
+    ``until_wall`` (sleep until that ``time.time()``: a reclaimed suspect keeps delivery 1).
     """
     params: Any = task.body.get("params")
     p: dict[str, Any] = params if isinstance(params, dict) else {}
@@ -41,6 +42,8 @@ def record(task: Task) -> None:
     tail = f"{task.message_id} {n} {task.delivery_count} {os.getpid()} {t_enq:.6f}\n"
     _append(f"S {time.monotonic():.6f} {time.time():.6f} {tail}")
     sleep_s = float(p.get("sleep_s", 0.0))
+    if "until_wall" in p:  # sleep until a wall time: a run after it (another worker's) is quick
+        sleep_s = max(0.0, float(p["until_wall"]) - time.time())
     if sleep_s > 0 and not (p.get("first_only") and task.delivery_count > 1) and task.cancelled.wait(sleep_s):
         _append(f"C {time.monotonic():.6f} {time.time():.6f} {tail}")
         return

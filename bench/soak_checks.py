@@ -55,10 +55,22 @@ def _fanout_problems(eid: str, d: dict[str, Any], by_id: dict[str, list[dict[str
     return bad
 
 
+def faults_between(d: dict[str, Any], t0: float, t1: float) -> list[str]:
+    """The faults active at some time in (t0, t1): what a long wait there went through."""
+    return [
+        f"{f['kind']}@{f['start'] - d['meta']['t_start']:.1f}s"
+        for f in d["faults"]
+        if f["start"] < t1 and f["end"] > t0
+    ]
+
+
 def check_fanout(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Each completed parent joined exactly its children, each completed before the join; no
     child id other than ``{parent}:spawn:0:{i}`` ever ran (a second set, or a stray child)."""
-    parents = [r["id"] for r in d["producer"] if r["op"] == "start" and "mid" in r and r["flow"] == "soak-fanout"]
+    # A start whose XADD reply a fault cut may still have landed and run: every parent that ran is
+    # judged (and may have children), not only the acknowledged ones.
+    fanouts = [r for r in d["producer"] if r["op"] == "start" and r["flow"] == "soak-fanout"]
+    parents = [r["id"] for r in fanouts if "mid" in r or r["id"] in by_id]
     bad = []
     for eid in parents:
         bad += _fanout_problems(eid, d, by_id)
@@ -90,9 +102,16 @@ def check_sleeps(d: dict[str, Any], by_id: dict[str, list[dict[str, Any]]]) -> d
                 {"id": eid, "why": "woke before its deadline", "wake": wake, "nap": brief(naps[-1]) if naps else None}
             )
         else:
-            late.append(wake - naps[-1]["until"])
+            late.append((wake - naps[-1]["until"], naps[-1]["until"]))
     late.sort()
-    lateness = f"wake after the deadline: median {late[len(late) // 2]:.2f} s, max {late[-1]:.2f} s" if late else ""
+    lateness = ""
+    if late:
+        worst, due = late[-1]
+        in_the_way = faults_between(d, due, due + worst)
+        lateness = f"wake after the deadline: median {late[len(late) // 2][0]:.2f} s, max {worst:.2f} s"
+        lateness += f" (through {', '.join(in_the_way) or 'no fault'})"
+        clean = [g for g, at in late if not faults_between(d, at, at + g)]
+        lateness += f", max with no fault in between {max(clean):.2f} s" if clean else ""
     return result("9 durable sleeps wake, never early", bad, f"{len(sleepers)} sleeps; {lateness}")
 
 

@@ -172,7 +172,8 @@ class Settings:
     heartbeat_interval_s: float = 10.0
     #: /metrics, /healthz, /readyz port; None = off (the CLI's 0), 0 here = any free port.
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    #: Loopback by default: /metrics says what runs and how; opening it is the operator's choice.
+    metrics_host: str = "127.0.0.1"
     #: Lease every task before it starts, even one without an ``execution_id`` (flow workers:
     #: the runner's checkpoints are fenced by the lease generation from the first step).
     eager_leases: bool = False

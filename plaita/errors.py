@@ -6,9 +6,10 @@ from __future__ import annotations
 class PlaitaError(Exception):
     """Root of every exception plaita raises on purpose."""
 
-    #: Whether another attempt may succeed: a flow step's retry policy retries only these among
-    #: plaita's errors (most are deliberate verdicts; a dead child process is bad luck).
-    retryable = False
+    #: Whether a step that raises it is retried under its retry policy. Most plaita errors are
+    #: deliberate (a bad task, a refused call), so False; one that says "not yet" (a wait that
+    #: timed out, a replica lagging) sets True. Decided per class here, never guessed from it.
+    retryable: bool = False
 
 
 class ConfigError(PlaitaError):
@@ -25,6 +26,13 @@ class BadTaskError(PlaitaError):
 
 class HandlerLoadError(ConfigError):
     """Raised when ``--handler MODULE:CALLABLE`` cannot be imported or is not callable."""
+
+
+class LeaseLostError(PlaitaError):
+    """The worker lost an execution's lease mid-run (a renewal failed, or a newer holder fenced
+    it out): nothing more is written; the task stays pending and the lease's successor
+    continues from the last checkpoint. Expected after an outage longer than the lease: the
+    pool logs it as one line, never as a handler's failure with a traceback."""
 
 
 class NotForThisWorker(PlaitaError):
@@ -73,3 +81,18 @@ class StepCancelled(PlaitaError):
     """The child process of a step (``--pool process``) was killed because its execution was
     cancelled, passed its deadline or lost its lease while the step ran; the runner ends the
     execution ``cancelled`` (or stops, the lease lost), it is no failure of the step."""
+
+
+class StepRaised(PlaitaError):
+    """Stands in for an exception of a step or handler that cannot cross the process boundary
+    (``--pool process``: it does not pickle, or does not unpickle); ``kind`` keeps the original
+    class name for the execution's ``error``. Retried like the exception it replaces would be."""
+
+    retryable = True
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(f"{kind}: {text}")
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.kind, str(self).partition(": ")[2]), self.__dict__)  # notes too

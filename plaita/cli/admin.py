@@ -19,11 +19,13 @@ from typing import Any
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import Unset, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
+from plaita.errors import PlaitaError
 from plaita.ops import fleetcheck
 from plaita.store import fleet
 from plaita.store.client import Client, is_cluster, make_client
 from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import list_workers, send_command
+from plaita.store.flow_limits import waiting_starts
 from plaita.store.keyspace import Keyspace
 from plaita.store.partitioned import open_queue
 from plaita.store.stats import execution_counts, stray_streams, stream_stats_or_empty
@@ -39,7 +41,7 @@ ADMIN_SOCKET_TIMEOUT_S = STATUS_REPLY_TIMEOUT_S + 2.0
 STREAM_ID = re.compile(r"(\d+/)?\d+(-\d+)?")
 
 
-class AdminError(Exception):
+class AdminError(PlaitaError):
     """Raised for an operator mistake (exit 1 with the message)."""
 
 
@@ -108,7 +110,16 @@ def _runs(w: dict[str, Any]) -> str:
     flows = runs.get("flows")
     if not isinstance(flows, list):
         flows = []
-    return "flows " + ",".join(f"{f.get('flow_id')}@{f.get('version')}" for f in flows if isinstance(f, dict))
+    # A flow without a declared version is its name alone (not "name@None").
+    named = (
+        f"{f.get('flow_id')}" + (f"@{f['version']}" if f.get("version") else "") for f in flows if isinstance(f, dict)
+    )
+    return "flows " + ",".join(named)
+
+
+def _cut(text: str, width: int, wide: bool) -> str:
+    """``text`` whole with ``--wide``, else at most ``width`` characters, a cut one ending in "…"."""
+    return text if wide or len(text) <= width else text[: width - 1] + "…"
 
 
 def _fleet_problems(q: StreamQueue, workers: list[dict[str, Any]]) -> list[str]:
@@ -126,25 +137,27 @@ def cmd_workers(args: argparse.Namespace) -> int:
     q = _queue(args)
     now = time.time()
     workers = list_workers(q.client)
+    wide = bool(getattr(args, "wide", False))
     rows = [
         {
             "instance": w.get("instance_id"),
             "host": w.get("host"),
+            "queue": _cut(str(w.get("stream") or "-"), 32, wide),
             "state": w.get("state"),
             "since": _age(now - float(w["state_since"])) if w.get("state_since") else "-",
             "in_flight": w.get("in_flight"),
             "processed": w.get("processed"),
             "failed": w.get("failed"),
-            "last_error": (w.get("last_error") or "")[:60],
+            "last_error": _cut(w.get("last_error") or "", 60, wide),
             "heartbeat_age": _age(now - float(w["last_heartbeat"])) if w.get("last_heartbeat") else "-",
             "partitions": w.get("partitions", "-"),
-            "runs": _runs(w)[:40],
+            "runs": _cut(_runs(w), 40, wide),
         }
         for w in workers
     ]
     columns = [
         "instance", "host", "state", "since", "in_flight", "processed", "failed", "last_error", "heartbeat_age",
-        "partitions", "runs",
+        "partitions", "queue", "runs",
     ]  # fmt: skip
     _emit(args, workers, rows, columns)
     for line in _fleet_problems(q, workers):
@@ -193,11 +206,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     stats["partitions_from"] = args.partitions_from
     stats["problems"] = fleetcheck.check(q.client, q.keyspace, args.consumer_group)
     stats["executions"] = execution_counts(q.client, q.keyspace)
+    stats["starts_waiting_for_slot"] = waiting_starts(q.client, q.keyspace)
     if args.json:
         _emit(args, stats, None, [])
         return 0
     _print_queue_status(stats)
     _print_execution_counts(stats["executions"])
+    for flow_id, n in stats["starts_waiting_for_slot"].items():
+        print(f"{'waiting for a slot':>22}: {n} start(s) of flow {flow_id}")
     return 0
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plaita.errors import PlaitaError
 from plaita.store.client import Client, delete_keys
 from plaita.store.errors import is_redis_failure
 from plaita.store.server import PrivateRedis, stop_process
@@ -75,7 +76,7 @@ def print_tally(rows: list[tuple[str, str]], notes: list[str], say: Callable[[st
             say(f"  {line}")
 
 
-class DemoError(Exception):
+class DemoError(PlaitaError):
     """Raised when the demo cannot go on; the message says why."""
 
 

@@ -74,6 +74,12 @@ def _add_steering(sub: WithParents) -> None:
     rs.add_argument("--type", default="event", choices=["event", "continue", "retry", "timeout", "cancel"])
     rs.add_argument("--data", help="resume data as JSON")
     rs.add_argument("--resume-id", help="idempotency key: a second resume with it is a no-op")
+    rs.add_argument(
+        "--wait-for",
+        metavar="NAME",
+        help="address the event to the step waiting with ctx.suspend(wait_for=NAME); sent early, it is kept "
+        "until that wait runs",
+    )
     rt = sub.add_parser("retry", help="restart an error or cancelled execution at its step (or --from-step)")
     rt.add_argument("id", help="execution id")
     rt.add_argument("--from-step", help="restart at this step (one it ran); the results of it and later steps go")
@@ -173,7 +179,8 @@ def _start(flows: Any, args: argparse.Namespace) -> int:
 
 
 def _resume(flows: Any, args: argparse.Namespace) -> int:
-    task_id = flows.resume(args.id, args.type, _json_arg(args.data, "--data"), resume_id=args.resume_id)
+    data = _json_arg(args.data, "--data")
+    task_id = flows.resume(args.id, args.type, data, resume_id=args.resume_id, wait_for=args.wait_for)
     print(task_id)
     return 0
 
@@ -292,10 +299,14 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
     suspension = doc.get("suspension")
     if isinstance(suspension, dict) and doc.get("status") == "suspended":  # an ended one waits no more
         what = "sleeping after" if suspension.get("kind") == "sleep" else "suspended in"
+        waits = f" waiting for {suspension['wait_for']}" if suspension.get("wait_for") else ""
         print(
-            f"{what} {suspension.get('step')} since {_when(suspension.get('since'))}, "
+            f"{what} {suspension.get('step')}{waits} since {_when(suspension.get('since'))}, "
             f"{'until' if suspension.get('kind') == 'sleep' else 'deadline'} {_when(suspension.get('deadline'))}"
         )
+    for kept in doc.get("inbox") or []:
+        if isinstance(kept, dict):
+            print(f"resume {kept.get('id')} for wait {kept.get('wait_for')} kept since {_when(kept.get('at'))}")
     if doc.get("deadline_at") is not None:
         print(f"deadline {_when(doc.get('deadline_at'))}")
     error = doc.get("error")
@@ -319,6 +330,8 @@ def _print_timeline(history: Any) -> None:
         extra = f"  {e['error']}" if e.get("error") else ""
         if e.get("outcome") == "restarted":
             extra = f"  from {e.get('from_status')} by {e.get('by')}"
+        elif e.get("outcome") == "resumed":
+            extra = f"  by {e.get('resume_id')} ({e.get('wait_for') or e.get('resume_type')})"
         print(
             f"  {_when(e.get('started_at'))}  {e.get('step')!s:18} attempt {e.get('attempt')}  "
             f"{e.get('outcome')!s:9} {took_ms:8.1f} ms{extra}"

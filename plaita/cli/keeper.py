@@ -67,8 +67,9 @@ def add_parser(
     )
     k.add_argument(
         "--metrics-host",
-        default=os.environ.get("PLAITA_KEEPER_METRICS_HOST") or "0.0.0.0",
-        help="address for --metrics-port (env PLAITA_KEEPER_METRICS_HOST; default %(default)s)",
+        default=os.environ.get("PLAITA_KEEPER_METRICS_HOST") or "127.0.0.1",
+        help="address for --metrics-port (env PLAITA_KEEPER_METRICS_HOST; default %(default)s, loopback only: "
+        "0.0.0.0 opens it to the network)",
     )
     options = (
         ("--interval-s", 5.0, "seconds between passes"),

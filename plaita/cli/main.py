@@ -1,5 +1,6 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo | executions | keeper | schedules | doctor``. The only place that configures logging.
+diagram | demo | executions | keeper | schedules | doctor | dashboard | migrate``. The only place
+that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
 ``enqueue``), 2 bad configuration (``doctor``: 1 a warning, 3 an error finding). A Redis failure
@@ -110,14 +111,15 @@ def _dlq_key_option(p: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
 
 
 def _add_fleet(add: Any, env: Mapping[str, str]) -> None:
-    _admin(
+    w = _admin(
         add,
         env,
         "workers",
         "list registered workers",
-        "One row per live worker from the registry: instance, host, "
-        "state, since, in-flight, processed, failed, last error, heartbeat age.",
+        "One row per live worker from the registry: instance, host, queue, "
+        "state, since, in-flight, processed, failed, last error, heartbeat age, what it runs.",
     )
+    w.add_argument("--wide", action="store_true", help="print long names and errors whole (default: cut to fit)")
     st = _admin(
         add,
         env,

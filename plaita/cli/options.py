@@ -231,7 +231,13 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         "serve /metrics, /healthz, /readyz on this port (0 = off)",
         shown="off",
     ),
-    Opt("--metrics-host", "metrics_host", str, ("PLAITA_METRICS_HOST",), "address for --metrics-port"),
+    Opt(
+        "--metrics-host",
+        "metrics_host",
+        str,
+        ("PLAITA_METRICS_HOST",),
+        "address for --metrics-port (loopback by default; 0.0.0.0 opens it to the network)",
+    ),
     Opt(
         "--partitions-assigned",
         "partitions_assigned",

@@ -120,16 +120,23 @@ def cancel(flows: FlowClient, execution_id: str) -> Outcome:
     return Outcome(f"cancel requested for execution {execution_id!r}: it stops {when}", [])
 
 
-def resume(flows: FlowClient, execution_id: str, resume_type: str, data_text: str, resume_id: str) -> Outcome:
-    """Enqueue a resume; ``resume_id`` (the form's own) makes a form sent twice resume once."""
+def resume(
+    flows: FlowClient, execution_id: str, resume_type: str, data_text: str, resume_id: str, wait_for: str = ""
+) -> Outcome:
+    """Enqueue a resume (addressed to the wait ``wait_for`` names, when given); ``resume_id``
+    (the form's own) makes a form sent twice resume once."""
     if resume_type not in model.RESUME_TYPES:
         raise ActionError(f"unknown resume type {resume_type!r} (one of {', '.join(RESUME_TYPES)})")
     data = _data(data_text)
     doc = _known(execution_id, lambda: flows.get(execution_id) or {})
     if doc.get("status") in TERMINAL:
         raise ActionError(f"execution {execution_id!r} already ended ({doc.get('status')}): nothing to resume")
-    task_id = flows.resume(execution_id, resume_type, data, resume_id=resume_id or None)
-    return Outcome(f"{resume_type} resume of execution {execution_id!r} enqueued as task {task_id}", [])
+    try:
+        task_id = flows.resume(execution_id, resume_type, data, resume_id=resume_id or None, wait_for=wait_for or None)
+    except ValueError as exc:  # a wait name on a resume that is no event, or too long
+        raise ActionError(str(exc)) from None
+    to = f" for wait {wait_for!r}" if wait_for else ""
+    return Outcome(f"{resume_type} resume{to} of execution {execution_id!r} enqueued as task {task_id}", [])
 
 
 def _data(text: str) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 from plaita.dashboard.probe import MAX_PROBED, probe, probe_address
 from plaita.store.errors import cause, is_redis_failure
 from plaita.store.fleet import list_workers
+from plaita.store.flow_limits import waiting_starts
 from plaita.store.stats import execution_counts, stream_stats_or_empty
 from plaita.store.streams import StreamQueue
 
@@ -125,6 +126,7 @@ class FleetMonitor:
         self._stats: dict[str, Any] | None = None
         self._executions: dict[str, int] | None = None
         self._tenants: dict[str, Any] = {"tenants": {}, "more": 0}
+        self._starts_waiting: dict[str, int] = {}
         self._outage: Outage | None = None
         self._probed: dict[str, dict[str, Any]] = {}
         self._sampled_at_s: float | None = None
@@ -183,6 +185,7 @@ class FleetMonitor:
             self._executions = counted["default"] if counted else None
             if counted:
                 self._tenants = {"tenants": counted["tenants"], "more": counted["tenants_more"]}
+                self._starts_waiting = counted["starts_waiting"]
             self._probed = {}
             self._sampled_at_s = now_s
             self.throughput.observe(now_s, workers)
@@ -193,7 +196,9 @@ class FleetMonitor:
         or None when the ACL user may not count them (rules from before the executions tab): the
         fleet and queue figures are still worth showing."""
         try:
-            return execution_counts(self.queue.client, self.queue.keyspace)
+            counted = execution_counts(self.queue.client, self.queue.keyspace)
+            counted["starts_waiting"] = waiting_starts(self.queue.client, self.queue.keyspace)
+            return counted
         except Exception as exc:
             if cause(exc) != "acl":
                 raise
@@ -239,6 +244,7 @@ class FleetMonitor:
             stats = dict(self._stats) if self._stats is not None else None
             executions = dict(self._executions) if self._executions is not None else None
             tenants = dict(self._tenants)
+            starts_waiting = {f: n for f, n in self._starts_waiting.items() if n}
             points = list(self.throughput.points)
             rate = self.throughput.current()
             sampled_at_s = self._sampled_at_s
@@ -258,6 +264,7 @@ class FleetMonitor:
             "stats": stats,
             "executions": executions,
             "tenant_executions": tenants,
+            "starts_waiting": starts_waiting,
             "throughput": {
                 "rate": rate,
                 "points": points,

@@ -168,7 +168,8 @@ class Views:
 
         def run(form: dict[str, Any]) -> Outcome:
             flows = executions.tenant_flows(self.dash.action_flows, tenant)
-            return executions.resume(flows, eid, form.get("type", ""), form.get("data", ""), form.get("resume_id", ""))
+            fields = (form.get(k, "") for k in ("type", "data", "resume_id", "wait_for"))
+            return executions.resume(flows, eid, *fields)
 
         return await self.act(request, _execution_path(eid, tenant), run)
 

@@ -4,8 +4,7 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 (the handler is a ``FlowRunner``); start and steer them with ``FlowClient``.
 """
 
-from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
-from plaita.flows.checkpoint import LeaseLostError
+from plaita.errors import ChildProcessDied, LeaseLostError, StepCancelled, StepTimeLimit
 from plaita.flows.client import FlowClient, WaitTimeout
 from plaita.flows.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows

@@ -15,15 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from plaita.errors import BadTaskError
-from plaita.flows import model
+from plaita.errors import BadTaskError, LeaseLostError
+from plaita.flows import inbox, model
 from plaita.flows.batch import CallBatcher, send
-from plaita.flows.checkpoint import LeaseLostError, call_io
+from plaita.flows.checkpoint import call_io
 from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover
 from plaita.flows.tracing import TaskTrace
-from plaita.flows.validate import require_task_json, task_deadline
+from plaita.flows.validate import check_wait_name, require_task_json, task_deadline
 from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
@@ -42,7 +42,8 @@ class Run:
     #: A resume that arrived while the execution was still running (its worker had died):
     #: applied at the next suspension instead of being lost.
     pending: tuple[str, Any, str] | None = None
-    #: Decided at admission, to checkpoint instead of running a step (cancelled; refused).
+    #: Decided at admission, to checkpoint instead of running a step (cancelled; refused; a
+    #: resume kept for a later wait).
     ending: Execution | None = None
     #: This task created the execution.
     created: bool = False
@@ -240,18 +241,22 @@ class Admission:
                 f"unknown resume_type {rtype!r} (expected one of {', '.join(sorted(model.RESUME_TYPES))})"
             )
         rid = str(body.get("resume_id") or task.message_id)
+        wait_for = _wait_for(body, rtype)
         applied = rid in execution.applied_resumes
         # Applied but still running: the worker that applied it died in a later step, and this
         # is its redelivery (the lease rules out a live one). Continue, as a start does.
         # A timeout, or a sleep's wake, names its suspension: a late one is stale.
         stale = (rtype == "timeout" or "suspension" in body) and execution.stale_timeout(body.get("suspension"))
         if execution.terminal or (applied and execution.status != "running") or stale:
-            logger.info("resume %s (%s) of execution %s (%s): nothing to do", rid, rtype, eid, execution.status)
+            lost = wait_for is not None and execution.terminal and not applied  # no wait can take it now
+            (logger.warning if lost else logger.info)(
+                "resume %s (%s) of execution %s (%s): nothing to do", rid, wait_for or rtype, eid, execution.status
+            )
             return None
         run = await self._compatible(Run(task, flow, execution, cancel, offload))
         if run is None or applied or run.ending is not None:
             return run
-        return self._resumed(run, rtype, rid)
+        return self._resumed(run, rtype, rid, wait_for)
 
     async def _child(self, run: Run) -> Run | None:
         """A child's notification (``plaita.flows.children``): counted by ``on_child``."""
@@ -266,18 +271,26 @@ class Admission:
         counted: Run | None = await call_io(run.offload, self.on_child, compatible)
         return counted
 
-    def _resumed(self, run: Run, rtype: str, rid: str) -> Run | None:
+    def _resumed(self, run: Run, rtype: str, rid: str, wait_for: str | None) -> Run | None:
         """``run`` with resume ``rid`` applied: now (suspended), at the next suspension (still
-        running: its worker died), or as the execution's end (a cancel, or past its deadline)."""
+        running: its worker died), or as the execution's end (a cancel, or past its deadline).
+        One addressed to a wait the execution is not in is kept for it (``plaita.flows.inbox``)."""
         body, now_s = run.task.body, self._clock()
         if rtype == "cancel" or run.cancel or run.execution.past_deadline(now_s):
             run.ending = run.execution.cancelled(now_s)
             return run
         require_task_json(body.get("data"), "resume 'data'")
+        if wait_for is not None and not inbox.accepts(run.execution, wait_for):
+            parked = inbox.park(run.execution, rtype, body.get("data"), rid, wait_for, now_s)
+            if run.execution.status == "running":  # its worker died: written with the next checkpoint
+                run.execution = parked
+            else:
+                run.ending = parked  # written, and nothing runs
+            return run
         if run.execution.sleeping_now:
             return self._woken(run, rtype, rid)
         if run.execution.status == "suspended":
-            run.execution = run.execution.resumed(rtype, body.get("data"), rid)
+            run.execution = run.execution.resumed(rtype, body.get("data"), rid, now_s)
         elif rtype != "retry":
             run.pending = (rtype, body.get("data"), rid)
         return run
@@ -332,7 +345,7 @@ class Admission:
             text = reopened.encode()
         except (TypeError, ValueError) as exc:
             raise BadTaskError(f"restart of execution {eid!r}: its document is not strict JSON ({exc})") from None
-        if not await call_io(offload, self.store.reopen, eid, task.fencing_token, text, now_s):
+        if not await call_io(offload, self.store.reopen, eid, task.fencing_token, text, now_s, dropped):
             raise LeaseLostError(f"lease of execution {eid} lost before its restart was written")
         logger.info("execution %s restarted from step %r by %s (was %s)", eid, name, by, execution.status)
         run.execution = reopened
@@ -359,3 +372,14 @@ class Admission:
         error = error_doc(execution.step, "FlowChanged", message)
         run.ending = execution.ended("error", self._clock(), error=error)
         return run
+
+
+def _wait_for(body: dict[str, Any], rtype: str) -> str | None:
+    """The wait a resume task is addressed to (None: unaddressed); BadTaskError for a bad one."""
+    try:
+        wait_for = check_wait_name(body.get("wait_for"), "resume 'wait_for'")
+    except ValueError as exc:
+        raise BadTaskError(str(exc)) from None
+    if wait_for is not None and rtype != "event":
+        raise BadTaskError(f"resume 'wait_for' addresses an event; a {rtype!r} resume takes none")
+    return wait_for

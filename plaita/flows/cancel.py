@@ -8,7 +8,9 @@ execution ends ``cancelled`` at its next checkpoint (the checkpoint script refus
 execution holds no lease and runs no step, so it is also sent a ``cancel`` task; a parent waiting
 on children has their flags set here too (and their children's, …), so its children stop at
 their next checkpoint instead of its cancel task waiting behind theirs. An id with no document
-yet is cancelled only if a start of it is queued (or the queue is too long to tell).
+yet is cancelled only if a start of it is queued (or the queue is too long to tell) or parked
+for a flow slot: a parked start is put back on its stream at once (after the flag is set), so
+the cancel lands now, not when a slot frees.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 
 from plaita.flows import model
 from plaita.flows.children import cancel_descendants
+from plaita.flows.limits import member_of
 from plaita.store.executions import FLAG_TTL_S, MAX_SCANNED_ENTRIES, TERMINAL, ExecutionStore
+from plaita.store.flow_limits import FlowLimitStore
 
 #: ``CancelOutcome.outcome``: the cancel is recorded and the execution will end ``cancelled``.
 QUEUED, RUNNING, SUSPENDED, UNSEEN = "queued", "running", "suspended", "unseen"
@@ -75,8 +79,12 @@ def request_cancel(
     the cancel lands."""
     doc = store.get(execution_id)
     queued: bool | None = None
+    parked: dict[str, Any] | None = None
     if doc is None:
         queued = store.start_queued(execution_id, stream)
+        if queued is False:
+            parked = FlowLimitStore(store.client, store.ks).parked_start(member_of(store.ks.tenant, execution_id))
+            queued = parked is not None
         if queued is False:
             doc = store.get(execution_id)  # created (maybe ended) while the stream was read
             if doc is None:
@@ -84,6 +92,8 @@ def request_cancel(
     if doc is not None and doc.get("status") in TERMINAL:
         return _ended(execution_id, doc)
     store.request_cancel(execution_id)
+    if parked is not None:  # read with its flag set: it takes no slot, leaves the parked starts, ends
+        enqueue(parked)
     doc = store.get(execution_id)
     status = None if doc is None else doc.get("status")
     if doc is None:

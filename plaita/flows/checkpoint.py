@@ -1,8 +1,8 @@
 """The fenced checkpoint write: one document, its status and a step's staged writes, all or nothing.
 
-What is written is decided before (``plaita.flows.execution``: the document, and the ``error``
-one replacing a document that cannot be written); this module only makes the call and turns
-its refusals into the errors the engine handles.
+What is written is decided by the execution's transitions (``plaita.flows.execution``) and
+sealed here (``sealed``: the document, or the ``error`` one replacing a document that cannot be
+written); this module makes the call and turns its refusals into the errors the engine handles.
 """
 
 from __future__ import annotations
@@ -11,17 +11,13 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plaita.errors import ConfigError, PlaitaError
+from plaita.errors import ConfigError, LeaseLostError, PlaitaError
 from plaita.flows.batch import CallBatcher, send
-from plaita.flows.validate import StepOutputError
+from plaita.flows.execution import Execution
+from plaita.flows.validate import StepOutputError, output_error
 from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.staged import MAX_SECONDS
 from plaita.tasks import Task
-
-
-class LeaseLostError(PlaitaError):
-    """The worker lost the execution's lease mid-run: nothing more is written; the task stays
-    pending and the lease's successor continues from the last checkpoint."""
 
 
 async def call_io(offload: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -84,3 +80,24 @@ class Checkpointer:
                 f"{task.fencing_token} is no longer current"
             )
         return bool(cancel)
+
+
+def sealed(execution: Execution, max_bytes: int, step: str | None, *, output: bool) -> tuple[Execution, str]:
+    """(execution, document) a checkpoint writes: ``execution`` itself, or the ``error``
+    execution replacing it when it cannot be written (``unwritable``, ``too_large``; an error
+    over the limit is written anyway: it is the record of the failure). When ``output``
+    (the checkpoint of a step's output), a value that is not JSON is the step's failure instead:
+    StepOutputError, and nothing is written."""
+    try:
+        text = execution.encode()
+    except (TypeError, ValueError, RecursionError):
+        problem = output_error(execution.to_doc(), step)
+        if output:
+            raise problem from None
+        execution = execution.unwritable(problem)
+        text = execution.encode()
+    size = len(text.encode("utf-8"))
+    if size > max_bytes and execution.status != "error":
+        execution = execution.too_large(size, max_bytes, step)
+        text = execution.encode()
+    return execution, text

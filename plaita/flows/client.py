@@ -1,7 +1,8 @@
 """The producer API (what a web app calls): start, resume, cancel, get, wait.
 
-Every call is a task on the stream or a read of the state: the worker holding the
-execution's lease is the only writer of an execution, so a producer never races a step.
+Every call is a task on the stream or a read of the state, except a cancel, which also sets the
+execution's (and its descendants') cancel flag for the worker to honour: the worker holding the
+execution's lease is the only writer of an execution's document, so a producer never races a step.
 ``FlowClient.from_url(url)`` builds its own queue and store (close it, or use ``with``);
 ``FlowClient(queue)`` uses a queue the caller built and owns.
 """
@@ -21,7 +22,7 @@ from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.cancel import CancelOutcome, request_cancel
 from plaita.flows.tracing import producing
-from plaita.flows.validate import check_deadline_s, require_json
+from plaita.flows.validate import check_deadline_s, check_wait_name, require_json
 from plaita.store.client import make_client
 from plaita.store.executions import TERMINAL, ExecutionStore
 from plaita.store.partitioned import open_queue
@@ -42,6 +43,10 @@ class ExecutionNotFound(PlaitaError):
 MAX_ID_TRIES = 100_000
 
 
+class NotResumable(PlaitaError):
+    """An addressed ``resume`` (``wait_for``) of an execution that has ended."""
+
+
 class NotRetryable(PlaitaError):
     """``retry`` of an execution that is not ``error`` or ``cancelled`` (``completed`` needs
     ``force``), or from a step it never reached."""
@@ -57,7 +62,10 @@ def _operator() -> str:
 
 
 class WaitTimeout(PlaitaError):
-    """``wait`` reached its timeout before the execution ended."""
+    """``wait`` reached its timeout before the execution ended (in a step: retried, it may end
+    by the next attempt)."""
+
+    retryable = True
 
 
 class FlowClient:
@@ -174,19 +182,40 @@ class FlowClient:
             )
 
     def resume(
-        self, execution_id: str, resume_type: str = "event", data: Any = None, *, resume_id: str | None = None
+        self,
+        execution_id: str,
+        resume_type: str = "event",
+        data: Any = None,
+        *,
+        resume_id: str | None = None,
+        wait_for: str | None = None,
     ) -> str:
         """Enqueue a resume (``resume_type`` event, continue, retry, timeout or cancel); returns its task id.
 
         Pass ``resume_id`` to make a repeated call (say, a webhook delivered twice) a no-op.
+        ``wait_for`` addresses an event to the wait of that name (``ctx.suspend(wait_for=...)``):
+        only it takes the event, and an event that comes before its wait is kept until the wait
+        runs (``plaita.flows.inbox``). NotResumable when the execution has ended (no wait can
+        take it any more); ValueError for a bad name or type.
         """
         if resume_type not in model.RESUME_TYPES:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
+        check_wait_name(wait_for)
+        if wait_for is not None and resume_type != "event":
+            raise ValueError(f"wait_for addresses an event; a {resume_type!r} resume takes none")
         require_json(data, "data")
         doc = self._require(execution_id)
+        if wait_for is not None and doc.get("status") in TERMINAL:
+            raise NotResumable(f"execution {execution_id} is {doc.get('status')}: no wait can take a resume any more")
         flow_id, tenant = doc.get("flow_id"), self.tenant_id
         body = model.resume_body(
-            execution_id, resume_type, flow_id=flow_id, data=data, resume_id=resume_id, tenant_id=tenant
+            execution_id,
+            resume_type,
+            flow_id=flow_id,
+            data=data,
+            resume_id=resume_id,
+            tenant_id=tenant,
+            wait_for=wait_for,
         )
         return self._enqueue(body)
 

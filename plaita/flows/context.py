@@ -7,10 +7,10 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from plaita.flows.validate import check_timeout_s
+from plaita.flows.validate import check_timeout_s, check_wait_name
 from plaita.store.keyspace import hash_tag
 from plaita.store.staged import MAX_SECONDS, STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.tasks import CancelFlag
@@ -35,13 +35,16 @@ class Suspend:
     """Returned by a step (``return ctx.suspend(...)``): checkpoint and wait for a resume.
 
     The same step runs again when the execution is resumed, with ``ctx.resume`` set.
-    ``timeout_s`` is None (no timeout) or finite seconds in [0, 10 years]; ValueError otherwise.
+    ``timeout_s`` is None (no timeout) or finite seconds in [0, 10 years]; ``wait_for`` names the
+    resumes this wait takes (``plaita.flows.inbox``); ValueError otherwise.
     """
 
     timeout_s: float | None = None
+    wait_for: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timeout_s", check_timeout_s(self.timeout_s))
+        check_wait_name(self.wait_for)
 
 
 @dataclass(frozen=True)
@@ -148,10 +151,13 @@ class StepContext:
     def cancelled(self) -> bool:
         return self.cancel.is_set()
 
-    def suspend(self, timeout_s: float | None = None) -> Suspend:
+    def suspend(self, timeout_s: float | None = None, *, wait_for: str | None = None) -> Suspend:
         """The value to return to suspend; past ``timeout_s`` the keeper resumes with ``timeout``.
-        ValueError unless ``timeout_s`` is None or finite seconds in [0, 10 years]."""
-        return Suspend(timeout_s)
+        With ``wait_for`` only resumes addressed to that name (``FlowClient.resume(...,
+        wait_for=...)``) end the wait, and one that came earlier, while the execution was
+        elsewhere, is taken at once (``plaita.flows.inbox``). ValueError unless ``timeout_s`` is
+        None or finite seconds in [0, 10 years] and ``wait_for`` None or a non-empty name."""
+        return Suspend(timeout_s, wait_for=wait_for)
 
     def sleep(self, seconds: float) -> Sleep:
         """The value to return to sleep durably (``return ctx.sleep(3 * 86400)``): no thread and

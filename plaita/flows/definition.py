@@ -63,8 +63,8 @@ class RetryPolicy:
         return nominal * (1.0 - self.jitter * rng.random())
 
     def retryable(self, exc: BaseException) -> bool:
-        # Most plaita errors (NonRetryableError, BadTaskError, ...) are deliberate, not flaky; the
-        # error says so itself (a dead child process or a time limit may pass on another attempt).
+        """Whether ``exc`` earns another attempt: not one of ``non_retryable``, and a plaita
+        error only when its class says so (``PlaitaError.retryable``: most are deliberate)."""
         if isinstance(exc, self.non_retryable):
             return False
         return exc.retryable if isinstance(exc, PlaitaError) else True
@@ -113,6 +113,10 @@ class Flow:
     #: At most this many starts per second across every worker (a token bucket holding one
     #: second's worth, at least 1); None = no limit. Resumes are not counted.
     max_starts_per_s: float | None = None
+    #: ``(N, period_s)``: no window of ``period_s`` seconds holds more than N starts, across every
+    #: worker (a sliding log of start times, so the first window lets N through when N wait);
+    #: None = no limit. Resumes are not counted. May be combined with ``max_starts_per_s``.
+    rate_limit: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         if not self.flow_id:
@@ -128,6 +132,13 @@ class Flow:
             isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf
         ):
             raise ConfigError(f"flow {self.flow_id!r}: max_starts_per_s must be a number > 0 or None, got {rate!r}")
+        if self.rate_limit is not None:
+            self.rate_limit = _rate_limit(self.flow_id, self.rate_limit)
+
+    @property
+    def limits_starts(self) -> bool:
+        """True when a start of this flow waits for a start rate (``max_starts_per_s``, ``rate_limit``)."""
+        return self.max_starts_per_s is not None or self.rate_limit is not None
 
     @property
     def start_burst(self) -> float:
@@ -236,6 +247,19 @@ def _replace(policy: RetryPolicy, changes: dict[str, Any]) -> RetryPolicy:
         return RetryPolicy(**{**policy.__dict__, **changes})
     except TypeError as exc:
         raise ConfigError(f"unknown step option: {exc}") from None
+
+
+def _rate_limit(flow_id: str, value: Any) -> tuple[int, float]:
+    """``rate_limit`` checked: a pair (N >= 1 an int, period_s > 0 a finite number)."""
+    try:
+        n, period_s = value
+    except (TypeError, ValueError):
+        raise ConfigError(f"flow {flow_id!r}: rate_limit must be (N, period_s) or None, got {value!r}") from None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"flow {flow_id!r}: rate_limit's N must be an int >= 1, got {n!r}")
+    if isinstance(period_s, bool) or not isinstance(period_s, int | float) or not 0 < period_s < math.inf:
+        raise ConfigError(f"flow {flow_id!r}: rate_limit's period_s must be a number > 0, got {period_s!r}")
+    return n, float(period_s)
 
 
 class FlowRegistry:

@@ -31,16 +31,16 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S
-from plaita.errors import StepCancelled
-from plaita.flows import model
+from plaita.errors import LeaseLostError, StepCancelled
+from plaita.flows import inbox, model
 from plaita.flows.admit import Run
 from plaita.flows.batch import CallBatcher
-from plaita.flows.checkpoint import CancelledMeanwhile, LeaseLostError, call_io
+from plaita.flows.checkpoint import CancelledMeanwhile, call_io, sealed
 from plaita.flows.children import Children, needs_ending
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.events import publisher
-from plaita.flows.execution import Execution, error_doc, sealed
+from plaita.flows.execution import Execution, error_doc
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
 from plaita.flows.limits import FlowLimits
@@ -108,8 +108,8 @@ class FlowRunner(StepWaits, Throttle):
         self._scopes = TenantScopes(store, parts)
         default = self._scopes.default
         self._admission, self._checkpoints, self._children = default.admission, default.checkpoints, default.children
-        #: Flow limits (``max_concurrent``, ``max_starts_per_s``); slots live as long as leases.
-        self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), ttl_s=slot_ttl_s, rng=self._rng)
+        #: Flow limits (``max_concurrent``, start rates); slots live as long as leases.
+        self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), self.flows, ttl_s=slot_ttl_s, rng=self._rng)
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
@@ -212,8 +212,8 @@ class FlowRunner(StepWaits, Throttle):
 
     async def _admitted(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
-        if start_flow is not None:  # a start waits for its flow's limits before it creates anything
-            await self._enter(start_flow, task, offload, start=True)
+        if start_flow is not None and not await self._enter(start_flow, task, offload, start=True):
+            return None  # a start waits for its flow's limits before it creates anything: parked
         scope = self._scope(task)
         run = await scope.admission.admit(task, offload)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
@@ -347,6 +347,9 @@ class FlowRunner(StepWaits, Throttle):
         if written.status != wanted.status:  # replaced: none of the step's writes, no deadline
             logger.error("execution %s: %s", run.task.execution_id, (written.error or {}).get("message"))
             staged, deadline_s = None, None
+        if written.status == "suspended" and deadline_s is None:  # still waiting (a resume kept): its deadline stays
+            deadline_s = (written.suspension or {}).get("deadline")
+        inbox.left_over(written)
         if written.status == "suspended" and written.deadline_at is not None:
             # The keeper finds a suspension past the whole execution's deadline by the same index.
             deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plaita.flows.checkpoint import LeaseLostError
+from plaita.errors import LeaseLostError
 from plaita.flows.validate import dumps, json_problem
 from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task

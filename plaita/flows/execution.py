@@ -16,6 +16,7 @@ import datetime
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.definition import Flow
 from plaita.flows.failures import TRACEBACK_CHARS as TRACEBACK_CHARS
@@ -24,7 +25,7 @@ from plaita.flows.failures import error_doc as error_doc
 from plaita.flows.failures import error_from_exception as error_from_exception
 from plaita.flows.failures import exception_text as exception_text
 from plaita.flows.failures import history_entry
-from plaita.flows.validate import StepOutputError, dumps, epoch_or_none, output_error
+from plaita.flows.validate import StepOutputError, dumps, epoch_or_none
 from plaita.store.executions import STATUSES, TERMINAL
 
 #: History entries kept per execution (the newest); ``steps_run`` keeps counting.
@@ -32,12 +33,12 @@ HISTORY_LIMIT = 200
 #: Resume ids remembered per execution, so a redelivered resume is a no-op.
 APPLIED_RESUMES_LIMIT = 100
 #: Fields left out while they have this value (older documents lack them).
-_ABSENT = {"versions": None, "suspensions": 0, "deadline_at": None}
+_ABSENT: dict[str, Any] = {"versions": None, "suspensions": 0, "deadline_at": None, "inbox": []}
 #: The ``error`` type of an execution cancelled because its whole-execution deadline passed.
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 
 
-class BadExecution(ValueError):
+class BadExecution(PlaitaError, ValueError):
     """A stored document that is not an execution plaita could have written (its status)."""
 
 
@@ -76,6 +77,8 @@ class Execution:
     suspensions: int = 0
     #: Whole-execution deadline (epoch seconds): past it the execution is cancelled; None: none.
     deadline_at: float | None = None
+    #: Resumes addressed to a wait the execution was not in yet (``plaita.flows.inbox``).
+    inbox: list[dict[str, Any]] = field(default_factory=list)
     #: Fields this version does not know, written back as they were.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -162,6 +165,7 @@ class Execution:
             ended_at=doc.get("ended_at"),
             suspensions=int(doc.get("suspensions") or 0),
             deadline_at=epoch_or_none(doc.get("deadline_at")),
+            inbox=[e for e in doc.get("inbox") or [] if isinstance(e, dict)],
             extra={k: v for k, v in doc.items() if k not in known},
         )
 
@@ -207,13 +211,21 @@ class Execution:
             versions=flow.lineage(earlier),
         )
 
-    def resumed(self, resume_type: str, data: Any, resume_id: str) -> Execution:
-        """Running again: the suspended step runs again and sees ``ctx.resume``."""
+    def resumed(self, resume_type: str, data: Any, resume_id: str, now_s: float | None = None) -> Execution:
+        """Running again: the suspended step runs again and sees ``ctx.resume``. With ``now_s``
+        the history records which resume the step took (``executions show``)."""
+        history = self.history
+        if now_s is not None:
+            entry = history_entry(str(self.step), 0, now_s, now_s, "resumed")
+            wait_for = (self.suspension or {}).get("wait_for")
+            entry.update(resume_id=resume_id, resume_type=resume_type, **({"wait_for": wait_for} if wait_for else {}))
+            history = [*history, entry][-HISTORY_LIMIT:]
         return replace(
             self,
             status="running",
             resume={"type": resume_type, "data": data},
             suspension=None,
+            history=history,
             applied_resumes=[*self.applied_resumes, resume_id][-APPLIED_RESUMES_LIMIT:],
         )
 
@@ -300,10 +312,19 @@ class Execution:
         return self._ran(entry, state=merged, attempt=0, resume=None, results={**self.results, step: value}, **where)
 
     def suspended(
-        self, step: str, state: dict[str, Any], attempt: int, started_s: float, now_s: float, deadline_s: float | None
+        self,
+        step: str,
+        state: dict[str, Any],
+        attempt: int,
+        started_s: float,
+        now_s: float,
+        deadline_s: float | None,
+        wait_for: str | None = None,
     ) -> Execution:
-        """``step`` suspended: waits for a resume (or ``deadline_s``) to run it again."""
+        """``step`` suspended: waits for a resume (addressed to ``wait_for``, when named; or
+        ``deadline_s``) to run it again."""
         seq = self.suspensions + 1
+        suspension = {"seq": seq, "step": step, "since": now_s, "deadline": deadline_s}
         return self._ran(
             history_entry(step, attempt, started_s, now_s, "suspended"),
             state=state,
@@ -311,7 +332,7 @@ class Execution:
             resume=None,
             suspensions=seq,
             status="suspended",
-            suspension={"seq": seq, "step": step, "since": now_s, "deadline": deadline_s},
+            suspension=suspension if wait_for is None else {**suspension, "wait_for": wait_for},
         )
 
     def retrying(self, step: str, attempt: int, started_s: float, now_s: float, problem: str) -> Execution:
@@ -365,24 +386,3 @@ class Execution:
 
 #: The stored document's fields in order (``to_doc``; ``extra`` merged after them).
 _DOC_FIELDS = tuple(f.name for f in fields(Execution) if f.name != "extra")
-
-
-def sealed(execution: Execution, max_bytes: int, step: str | None, *, output: bool) -> tuple[Execution, str]:
-    """(execution, document) a checkpoint writes: ``execution`` itself, or the ``error``
-    execution replacing it when it cannot be written (``unwritable``, ``too_large``; an error
-    over the limit is written anyway: it is the record of the failure). When ``output``
-    (the checkpoint of a step's output), a value that is not JSON is the step's failure instead:
-    StepOutputError, and nothing is written."""
-    try:
-        text = execution.encode()
-    except (TypeError, ValueError, RecursionError):
-        problem = output_error(execution.to_doc(), step)
-        if output:
-            raise problem from None
-        execution = execution.unwritable(problem)
-        text = execution.encode()
-    size = len(text.encode("utf-8"))
-    if size > max_bytes and execution.status != "error":
-        execution = execution.too_large(size, max_bytes, step)
-        text = execution.encode()
-    return execution, text

@@ -1,16 +1,33 @@
-"""Fleet-wide limits of a flow: ``Flow(max_concurrent=N, max_starts_per_s=R)``.
+"""Fleet-wide limits of a flow: ``Flow(max_concurrent=N, max_starts_per_s=R, rate_limit=(N, period_s))``.
 
 A task of a limited flow takes a slot (``plaita.store.flow_limits``: one atomic script over the
 flow's own keys) before its first step runs and gives it back when its handler returns: the
 execution suspended, ended, failed a delivery or lost its lease. A start is checked before its
-execution is created, and a start also takes a token of the flow's start rate; a resume is
-checked once admission found it has work to do (a duplicate or a stale wake waits for nothing).
+execution is created, and a start also passes the flow's start rates; a resume is checked once
+admission found it has work to do (a duplicate or a stale wake waits for nothing).
 
-When the flow is full (or its start rate is spent) the task is handed back to the queue
-(``NotForThisWorker``: no delivery is charged, it never reaches the DLQ) after a bounded,
-growing wait, with its handler slot free meanwhile: over-limit executions wait in the queue,
-holding no thread. The slots held here are renewed every ttl/3 by one thread; a worker that
-dies holds its slots at most one ttl (the lease ttl) longer.
+A start that finds every slot held is **parked**: the same script records it in the flow's queue
+of parked starts (ordered by its stream id) with its task body, and its handler returns, so its
+entry is acked and never re-read. Whoever frees a slot (a release, an acquire that prunes an
+expired slot, or the sweep each worker runs every ttl/3) reserves it for the oldest parked start
+and puts that start back on its stream; its task takes the reserved slot. So starts run in the
+order they were started, per flow. The sweep also puts back (without a slot) a parked start whose
+deadline passed, so it ends ``cancelled`` without waiting for its turn. Crash windows, each safe
+under kill -9:
+
+- parked, then killed before the ack: the entry is redelivered, finds itself parked (or its slot
+  reserved) and parks again (a no-op) or runs; the parked entry is kept until a task of the start
+  takes its slot, so it is never lost;
+- promoted, then killed before the XADD: the reservation expires within the ttl and the start,
+  still parked, is promoted again by the next script or sweep;
+- promoted and re-added twice (a reservation that expired while its task sat in a long queue):
+  the second copy is a duplicate start, idempotent on the execution id: nothing runs twice.
+
+A resume over the limit, and a start over a start rate, is handed back to the queue
+(``NotForThisWorker``: no delivery is charged, it never reaches the DLQ) after a bounded, growing
+wait (or the rate's own wait), with its handler slot free meanwhile. The slots held here are
+renewed every ttl/3 by one thread; a worker that dies holds its slots at most one ttl (the lease
+ttl) longer.
 """
 
 from __future__ import annotations
@@ -19,12 +36,14 @@ import logging
 import random
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from plaita.errors import NotForThisWorker
+from plaita.errors import BadTaskError, NotForThisWorker
 from plaita.flows.definition import Flow
 from plaita.flows.handover import task_name
-from plaita.store.flow_limits import FULL, TAKEN, FlowLimitStore
+from plaita.flows.validate import task_deadline
+from plaita.store.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, order_of
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -45,14 +64,23 @@ class Held:
     flow_id: str
     execution_id: str
     token: str
+    #: The flow's ``max_concurrent``: a release gives the freed slot to a parked start.
+    limit: int
 
 
 class FlowLimits:
-    """Takes, renews and gives back the slots of the tasks running in one runner."""
+    """Takes, renews and gives back the slots of the tasks running in one runner; parks starts
+    and sweeps the parked starts of ``flows`` (those with ``max_concurrent``)."""
 
-    def __init__(self, store: FlowLimitStore, *, ttl_s: float, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, store: FlowLimitStore, flows: Iterable[Flow] = (), *, ttl_s: float, rng: random.Random | None = None
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        #: Flows whose parked starts this runner sweeps, and how many wait in each (last sweep).
+        self._parking = [f for f in flows if f.max_concurrent is not None]
+        self.waiting: dict[str, int] = {}
+        self._registered: set[str] = set()
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         #: By task (``id(task)``): a task holds at most one slot, taken once.
@@ -60,51 +88,81 @@ class FlowLimits:
         self._refusals: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        if self._parking:  # parked starts move on even when no task of their flow comes
+            with self._lock:
+                self._start_renewing()
 
     # -- one task -------------------------------------------------------------------------
     @staticmethod
     def limited(flow: Flow, *, start: bool) -> bool:
         """True when a task of ``flow`` (a start, or not) has a limit to pass."""
-        return flow.max_concurrent is not None or (start and flow.max_starts_per_s is not None)
+        return flow.max_concurrent is not None or (start and flow.limits_starts)
 
     def holds(self, task: Task) -> bool:
         """True while ``task`` holds a slot (``leave`` gives it back)."""
         with self._lock:
             return id(task) in self._held
 
-    def enter(self, flow: Flow, task: Task, *, start: bool) -> None:
-        """Take ``flow``'s slot (and, for a start, a start token) for ``task``; returns at once
-        for an unlimited flow. Raises NotForThisWorker (a delayed hand-back) when refused."""
+    def enter(self, flow: Flow, task: Task, *, start: bool) -> bool:
+        """Take ``flow``'s slot (and, for a start, pass its start rates) for ``task``; returns at
+        once for an unlimited flow. False: a start parked (its task is done here, acked). Raises
+        NotForThisWorker (a delayed hand-back) when refused otherwise."""
         if not self.limited(flow, start=start):
-            return
+            return True
+        limit, token, member = flow.max_concurrent or 0, uuid.uuid4().hex, slot_member(task)
+        admit = self._acquire(flow, task, member, token, start=start)
+        name = task_name(task)
+        if admit.code not in (TAKEN, PARKED):
+            raise self._refused(flow, task, admit)
+        with self._lock:
+            self._refusals.pop(name, None)
+            if admit.code == TAKEN and limit:
+                self._held[id(task)] = Held(flow.flow_id, member, token, limit)
+                self._start_renewing()
+        if admit.code == PARKED:
+            logger.debug("start %s (execution %s) of flow %r parked for a slot", task.message_id, name, flow.flow_id)
+        return admit.code == TAKEN
+
+    def _acquire(self, flow: Flow, task: Task, member: str, token: str, *, start: bool) -> Admit:
         limit = flow.max_concurrent or 0
-        rate = flow.max_starts_per_s if start and flow.max_starts_per_s else 0.0
-        token = uuid.uuid4().hex
-        member = slot_member(task)
-        admit = self.store.acquire(
+        park = None
+        if start and limit:  # a start finding every slot held parks, its body kept to re-add it
+            body = {**task.body, "execution_id": task.execution_id}
+            park = (order_of(task.message_id), body, _deadline(task))
+            self._register(flow.flow_id)
+        return self.store.acquire(
             flow.flow_id,
             member,
             token,
             max_concurrent=limit,
             ttl_s=self.ttl_s,
-            starts_per_s=rate,
+            starts_per_s=flow.max_starts_per_s if start and flow.max_starts_per_s else 0.0,
             burst=flow.start_burst,
+            window=flow.rate_limit if start else None,
+            park=park,
         )
+
+    def _refused(self, flow: Flow, task: Task, admit: Admit) -> NotForThisWorker:
+        """The delayed hand-back of a task over a limit (a resume over the slots, a start over a rate)."""
         name = task_name(task)
-        if admit.code == TAKEN:
-            with self._lock:
-                self._refusals.pop(name, None)
-                if limit:
-                    self._held[id(task)] = Held(flow.flow_id, member, token)
-                    self._start_renewing()
-            return
         delay_s = self._delay(name, admit.wait_s)
         if admit.code == FULL:
-            what = f"all {limit} slots of flow {flow.flow_id!r} are taken"
+            what = f"all {flow.max_concurrent} slots of flow {flow.flow_id!r} are taken"
         else:
-            what = f"flow {flow.flow_id!r} is at its start rate ({rate:g}/s)"
+            what = f"flow {flow.flow_id!r} is at its start rate"
         logger.debug("task %s (execution %s): %s; back to the queue in %.2f s", task.message_id, name, what, delay_s)
-        raise NotForThisWorker(what, delay_s=delay_s)
+        return NotForThisWorker(what, delay_s=delay_s)
+
+    def _register(self, flow_id: str) -> None:
+        """Once per process and flow, before its first park: the index a cancel looks in."""
+        if flow_id not in self._registered:
+            self.store.register_parking(flow_id)
+            self._registered.add(flow_id)
+
+    def forget(self, flow: Flow, task: Task) -> None:
+        """``task``'s start waits no more (it ends cancelled): drop it from the parked starts."""
+        if flow.max_concurrent is not None:
+            self.store.forget(flow.flow_id, slot_member(task), max_concurrent=flow.max_concurrent, ttl_s=self.ttl_s)
 
     def leave(self, task: Task) -> None:
         """Give back ``task``'s slot, if it holds one. Never raises: a slot that cannot be given
@@ -114,7 +172,7 @@ class FlowLimits:
         if held is None:
             return
         try:
-            self.store.release(held.flow_id, held.execution_id, held.token)
+            self.store.release(held.flow_id, held.execution_id, held.token, max_concurrent=held.limit, ttl_s=self.ttl_s)
         except Exception as exc:
             logger.warning(
                 "could not give back the slot of execution %s (flow %r): %s: %s; it expires within %.0f s",
@@ -147,6 +205,20 @@ class FlowLimits:
                 self.renew_once()
             except Exception as exc:  # Redis unreachable: next round (a slot lives a whole ttl)
                 logger.debug("renewing flow slots failed (%s: %s); retrying", type(exc).__name__, exc)
+            self.sweep_once()
+
+    def sweep_once(self) -> None:
+        """Give each parking flow's free slots to its oldest parked starts: a slot that expired
+        (its holder died) and a reservation whose start never came back free no slot otherwise
+        when the flow has no other traffic. Records how many starts wait (``waiting``)."""
+        for flow in self._parking:
+            try:
+                n = self.store.promote(flow.flow_id, max_concurrent=flow.max_concurrent or 0, ttl_s=self.ttl_s)
+            except Exception as exc:  # Redis unreachable, or one flow's key of a wrong type: the next round
+                logger.debug("sweeping parked starts of flow %r failed (%s: %s)", flow.flow_id, type(exc).__name__, exc)
+                continue
+            with self._lock:
+                self.waiting[flow.flow_id] = n
 
     def renew_once(self) -> None:
         with self._lock:
@@ -180,12 +252,24 @@ class FlowLimits:
 _SEP = "\x1f"
 
 
+def _deadline(task: Task) -> float | None:
+    """The start's ``deadline_at`` (a bad one is its admission's to report: none here)."""
+    try:
+        return task_deadline(task.body)
+    except BadTaskError:
+        return None
+
+
 def slot_member(task: Task) -> str:
     """The name of ``task``'s execution in its flow's slot set, unique across tenants (the slots
     are fleet-wide, not per tenant): the id for the default tenant, ``<tenant>\\x1f<id>`` for
     another (a tenant id starts with a letter or digit and has no control character, so the two
     forms cannot meet; a default-tenant id holding the separator is itself prefixed with it)."""
-    eid = task.execution_id
-    if task.tenant_id:
-        return f"{task.tenant_id}{_SEP}{eid}"
-    return _SEP + eid if _SEP in eid else eid
+    return member_of(task.tenant_id, task.execution_id)
+
+
+def member_of(tenant_id: str, execution_id: str) -> str:
+    """``slot_member`` of tenant ``tenant_id``'s (``""``: the default tenant's) ``execution_id``."""
+    if tenant_id:
+        return f"{tenant_id}{_SEP}{execution_id}"
+    return _SEP + execution_id if _SEP in execution_id else execution_id

@@ -66,8 +66,11 @@ def resume_body(
     resume_id: str | None = None,
     suspension: int | None = None,
     tenant_id: str | None = None,
+    wait_for: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"type": "resume", "execution_id": execution_id, "resume_type": resume_type}
+    if wait_for is not None:
+        body["wait_for"] = wait_for
     if flow_id is not None:
         body["flow_id"] = flow_id
     if data is not None:

@@ -1,8 +1,9 @@
 """A task of a flow with fleet-wide limits passing them, for ``FlowRunner`` (``plaita.flows.engine``):
-it takes the flow's slot (``plaita.flows.limits``) or goes back to the queue. A start whose
-execution is already cancelled (its cancel flag set while it waited in the queue) or past its
-deadline takes no slot and waits for none: it is created and ends ``cancelled`` without a step, so
-a cancel lands on a start waiting for a slot as on any other queued start.
+it takes the flow's slot (``plaita.flows.limits``), parks (a start finding every slot held) or
+goes back to the queue. A start whose execution is already cancelled (its cancel flag set while
+it waited) or past its deadline takes no slot and waits for none: it leaves the parked starts, is
+created and ends ``cancelled`` without a step, so a cancel lands on a start waiting for a slot as
+on any other queued start (``plaita.flows.cancel`` puts a parked start back on its stream).
 """
 
 from __future__ import annotations
@@ -29,18 +30,24 @@ class Throttle:
     def _tell(self, name: str, *args: Any) -> None:
         raise NotImplementedError
 
-    async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> None:
-        """Take the flow's slot; over its limit the task goes back to the queue (NotForThisWorker,
-        counted here as ``throttled``). A start that will end ``cancelled`` anyway passes at once."""
+    async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> bool:
+        """Take the flow's slot: True to run. False: a start parked until a slot is free (its task
+        ends here, counted ``parked``). Over a start rate, or a resume over the limit, the task
+        goes back to the queue (NotForThisWorker, counted ``throttled``). A start that will end
+        ``cancelled`` anyway passes at once."""
         if not self._limits.limited(flow, start=start):
-            return
+            return True
         if start and await call_io(offload, self._start_cancelled, task):
-            return
+            await call_io(offload, self._limits.forget, flow, task)
+            return True
         try:
-            await call_io(offload, self._limits.enter, flow, task, start=start)
+            entered: bool = await call_io(offload, self._limits.enter, flow, task, start=start)
         except NotForThisWorker:
             self._tell("execution_event", flow.flow_id, "throttled")
             raise
+        if not entered:
+            self._tell("execution_event", flow.flow_id, "parked")
+        return entered
 
     def _start_cancelled(self, task: Task) -> bool:
         """Whether ``task``'s start is past its deadline, or its cancel flag is set (one GET)."""

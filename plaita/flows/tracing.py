@@ -21,9 +21,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from plaita.errors import BadTaskError, NotForThisWorker
+from plaita.errors import BadTaskError, LeaseLostError, NotForThisWorker
 from plaita.flows import model
-from plaita.flows.checkpoint import LeaseLostError
 from plaita.flows.execution import Execution
 from plaita.tasks import Task
 from plaita.version import __version__

@@ -113,3 +113,16 @@ def require_task_json(value: Any, what: str) -> None:
     problem = json_problem(value)
     if problem is not None:
         raise BadTaskError(f"{what} is not strict JSON (NaN and Infinity are not JSON): {problem}")
+
+
+#: Longest wait name (``ctx.suspend(wait_for=...)``), in characters.
+MAX_WAIT_NAME_CHARS = 200
+
+
+def check_wait_name(wait_for: Any, what: str = "wait_for") -> str | None:
+    """``wait_for`` itself (None or a non-empty string of at most 200 characters); ValueError otherwise."""
+    if wait_for is None:
+        return None
+    if not isinstance(wait_for, str) or not wait_for or len(wait_for) > MAX_WAIT_NAME_CHARS:
+        raise ValueError(f"{what} must be a non-empty string of at most {MAX_WAIT_NAME_CHARS} characters")
+    return wait_for

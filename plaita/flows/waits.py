@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plaita.errors import BadTaskError
+from plaita.errors import BadTaskError, LeaseLostError
+from plaita.flows import inbox
 from plaita.flows.admit import Run
-from plaita.flows.checkpoint import LeaseLostError, call_io
+from plaita.flows.checkpoint import call_io
 from plaita.flows.children import Children
 from plaita.flows.context import Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Step
@@ -61,7 +62,7 @@ class StepWaits:
             await self._sleep(run, step, ctx, value, started_s, now_s)
             return
         deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
-        ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s)
+        ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s, value.wait_for)
         if isinstance(value, Spawn):  # start its children (plaita.flows.children), then wait on them
             ex = await call_io(run.offload, self._children_for(run.task).spawn, run, step.name, value, ex)
             if ex.status == "running":  # every child had ended already (a re-run step): joined
@@ -69,8 +70,12 @@ class StepWaits:
                 return
         pending = run.pending
         if pending is not None:  # a resume arrived before this suspension: apply it now
-            await self._commit(run, ex.resumed(*pending), step=step, staged=ctx.staged, output=True)
+            await self._commit(run, ex.resumed(*pending, now_s), step=step, staged=ctx.staged, output=True)
             run.pending = None
+            return
+        taken = inbox.take(ex, value.wait_for, now_s)
+        if taken is not None:  # the resume this wait is for came earlier and was kept: go on at once
+            await self._commit(run, taken, step=step, staged=ctx.staged, output=True)
             return
         await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
         if await self._cancelled_meanwhile(run):

@@ -102,6 +102,17 @@ class Metrics:
             registry=r,
         )
 
+        self.starts_waiting = Gauge(
+            "plaita_flow_starts_waiting",
+            "Starts of a max_concurrent flow parked until one of its slots is free (sampled)",
+            ["flow"],
+            registry=r,
+        )
+
+    def set_starts_waiting(self, waiting: dict[str, int]) -> None:
+        for flow_id, n in waiting.items():
+            self.starts_waiting.labels(flow=flow_id).set(n)
+
     def _declare_queue(self, r: CollectorRegistry) -> None:
         self.queue_length = Gauge("plaita_queue_stream_length", "Entries in the stream (XLEN)", registry=r)
         self.queue_pending = Gauge("plaita_queue_pending", "Entries delivered and not acked (group PEL)", registry=r)

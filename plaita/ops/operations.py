@@ -29,6 +29,7 @@ from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
 from plaita.store.entries import DeadLetter
 from plaita.store.executions import ExecutionStore
+from plaita.store.flow_limits import waiting_starts
 from plaita.store.stats import stream_stats
 
 logger = logging.getLogger(__name__)
@@ -260,10 +261,12 @@ class Operations:
         if self.executions is not None:
             try:
                 suspended = self.executions.counts()["suspended"]
+                waiting = waiting_starts(self.executions.client, self.executions.ks)
             except Exception as exc:  # best effort, as above
                 logger.debug("execution sampling failed: %s", exc)
                 return
             self.metrics.executions_suspended.set(suspended)
+            self.metrics.set_starts_waiting(waiting)
 
 
 def attach_operations(worker: Worker) -> Operations:

@@ -15,6 +15,7 @@ from plaita.fsm import Lifecycle
 from plaita.runtime.counters import Counters
 from plaita.runtime.intake import MIN_READ_AHEAD, Intake, ReadBatch
 from plaita.runtime.outage import Outage
+from plaita.runtime.reclaim import Reclaimer
 from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.suspects import Suspects
@@ -24,8 +25,6 @@ from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
 
-#: Entries claimed per RECLAIMING pass at most, so a huge pending list never starves reading.
-RECLAIM_BATCH = 100
 #: Entries examined per residue sweep: one bounded XRANGE + XPENDING between two reads, so the
 #: sweep of acked-but-undeleted entries never holds up consuming.
 RESIDUE_SWEEP_BATCH = 256
@@ -64,7 +63,6 @@ class ConsumePhases:
         self.slot_freed = slot_freed
         self.group_seen = False
         self._own_cursor = "0"
-        self._claim_cursor = "0-0"
         self._next_reclaim_at_s = 0.0
         self._next_housekeeping_at_s = 0.0
         self.suspects = Suspects(
@@ -78,6 +76,7 @@ class ConsumePhases:
         )
         #: ISOLATING's step.
         self.isolate = self.suspects.step
+        self.reclaimer = Reclaimer(settings, queue=queue, intake=intake, suspects=self.suspects, counters=counters)
 
     def ensure_group(self) -> None:
         created = self.queue.ensure_group()
@@ -128,37 +127,13 @@ class ConsumePhases:
     def reclaim(self) -> None:
         """One bounded pass: claim abandoned entries (idle and unleased), then housekeeping."""
         self.renewer.release_orphans()
-        budget = min(self.intake.free_slots(), RECLAIM_BATCH)
-        if budget > 0:
-            self._claim(budget)
+        self.reclaimer.claim()
         now = time.monotonic()
         if now >= self._next_housekeeping_at_s:
             self._housekeeping()
             self._next_housekeeping_at_s = now + self.settings.housekeeping_interval_s
         self._next_reclaim_at_s = now + self.settings.reclaim_interval_s
         self.lifecycle.trigger("suspects_found" if self.suspects.pending else "reclaim_done")
-
-    def _claim(self, budget: int) -> None:
-        ours = self.intake.ours()
-        cursor, claimed, skipped = self.queue.claim_unleased(
-            self._claim_cursor, self.settings.claim_min_idle_ms, budget
-        )
-        self._claim_cursor = cursor
-        # Our own finished work whose ack is still queued (say, across an outage) may look
-        # abandoned: claimed back to us is harmless, running it again is not.
-        claimed = [e for e in claimed if e.message_id not in ours]
-        if skipped:
-            logger.debug("reclaim skipped %d idle entries whose executions are still leased", skipped)
-        if claimed:
-            logger.info(
-                "reclaimed %d abandoned task(s): %s",
-                len(claimed),
-                ", ".join(f"{e.message_id} (delivery {e.delivery_count})" for e in claimed[:10]),
-            )
-            # A dead consumer's tasks are suspects (ISOLATING, counted here); a live one's failed
-            # tasks run as usual.
-            usual = self.suspects.from_claim(claimed)
-            self.counters.add("reclaimed", self.intake.accept(usual) + len(claimed) - len(usual))
 
     def _housekeeping(self) -> None:
         """Remove long-idle consumers with nothing pending, and acked-but-undeleted residue."""

@@ -20,7 +20,8 @@ def noop(task: Task) -> None:
 
 
 def echo(task: Task) -> None:
-    """Logs the task and completes it (the default handler)."""
+    """Logs the task and completes it (``--handler plaita.runtime.handlers:echo``; a worker has no
+    default handler: it needs ``--handler`` or ``--flows``)."""
     logger.info("task %s (delivery %d): %s", task.message_id, task.delivery_count, task.body)
 
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from plaita.errors import BadTaskError, NotForThisWorker
+from plaita.errors import BadTaskError, LeaseLostError, NotForThisWorker
 from plaita.runtime.handover import not_for_this_worker
 from plaita.runtime.outcomes import RETRY, Done, Outcome
 from plaita.store.errors import is_redis_failure
@@ -337,6 +337,9 @@ def judge(task: Task, exc: BaseException, max_deliveries: int) -> Outcome:
 
 
 def _log_failed_delivery(task: Task, exc: BaseException, max_deliveries: int) -> None:
+    if isinstance(exc, LeaseLostError):  # expected after an outage longer than the lease: no traceback
+        logger.warning("task %s stopped: %s; left pending for the lease's next holder", task.message_id, exc)
+        return
     """A delivery failed and the task stays pending: one line for an outage, a traceback for a bug."""
     if _is_redis_failure(exc):  # an outage, not a bug in the handler: one line, no traceback
         logger.warning(

@@ -32,23 +32,12 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from plaita.errors import StepRaised
 from plaita.tasks import CancelFlag
 
 RUN, BATCH, REPLY, EXIT, REQUEST, DONE, MANY, CANCEL = b"R", b"B", b"P", b"X", b"Q", b"D", b"M", b"C"
 #: The child's traceback kept with an exception sent to the parent (the innermost frames).
 TRACEBACK_CHARS = 3000
-
-
-class StepRaised(Exception):
-    """Stands in for an exception that cannot cross the process boundary (it does not pickle, or
-    does not unpickle); ``kind`` keeps the original class name for the execution's ``error``."""
-
-    def __init__(self, kind: str, text: str) -> None:
-        super().__init__(f"{kind}: {text}")
-        self.kind = kind
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.kind, str(self).partition(": ")[2]), self.__dict__)  # notes too
 
 
 @dataclass

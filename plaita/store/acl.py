@@ -35,15 +35,18 @@ WORKER_ACL_RULES = (
 #: flow slots), INCRBY/PERSIST (staged writes, counters), TIME (limits and ticks) and
 #: WATCH/UNWATCH (the keeper's compare-and-set on a zombie).
 FLOW_WORKER_ACL_RULES = (
-    WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +incrby +persist +sadd +scard +smembers "
+    WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +hsetnx +incrby +persist +sadd +scard +smembers "
     "+zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
 )
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
 #: ``ACL SETUSER plaita-producer on >PASSWORD <rules>``. XADD (tasks), GET/MGET (states, dedup),
 #: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE (listing), XRANGE (a cancel
-#: of an id not created yet looks for its queued start); no channels.
-PRODUCER_ACL_RULES = "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange"
+#: of an id not created yet looks for its queued start), SMEMBERS + HGET (... or its parked
+#: start); no channels.
+PRODUCER_ACL_RULES = (
+    "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange +smembers"
+)
 
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.
 ADMIN_ACL_RULES = (

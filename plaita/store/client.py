@@ -32,6 +32,7 @@ from plaita.config import (
     parse_cluster_url,
     parse_sentinel_url,
 )
+from plaita.errors import PlaitaError
 
 #: Seconds to wait for a TCP connection before counting the attempt as a transient failure.
 CONNECT_TIMEOUT_S = 2.0
@@ -40,7 +41,7 @@ CONNECT_TIMEOUT_S = 2.0
 Client = redis.Redis
 
 
-class NotAClusterError(redis.RedisError):
+class NotAClusterError(PlaitaError, redis.RedisError):
     """A ``redis+cluster://`` URL names a server that is no cluster: waiting will not help."""
 
 

@@ -248,15 +248,19 @@ class ExecutionStore(KeeperAccess, EventAccess):
         ]
         return ScriptCall(self.client, CHECKPOINT, keys, args, _checkpointed)
 
-    def reopen(self, execution_id: str, generation: int, state_json: str, now_s: float) -> bool:
+    def reopen(
+        self, execution_id: str, generation: int, state_json: str, now_s: float, rerun_steps: Sequence[str] = ()
+    ) -> bool:
         """A terminal execution back to ``running`` under the lease (a restart): index, no TTL (on
-        its events either), cancel flag deleted, in one fenced call. False when fenced out; ExecutionKeyError (nothing
-        written) when the running index holds the wrong type."""
+        its events either), cancel flag deleted, the events published by ``rerun_steps`` deleted,
+        in one fenced call. False when fenced out; ExecutionKeyError (nothing written) when the
+        running index holds the wrong type."""
         ks, p = self.ks, self.ks.partition_of(execution_id)
         keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
         keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
         keys.append(ks.events_key(execution_id))
-        reply = cast(list[Any], REOPEN(self.client, keys, [generation, state_json, repr(now_s), execution_id]))
+        args = [generation, state_json, repr(now_s), execution_id, *rerun_steps]
+        reply = cast(list[Any], REOPEN(self.client, keys, args))
         if int(reply[0]) == 3:
             raise ExecutionKeyError(reply_text(reply[1]), reply_text(reply[2]))
         return int(reply[0]) == 1

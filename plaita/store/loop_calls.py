@@ -36,6 +36,7 @@ from typing import Any
 import hiredis
 import redis
 
+from plaita.errors import PlaitaError
 from plaita.store.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
@@ -65,12 +66,12 @@ _Waiting = tuple[ScriptCall, "asyncio.Future[Any]"]
 MAX_WRITES_IN_FLIGHT = 2
 
 
-class LoopUnsupported(Exception):
+class LoopUnsupported(PlaitaError):
     """The running loop cannot watch a socket (no ``add_reader``: Windows' proactor loop);
     raised before anything is sent, so the call may go another way."""
 
 
-class _ReplyError(Exception):
+class _ReplyError(PlaitaError):
     """An error reply as hiredis hands it over; turned into redis-py's exception (``_error``)."""
 
 

@@ -274,10 +274,13 @@ class PartitionedQueue(StreamQueue):
                 refused.append((originals[id(local)], error))
         return refused
 
-    def claim_unleased(self, cursor: str, min_idle_ms: int, count: int) -> tuple[str, list[Entry], int]:
+    def claim_unleased(
+        self, cursor: str, min_idle_ms: int, count: int, *, dead_ms: int = 0
+    ) -> tuple[str, list[Entry], int]:
         """One bounded step on every assigned partition not yet through its pending list
-        (``count`` shared out). The cursor holds each partition's own (``$`` = through this
-        round) and is ``0-0`` once every partition reached the end of its list."""
+        (``count`` shared out; ``dead_ms`` as ``StreamQueue.claim_unleased``). The cursor holds
+        each partition's own (``$`` = through this round) and is ``0-0`` once every partition
+        reached the end of its list."""
         cursors = cursor.split("|")[1:] if cursor.startswith("p|") else []
         if len(cursors) != len(self.assigned):
             cursors = ["0-0"] * len(self.assigned)
@@ -285,12 +288,13 @@ class PartitionedQueue(StreamQueue):
         skipped = 0
         open_ = [i for i, c in enumerate(cursors) if c != _DONE]
         for k, i in enumerate(open_):
-            left = count - len(claimed)
-            if left <= 0:
+            left = max(0, count - sum(1 for e in claimed if not _dead(e, dead_ms)))
+            if left <= 0 and not dead_ms:
                 break  # the budget is spent: the rest continue from their cursors next time
-            share = -(-left // (len(open_) - k))  # what is left, shared over the partitions still to go
+            # What is left, shared over the partitions still to go (0: only dead consumers' entries).
+            share = -(-left // (len(open_) - k))
             p = self.assigned[i]
-            after, entries, n = self.parts[p].claim_unleased(cursors[i], min_idle_ms, share)
+            after, entries, n = self.parts[p].claim_unleased(cursors[i], min_idle_ms, share, dead_ms=dead_ms)
             cursors[i] = _DONE if after == "0-0" else after
             claimed += self._qualified(p, entries)
             skipped += n
@@ -351,3 +355,8 @@ class PartitionedQueue(StreamQueue):
 
     def close(self) -> None:
         self.parts[0].close()
+
+
+def _dead(entry: Entry, dead_ms: int) -> bool:
+    """Claimed from a consumer silent ``dead_ms`` or more: it does not count toward a claim's budget."""
+    return dead_ms > 0 and entry.owner_idle_ms is not None and entry.owner_idle_ms >= dead_ms

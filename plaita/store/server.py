@@ -18,11 +18,13 @@ from pathlib import Path
 
 import redis
 
+from plaita.errors import PlaitaError
+
 #: Longest wait for a fresh server to answer PING.
 READY_TIMEOUT_S = 10.0
 
 
-class RedisServerError(RuntimeError):
+class RedisServerError(PlaitaError, RuntimeError):
     """Raised when redis-server is missing or does not come up."""
 
 

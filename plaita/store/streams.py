@@ -17,13 +17,13 @@ from redis.client import Pipeline
 
 from plaita.config import Settings
 from plaita.envelope import build_envelope
-from plaita.store import scripts
+from plaita.store import reclaim, scripts
 from plaita.store.client import bounded_clone, clients_for, close_clone, interrupt, node_client
 from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
 from plaita.store.errors import error_code
-from plaita.store.keyspace import LEASE_PREFIX, Keyspace, key_id_bytes, tenant_prefix
+from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
-from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, encode_body, field_name_bytes
+from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, field_name_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +51,6 @@ def _is_per_key(exc: Exception) -> bool:
     return error_code(exc) == "WRONGTYPE"
 
 
-_SCAN_CLAIMABLE = scripts.script("scan_claimable")
-_CLAIM_UNLEASED = scripts.script("claim_unleased")
 DEAD_LETTER = scripts.script("dead_letter")
 _RENEW_OWN = scripts.script("renew_own")
 _RECOUNT_OWN = scripts.script("recount_own")
@@ -262,41 +260,12 @@ class StreamQueue:
         self.settle(list(ids), [])
 
     # -- lease-aware delivery ------------------------------------------------------------
-    def claim_unleased(self, cursor: str, min_idle_ms: int, count: int) -> tuple[str, list[Entry], int]:
-        """One bounded reclaim step: claim entries idle > ``min_idle_ms`` whose lease is absent.
-
-        Scans at most ``count * 10`` pending entries after ``cursor``; returns (next cursor,
-        claimed entries with their new delivery counts, entries skipped for a live lease). The
-        cursor is ``0-0`` once the end of the pending list was reached. One round trip when no
-        entry is idle enough (every pass of a healthy fleet); otherwise a second one: the scan
-        names each candidate's execution, and the claim script gets their lease keys in KEYS and
-        checks each lease and claims in one atomic call, so a holder cannot renew in between
-        (XCLAIM's min-idle-time re-checks idleness there too).
-        """
-        scan = count * 10
-        found: list[Any] = _SCAN_CLAIMABLE(self.owner, [self.stream], [self.group, min_idle_ms, cursor, scan])
-        if not found:
-            return "0-0", [], 0
-        own, prefix = self.id_prefix.encode(), self.lease_prefix
-        # Keys stay bytes: an execution id that is not valid UTF-8 still names exactly its lease.
-        # A tenant's lease is in its namespace (the body's tenant_id, see plaita.store.keyspace).
-        lease_keys = [
-            tenant_prefix(prefix, t) + (key_id_bytes(bytes(e)) if e else own + bytes(mid)) for mid, e, t in found
-        ]
-        ids = [mid for mid, _, _ in found]
-        reply: list[Any] = _CLAIM_UNLEASED(
-            self.owner,
-            [self.stream, *lease_keys],
-            [self.group, self.consumer, min_idle_ms, count, scan, *ids],
-        )
-        entries = []
-        for mid, flat, times_delivered, owner_idle_ms in reply[1]:
-            fields, problems = decode_fields(list(flat))
-            idle_ms = int(owner_idle_ms)
-            entries.append(
-                Entry(as_text(mid), fields, int(times_delivered), tuple(problems), idle_ms if idle_ms >= 0 else None)
-            )
-        return as_text(reply[0]), entries, int(reply[2])
+    def claim_unleased(
+        self, cursor: str, min_idle_ms: int, count: int, *, dead_ms: int = 0
+    ) -> tuple[str, list[Entry], int]:
+        """One bounded reclaim step: claim entries idle > ``min_idle_ms`` whose lease is absent,
+        at most ``count`` of live consumers (``plaita.store.reclaim``)."""
+        return reclaim.claim_unleased(self, cursor, min_idle_ms, count, dead_ms=dead_ms)
 
     def renew_pending(self, ids: list[str]) -> list[str]:
         """Reset the idle time of our own pending entries (XCLAIM … JUSTID to ourselves).

@@ -111,6 +111,20 @@ def test_an_acknowledged_start_that_never_ran_fails_1() -> None:
     assert "1" in _failing(d)
 
 
+def test_a_start_the_producer_cancelled_before_its_first_step_passes_1() -> None:
+    """Soak 2026: ``soak-005974`` ended ``cancelled`` before its first step by the producer's own
+    cancel, and the checker called it a lost enqueue. Only a start nobody cancelled may fail 1."""
+    d = good_run()
+    d["history"] = [r for r in d["history"] if r["id"] != "m1"]
+    d["executions"]["m1"]["status"] = "cancelled"
+    assert "1" in _failing(d)  # cancelled, but not by the producer: the start was lost
+    d["producer"].append({"op": "cancel", "id": "m1", "t": T0 + 2.5, "status_seen": "running"})
+    assert "1" not in _failing(d)
+    failed_cancel = copy.deepcopy(d)
+    failed_cancel["producer"][-1]["error"] = "ConnectionError: cut"
+    assert "1" in _failing(failed_cancel)  # a cancel that never reached Redis explains nothing
+
+
 def test_two_workers_running_one_execution_at_once_fail_2() -> None:
     d = good_run()
     d["history"] += _run("m1", "m2", T0 + 3.1, T0 + 3.3, pid=9, flow="soak-multi")
@@ -228,6 +242,19 @@ def test_a_second_set_of_children_fails_8_and_a_child_run_twice_fails_3() -> Non
     twice = good_run()
     twice["staged"][f"{KIDS[0]}:work"] = 2
     assert _failing(twice) == {"3"}
+
+
+def test_children_of_a_start_whose_reply_was_cut_are_its_own_not_strays_8() -> None:
+    """Soak 2026: ``soak-008032``'s XADD reply was cut by a fault but the start landed and ran; its
+    children were called strays because only acknowledged starts were taken as parents."""
+    d = good_run()
+    start = next(r for r in d["producer"] if r["id"] == "f1")
+    del start["mid"]
+    start["error"] = "ConnectionError: reply cut"
+    assert "8" not in _failing(d)
+    never_ran = copy.deepcopy(d)  # a parent that never ran has no children of its own
+    never_ran["history"] = [r for r in never_ran["history"] if r["id"] != "f1"]
+    assert "8" in _failing(never_ran)
 
 
 def test_a_sleep_that_woke_early_or_never_fails_9() -> None:

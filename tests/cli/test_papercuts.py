@@ -11,7 +11,10 @@ import time
 import pytest
 import redis
 
+from plaita.cli.admin import _cut, _runs
 from plaita.cli.common import redis_failed
+from plaita.cli.main import build_parser
+from plaita.cli.options import settings_from_args
 from plaita.flows.client import FlowClient
 from tests.cli.test_executions_cli import ROOT, one_line, put, run
 
@@ -73,3 +76,27 @@ def test_a_closed_stdout_ends_quietly_not_as_a_redis_failure(redis_url: str, rcl
     assert proc.wait(30) == 0 and "failed" not in err and "Traceback" not in err, err
     with pytest.raises(BrokenPipeError):
         redis_failed("executions", redis_url, BrokenPipeError(32, "Broken pipe"))
+
+
+def test_metrics_bind_loopback_unless_the_operator_opens_them() -> None:
+    """Issue 34 item 4: ``--metrics-port`` bound 0.0.0.0 by default, publishing a worker's and a
+    keeper's metrics to the whole network; loopback is the default now, 0.0.0.0 a choice."""
+    parser = build_parser({})
+    worker = parser.parse_args(["worker", "--handler", "m:f", "--metrics-port", "9464"])
+    assert settings_from_args(worker).metrics_host == "127.0.0.1"
+    assert parser.parse_args(["keeper", "--metrics-port", "9101"]).metrics_host == "127.0.0.1"
+    opened = parser.parse_args(["worker", "--handler", "m:f", "--metrics-port", "1", "--metrics-host", "0.0.0.0"])
+    assert settings_from_args(opened).metrics_host == "0.0.0.0"
+    env = build_parser({"PLAITA_METRICS_HOST": "10.0.0.5"}).parse_args(["worker", "--handler", "m:f"])
+    assert settings_from_args(env).metrics_host == "10.0.0.5"
+
+
+def test_workers_names_flows_without_none_and_cuts_only_without_wide() -> None:
+    """Issue 34 item 4: ``plaita workers`` printed ``signup@None`` for a flow with no version and
+    cut names at 40 characters with nothing to say so; ``--wide`` prints them whole."""
+    entry = {"runs": {"flows": [{"flow_id": "signup", "version": None}, {"flow_id": "orders", "version": "2"}]}}
+    assert _runs(entry) == "flows signup,orders@2"
+    long_name = "flows " + "x" * 60
+    assert _cut(long_name, 40, wide=False) == long_name[:39] + "…" and _cut(long_name, 40, wide=True) == long_name
+    assert _cut("short", 40, wide=False) == "short"
+    assert build_parser({}).parse_args(["workers", "--wide"]).wide is True

@@ -65,4 +65,26 @@ def begin(ctx: StepContext) -> None:
     client().rpush(starts_key(ctx.flow_id), repr(time.time()))
 
 
-FLOWS = [pair, solo, paced]
+def order_key(flow_id: str) -> str:
+    return f"plaita:test:limit:order:{flow_id}"
+
+
+def gate_key(flow_id: str) -> str:
+    return f"plaita:test:limit:gate:{flow_id}"
+
+
+#: Records the order its executions run in; one started with ``gate`` holds its slot until the
+#: test sets the flow's gate key (bounded: 60 s).
+ordered = Flow("ordered", max_concurrent=1)
+
+
+@ordered.step
+def record(ctx: StepContext) -> None:
+    c = client()
+    c.rpush(order_key(ctx.flow_id), ctx.execution_id)
+    deadline = time.monotonic() + 60
+    while ctx.params.get("gate") and not c.exists(gate_key(ctx.flow_id)) and time.monotonic() < deadline:
+        ctx.cancel.wait(0.02)
+
+
+FLOWS = [pair, solo, paced, ordered]

@@ -40,14 +40,24 @@ def only(ctx: StepContext) -> Any:
 fixable = Flow("fixable")
 
 
+def _publish_first_run(ctx: StepContext, n: int) -> None:
+    """With ``params.publish``: the step's first run publishes an event and its progress."""
+    if ctx.params.get("publish") and n == 1:
+        ctx.publish(f"from_{ctx.step}", {"run": n})
+        ctx.set_progress({"step": ctx.step})
+
+
 @fixable.step
 def a(ctx: StepContext) -> dict[str, Any]:
-    return {"a": _count(ctx)}
+    n = _count(ctx)
+    _publish_first_run(ctx, n)
+    return {"a": n}
 
 
 @fixable.step
 def b(ctx: StepContext) -> Any:
     n = _count(ctx)
+    _publish_first_run(ctx, n)
     if client().exists(f"plaita:test:broken:{ctx.execution_id}"):
         raise NonRetryableError("our bug")
     if n == ctx.params.get("hold_run"):  # this run of b holds until cancelled (a kill -9 target)

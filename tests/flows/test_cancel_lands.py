@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from plaita.errors import NotForThisWorker
 from plaita.flows.cancel import ALREADY_CANCELLED, ENDED, QUEUED, RUNNING
 from plaita.flows.client import ExecutionNotFound
 from plaita.flows.execution import DEADLINE_EXCEEDED
@@ -133,12 +132,12 @@ def test_a_cancelled_start_waiting_for_a_slot_ends_cancelled_without_one(h: Harn
     slot_taken_elsewhere(h)
     h.flows.start("gated", {}, execution_id="q1")
     body = queued_start(h, "q1")
-    with pytest.raises(NotForThisWorker):  # waits for its slot: back to the queue
-        h.run(body)
+    assert h.run(body) is None  # waits for its slot: parked
     h.store.request_cancel("q1")
     doc = h.run(body)
     assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
     assert ledgers("q1", ["occupy"]) == [0]
+    assert FlowLimitStore(h.client, h.store.ks).waiting("gated") == 0, "it left the parked starts"
 
 
 def test_a_start_waiting_for_a_slot_past_its_deadline_ends_cancelled(h: Harness) -> None:
@@ -166,11 +165,25 @@ def test_cancel_of_a_start_waiting_for_a_slot_says_so_and_lands(h: Harness) -> N
     slot_taken_elsewhere(h)
     h.flows.start("gated", {}, execution_id="q4")
     body = queued_start(h, "q4")
-    with pytest.raises(NotForThisWorker):
-        h.run(body)
+    assert h.run(body) is None  # parked
     assert h.flows.cancel("q4").outcome == QUEUED
     doc = h.run(body)
     assert doc is not None and doc["status"] == "cancelled" and ledgers("q4", ["occupy"]) == [0]
+
+
+def test_cancel_of_a_parked_start_puts_it_back_and_it_ends_cancelled(h: Harness) -> None:
+    """Issue 31 item 4: a parked start has left the stream (its task was acked); a cancel finds it
+    among its flow's parked starts and puts it back on its stream, so it ends ``cancelled`` now
+    instead of when a slot frees (before the fix: ExecutionNotFound, then it ran)."""
+    slot_taken_elsewhere(h)
+    h.flows.start("gated", {}, execution_id="q8")
+    body = queued_start(h, "q8")
+    assert h.run(body) is None  # parked
+    h.client.delete(h.queue.stream)  # its task acked and deleted, as a worker does
+    assert h.flows.cancel("q8").outcome == QUEUED
+    doc = h.run(queued_start(h, "q8"))  # the start put back on the stream
+    assert doc is not None and doc["status"] == "cancelled" and ledgers("q8", ["occupy"]) == [0]
+    assert FlowLimitStore(h.client, h.store.ks).waiting("gated") == 0
 
 
 def test_cancel_says_what_it_did(h: Harness) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from plaita.errors import LeaseLostError
 from plaita.flows import FlowRunner
-from plaita.flows.checkpoint import LeaseLostError
 from plaita.flows.client import FlowClient
 from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings

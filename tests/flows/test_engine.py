@@ -307,7 +307,7 @@ def test_resume_of_a_still_running_execution_is_applied_at_its_suspension(h: Har
     doc = h.run(resume("pr1", "event", "ann@x", resume_id="ev-1"))
     assert doc is not None and doc["status"] == "completed" and doc["state"]["email"] == "ann@x"
     assert "ev-1" in doc["applied_resumes"]
-    assert [e["outcome"] for e in doc["history"]] == ["suspended", "ok", "ok"]
+    assert [e["outcome"] for e in doc["history"]] == ["suspended", "resumed", "ok", "ok"]
     h.run(start("pr1", "signup"))  # the dead worker's start, redelivered at last: a no-op
     assert ledgers("pr1", ["create", "wait_email", "finish"]) == [0, 2, 1]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from plaita.flows.checkpoint import LeaseLostError
+from plaita.errors import LeaseLostError
 from plaita.flows.client import FlowClient
 from plaita.flows.context import StepContext
 from plaita.flows.events import MAX_EVENT_BYTES, MAX_EVENTS, publisher

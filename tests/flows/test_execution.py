@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from plaita.flows import Flow
+from plaita.flows.checkpoint import sealed
 from plaita.flows.execution import (
     APPLIED_RESUMES_LIMIT,
     HISTORY_LIMIT,
     BadExecution,
     Execution,
     error_doc,
-    sealed,
 )
 from plaita.flows.validate import StepOutputError
 

@@ -3,6 +3,7 @@ dead holder's slot, expiry, the start rate, and the Flow options' validation."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -76,21 +77,22 @@ def test_a_suspended_execution_holds_no_slot(h: Harness) -> None:
     assert limits(h).holders("gate") == 0
 
 
-def test_a_full_flow_hands_the_start_back_before_creating_anything(h: Harness) -> None:
-    """Over the limit a start raises a delayed hand-back (no DLQ, no delivery) and writes nothing."""
+def test_a_full_flow_parks_the_start_before_creating_anything(h: Harness) -> None:
+    """Over the limit a start parks (issue 31 item 4; it was handed back to be re-read): its task
+    ends, nothing is written but the parked entry, and a redelivery of it parks no second one.
+    The release that frees the slot puts it back on its stream, and it takes the reserved slot."""
     assert take(h, "gate", "elsewhere", "other-worker") == TAKEN
     assert take(h, "gate", "another", "third-worker") == FULL
-    delays = []
-    for _ in range(8):
-        with pytest.raises(NotForThisWorker) as caught:
-            h.run(start("g3", "gate"))
-        assert caught.value.hand_back
-        delays.append(caught.value.delay_s)
+    for _ in range(3):
+        assert h.run(start("g3", "gate")) is None
     assert h.store.get("g3") is None
-    assert all(0 < d <= WAIT_MAX_S for d in delays)
-    assert delays[-1] > delays[0]  # the wait grows while the flow stays full
-    assert limits(h).release("gate", "elsewhere", "other-worker")
+    assert limits(h).waiting("gate") == 1
+    assert limits(h).release("gate", "elsewhere", "other-worker", max_concurrent=1, ttl_s=30.0)
+    [(_, fields)] = h.client.xrange(h.store.ks.stream(0))  # type: ignore[misc]
+    assert json.loads(fields[b"payload"])["execution_id"] == "g3"
+    assert take(h, "gate", "another", "third-worker") == FULL, "the freed slot is g3's"
     assert h.run(start("g3", "gate"))["status"] == "suspended"  # type: ignore[index]
+    assert limits(h).waiting("gate") == 0
 
 
 def test_a_resume_waits_for_a_slot_too(h: Harness) -> None:
@@ -124,8 +126,7 @@ def test_the_same_id_in_another_tenant_is_another_execution_for_the_slots(h: Har
     member = slot_member(Task("1-0", {**start("g7", "gate"), "tenant_id": "t1"}, 1))
     assert member != "g7"
     assert take(h, "gate", member, "t1-worker") == TAKEN
-    with pytest.raises(NotForThisWorker):
-        h.run(start("g7", "gate"))
+    assert h.run(start("g7", "gate")) is None  # parked
     assert h.store.get("g7") is None
     assert limits(h).release("gate", member, "t1-worker")
     assert h.run(start("g7", "gate"))["status"] == "suspended"  # type: ignore[index]

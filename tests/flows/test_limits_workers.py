@@ -12,11 +12,11 @@ import pytest
 
 from plaita.flows.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.flow_limits import limit_keys
+from plaita.store.flow_limits import FlowLimitStore, limit_keys
 from plaita.store.keyspace import Keyspace
 from plaita.store.streams import StreamQueue
 from tests.flows import flowdefs
-from tests.flows.limitdefs import max_key, running_key, starts_key
+from tests.flows.limitdefs import gate_key, max_key, order_key, running_key, starts_key
 from tests.flows.support import dlq, ledgers
 from tests.support.lease_workers import QUEUE, WorkerProc, wait_for, worker_proc
 from tests.support.redis_server import RedisServer
@@ -47,23 +47,53 @@ def handed_back(procs: list[WorkerProc]) -> int:
     return sum(p.counters().get("handed_back", 0) for p in procs)
 
 
+def parked(flow_id: str) -> int:
+    return FlowLimitStore(flowdefs.client(), Keyspace(QUEUE)).waiting(flow_id)
+
+
 def test_max_concurrent_holds_across_four_workers(redis_url: str, flows: FlowClient, tmp_path: Path) -> None:
     """Four workers of three handler threads each, a flow of two slots: never more than two run;
-    the rest wait in the queue, handed back without a delivery charged (``--max-deliveries 1``
-    would dead-letter a task delivered twice), and every execution completes once."""
+    the rest wait parked, without a delivery charged (``--max-deliveries 1`` would dead-letter a
+    task delivered twice), and every execution completes once."""
     with ExitStack() as stack:
         procs = workers(stack, redis_url, tmp_path, 4, *args(5, 5000, "--max-deliveries", "1"))
         eids = [flows.start("pair", {"hold_s": 0.3}) for _ in range(10)]
+        wait_for(lambda: parked("pair") > 0, 60, "starts parked for a slot")
         docs = [flows.wait(eid, 60) for eid in eids]
-        waits = handed_back(procs)
         assert all(p.terminate() == 0 for p in procs)
     assert [d["status"] for d in docs] == ["completed"] * 10
     c = flowdefs.client()
     assert 1 <= int(c.get(max_key("pair")) or 0) <= 2
     assert int(c.get(running_key("pair")) or 0) == 0
     assert [ledgers(eid, ["hold"]) for eid in eids] == [[1]] * 10  # no step ran twice
-    assert waits > 0  # over the limit, tasks went back to the queue
+    assert parked("pair") == 0
     assert dlq(c) == []
+
+
+def test_waiting_starts_run_in_start_order_and_are_not_re_read(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """Issue 31 item 4, on two worker processes: while a one-slot flow is busy, 8 starts wait
+    parked (none handed back to be re-read; before the fix a worker re-read waiting tasks about
+    3 times per start), and once the slot frees they run in the order they were started. Each
+    start is read at most twice: when it parked and when its turn came."""
+    c = flowdefs.client()
+    with ExitStack() as stack:
+        procs = workers(stack, redis_url, tmp_path, 2, *args(5, 5000, "--max-deliveries", "1"))
+        blocker = flows.start("ordered", {"gate": True})
+        wait_for(lambda: c.lrange(order_key("ordered"), 0, -1) == [blocker], 60, "the blocker holds the slot")
+        eids = [flows.start("ordered") for _ in range(8)]
+        wait_for(lambda: parked("ordered") == 8, 60, "every start parked")
+        c.set(gate_key("ordered"), "1")
+        docs = [flows.wait(eid, 60) for eid in [blocker, *eids]]
+        reads = sum(p.counters().get("completed", 0) for p in procs)
+        waits = handed_back(procs)
+        assert all(p.terminate() == 0 for p in procs)
+    assert [d["status"] for d in docs] == ["completed"] * 9
+    assert c.lrange(order_key("ordered"), 0, -1) == [blocker, *eids]
+    assert waits == 0
+    assert reads <= 1 + 2 * len(eids)
+    assert parked("ordered") == 0 and dlq(c) == []
 
 
 def test_a_killed_workers_slot_comes_back_within_the_lease_ttl(
@@ -131,7 +161,7 @@ def test_a_redis_freeze_and_restart_lose_no_waiting_task(
         with ExitStack() as stack:
             procs = workers(stack, url, tmp_path, 2, *args(2, 500))
             eids = [flows.start("pair", {"hold_s": 0.5}) for _ in range(12)]
-            wait_for(lambda: handed_back(procs) > 0, 60, "tasks waiting for a slot")
+            wait_for(lambda: parked("pair") > 0, 60, "starts parked for a slot")
             private_redis.freeze()
             time.sleep(3.0)  # the fault's length: longer than the 2 s lease TTL
             private_redis.thaw()

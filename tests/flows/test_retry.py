@@ -103,6 +103,21 @@ def test_retry_from_a_named_earlier_step_drops_its_results_and_reruns_from_there
     assert doc["results"]["a"] == {"a": 2}
 
 
+def test_a_restart_drops_the_events_of_the_steps_that_run_again_and_keeps_the_others(h: Harness) -> None:
+    """Issue 31 item 6: a retry from step S kept what S and the steps after it had published, so a
+    reader took the failed run's progress for the new run's. Those events go with their results;
+    the events of the steps before S stay."""
+    _broken("r6", True)
+    assert h.run(start("r6", "fixable", publish=True))["status"] == "error"  # type: ignore[index]
+    assert h.flows.events("r6") == {"from_a": {"run": 1}, "from_b": {"run": 1}, "progress": {"step": "b"}}
+    _broken("r6", False)
+    doc = h.run(_restart("r6", "retry:from-b", from_step="b"))  # b and c run again, publishing nothing
+    assert doc is not None and doc["status"] == "completed" and ledgers("r6", STEPS) == [1, 2, 1]
+    assert h.flows.events("r6") == {"from_a": {"run": 1}}  # b's event and b's progress are gone
+    doc = h.run(_restart("r6", "retry:from-a", from_step="a", force=True))
+    assert doc is not None and doc["status"] == "completed" and h.flows.events("r6") == {}
+
+
 def test_a_redelivered_restart_is_a_no_op(h: Harness) -> None:
     _broken("r3", True)
     h.run(start("r3", "fixable"))

@@ -8,6 +8,7 @@ import time
 import pytest
 import redis
 
+from plaita.store import scripts
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import LeaseManager
 from plaita.store.streams import StreamQueue
@@ -277,6 +278,9 @@ class TestAckRetry:
         self, redis_url: str, bclient: redis.Redis, failures: int
     ) -> None:
         """The settle transaction fails; the outcome is kept and acked after recovery, the handler ran once."""
+        # Every script loaded first: a settle whose EVALSHA meets NOSCRIPT is re-sent once more
+        # (a third XACK transaction), and whether the server had the script depended on timing.
+        scripts.ensure_loaded(bclient, list(scripts.SCRIPTS.values()))
         s = settings(redis_url, "acker", claim_min_idle_ms=2000)
         client = worker_client(redis_url, s, FlakySettleRedis)
         assert isinstance(client, FlakySettleRedis)

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from plaita.errors import ChildProcessDied
-from plaita.runtime.procchild import StepRaised
+from plaita.errors import ChildProcessDied, StepRaised
 from plaita.runtime.procpool import ProcessPool
 from plaita.tasks import CancelFlag
 from tests.support.pooljobs import Job

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any
 import pytest
 import redis
 
+from plaita.errors import LeaseLostError
 from plaita.flows import Flow, FlowRunner, RetryPolicy, StepContext
 from plaita.flows.client import FlowClient
 from plaita.runtime.aio_pool import AsyncHandlerPool
@@ -326,6 +328,19 @@ def test_an_exception_whose_str_raises_is_judged_all_the_same(delivery: int) -> 
     else:
         assert outcome.kind == DEAD and outcome.dead is not None
         assert outcome.dead.reason == "processing_failed:_Unprintable:<_Unprintable whose str() raised>"
+
+
+def test_a_lost_lease_is_one_warning_line_and_the_task_stays_pending(caplog: pytest.LogCaptureFixture) -> None:
+    """The demo on a loaded machine: a flow task whose lease lapsed during a Redis freeze raised
+    LeaseLostError, logged as a handler's failure with a 260-line traceback. It is an expected
+    condition: one warning line, the task left pending for the lease's next holder."""
+    task = Task("1-0", {"type": "start", "flow_id": "f"}, 1)
+    with caplog.at_level(logging.WARNING, logger="plaita.runtime.pool"):
+        outcome = judge(task, LeaseLostError("lease of execution e lost"), MAX_DELIVERIES)
+    assert outcome == Outcome("1-0", RETRY)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert "lease of execution e lost" in record.getMessage() and "left pending" in record.getMessage()
 
 
 def test_reproduction_4_a_generator_exit_step_on_a_real_worker(

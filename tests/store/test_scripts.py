@@ -13,7 +13,7 @@ from plaita.store import scripts
 from plaita.store.scripts import INCLUDES, SCRIPTS, Script
 
 KEY_REF = re.compile(r"KEYS\[(\d+)\]")
-FENCED = ("checkpoint_execution", "create_execution", "fenced_set", "reopen_execution")
+FENCED = ("checkpoint_execution", "create_execution", "fenced_set", "publish_event", "reopen_execution")
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
@@ -62,7 +62,7 @@ def test_the_assembled_source_has_no_directive_left(name: str) -> None:
 @pytest.mark.parametrize(
     ("line", "why"),
     [
-        ('--- @include "nope"', "unknown include 'nope' \\(known: fence\\)"),
+        ('--- @include "nope"', "unknown include 'nope' \\(known: fence, flow_slots\\)"),
         ("--- @include fence", "write an include as a whole line"),
         ('  --- @include "fence"', "write an include as a whole line"),
         ('--- @include "fence"\n--- @include "fence"', "include 'fence' is already included"),
@@ -125,6 +125,8 @@ def _fenced_call(name: str) -> tuple[list[str], list[str], object]:
     """Keys and args to run ``name`` as generation 5 writing key ``w:state``, and its refusal reply."""
     if name == "fenced_set":
         return ["w:lease", "w:fence", "w:state"], ["5", "v"], 0
+    if name == "publish_event":  # ``w:state`` is the events hash it writes; ``w:doc`` only lends its TTL
+        return ["w:lease", "w:fence", "w:state", "w:doc"], ["5", "progress", "{}", "100"], 0
     if name == "create_execution":
         return ["w:lease", "w:fence", "w:state", "w:running", "w:cancel"], ["5", "{}", "1", "e", "60"], [0, "", 0]
     keys = ["w:lease", "w:fence", "w:state", "w:cancel", "w:deadlines"] + [f"w:idx:{i}" for i in range(5)]
@@ -144,7 +146,7 @@ def _put(client: redis.Redis, key: str, value: str | dict[str, str] | None) -> N
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 @pytest.mark.parametrize("name", FENCED)
 def test_every_fenced_script_refuses_a_writer_that_lost_the_fence(redis_url: str, name: str, case: str) -> None:
-    """All four scripts refuse the same way, and write nothing; the holder itself is let through."""
+    """Every fenced script refuses the same way, and writes nothing; the holder itself is let through."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
         keys, args, refused = _fenced_call(name)

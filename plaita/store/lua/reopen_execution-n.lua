@@ -16,6 +16,9 @@
 -- ARGV[2]  state JSON (status running)
 -- ARGV[3]  now (epoch seconds; the index score)
 -- ARGV[4]  execution id (the index member)
+-- ARGV[5..] the steps that run again (the restart's step and those after it): the events they
+--           published are deleted, as their results are, so a reader never takes the previous
+--           run's progress for the new run's (a record that is not a JSON object is kept)
 -- Returns  {1} written; {0} refused (fenced out); {3, key, why} the running index holds the
 --          wrong type. Nothing is written unless the reply is {1}.
 --- @include "fence"
@@ -27,5 +30,18 @@ redis.call('SET', KEYS[3], ARGV[2])
 for i = 7, 10 do redis.pcall('ZREM', KEYS[i], ARGV[4]) end
 redis.pcall('ZREM', KEYS[5], ARGV[4])
 redis.call('DEL', KEYS[4])
-if #KEYS >= 11 then redis.call('PERSIST', KEYS[11]) end
+if #KEYS >= 11 then
+  redis.call('PERSIST', KEYS[11])
+  if #ARGV > 4 and redis.call('TYPE', KEYS[11]).ok == 'hash' then
+    local rerun = {}
+    for i = 5, #ARGV do rerun[ARGV[i]] = true end
+    local fields = redis.call('HGETALL', KEYS[11])
+    for i = 1, #fields, 2 do
+      local ok, record = pcall(cjson.decode, fields[i + 1])
+      if ok and type(record) == 'table' and type(record.step) == 'string' and rerun[record.step] then
+        redis.call('HDEL', KEYS[11], fields[i])
+      end
+    end
+  end
+end
 return {1}
