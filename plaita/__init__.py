@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         Suspend,
         load_flows,
     )
-    from plaita.flows.client import ExecutionNotFound, FlowClient, WaitTimeout
+    from plaita.flows.client import DuplicateStart, ExecutionNotFound, FlowClient, WaitTimeout
     from plaita.ops.service import WorkerService, build_worker, run_worker, start_worker
     from plaita.tasks import Task
 
@@ -77,7 +77,7 @@ _LAZY: dict[str, str] = {
         ),
         "plaita.flows",
     ),
-    **dict.fromkeys(("ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.client"),
+    **dict.fromkeys(("DuplicateStart", "ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.client"),
     **dict.fromkeys(("WorkerService", "build_worker", "run_worker", "start_worker"), "plaita.ops.service"),
 }
 
@@ -85,6 +85,7 @@ __all__ = [
     "BadTaskError",
     "ChildProcessDied",
     "ConfigError",
+    "DuplicateStart",
     "ExecutionNotFound",
     "Flow",
     "FlowClient",

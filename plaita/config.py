@@ -46,6 +46,9 @@ DEFAULT_MAX_DELIVERIES = 5
 #: A task whose worker process died this many times while it ran (at least once alone, see
 #: ``plaita.runtime.suspects``) goes to the DLQ, and its execution ends ``error``.
 DEFAULT_MAX_CRASHES = 3
+#: How long a flow start asking for a version no live worker runs waits for one (handed back with
+#: a growing delay) before it goes to the DLQ: a deploy that starts that worker later loses nothing.
+DEFAULT_VERSION_WAIT_S = 3600.0
 #: Exact XTRIM MAXLEN of the DLQ after every add.
 DEFAULT_DLQ_MAX_LEN = 1000
 #: Drain time for in-flight tasks after SIGTERM before exiting with them left pending.
@@ -146,6 +149,7 @@ class Settings:
     claim_min_idle_ms: int = DEFAULT_CLAIM_MIN_IDLE_MS
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     max_crashes: int = DEFAULT_MAX_CRASHES
+    version_wait_s: float = DEFAULT_VERSION_WAIT_S
     dlq_key: str = ""
     dlq_max_len: int = DEFAULT_DLQ_MAX_LEN
     concurrency: int = 1
@@ -234,6 +238,7 @@ class Settings:
             (0 <= self.claim_min_idle_ms <= MAX_MS, f"--claim-min-idle-ms must be within 0..{MAX_MS}"),
             (1 <= self.max_deliveries <= MAX_COUNT, f"--max-deliveries must be within 1..{MAX_COUNT}"),
             (1 <= self.max_crashes <= MAX_COUNT, f"--max-crashes must be within 1..{MAX_COUNT}"),
+            (0 <= self.version_wait_s <= week, f"--version-wait-s must be within 0..{week:.0f}"),
             (1 <= self.dlq_max_len <= MAX_COUNT, f"--dlq-max-len must be within 1..{MAX_COUNT}"),
             (1 <= self.concurrency <= 1024, "--concurrency must be within 1..1024"),
             (self.prefetch is None or 0 <= self.prefetch <= 100_000, "--prefetch must be within 0..100000"),

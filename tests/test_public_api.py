@@ -156,7 +156,7 @@ def test_from_url_starts_on_the_workers_partitions_and_close_releases_its_connec
 def test_a_wait_that_times_out_is_a_public_error(redis_url: str) -> None:
     with FlowClient.from_url(redis_url, queue_name="pub:nobody") as flows:
         eid = flows.start("never-run", {})
-        with pytest.raises(WaitTimeout, match="not started"):
+        with pytest.raises(WaitTimeout, match="still queued"):  # recorded at start (issue 31, item 2)
             flows.wait(eid, timeout_s=0.2)
 
 

@@ -289,7 +289,7 @@ class FlowDemo:
         self.client = None
 
     def _delete_keys(self) -> None:
-        from plaita.store.executions import DEADLINES_KEY, STATUSES
+        from plaita.store.executions import ALL_STATUSES, DEADLINES_KEY
         from plaita.store.fleet import registry_key
         from plaita.store.keyspace import DEFAULT
 
@@ -306,7 +306,7 @@ class FlowDemo:
             return
         try:  # the status indexes are shared with every other flow: remove only this run's ids
             pipe = self.client.pipeline(transaction=False)
-            for key in [*(DEFAULT.status_key(0, s) for s in STATUSES), DEADLINES_KEY]:
+            for key in [*(DEFAULT.status_key(0, s) for s in ALL_STATUSES), DEADLINES_KEY]:
                 pipe.zrem(key, *self.ids)
             pipe.execute()
         except Exception as exc:

@@ -29,7 +29,7 @@ Add = Callable[..., argparse.ArgumentParser]
 #: Exit code of ``cancel`` when the execution had ended ``completed`` or ``error`` first.
 CANCEL_TOO_LATE = 3
 #: Statuses ``list`` understands (the index has one sorted set each).
-LIST_STATUSES = ("running", "suspended", "completed", "error", "cancelled")
+LIST_STATUSES = ("queued", "running", "suspended", "completed", "error", "cancelled")
 
 
 def add_parsers(
@@ -59,7 +59,9 @@ def _add_start(sub: WithParents) -> None:
     st.add_argument("flow", help="flow id")
     st.add_argument("--input", default="{}", help="params as a JSON object (default {})")
     st.add_argument("--execution-id", help="use this execution id (default: a new one)")
-    st.add_argument("--dedup-key", help="start at most one execution per key")
+    st.add_argument(
+        "--dedup-key", help="start at most one execution per key (a held key: its execution's id, a note on stderr)"
+    )
     st.add_argument("--wait", action="store_true", help="wait until the execution ends and print its state")
     st.add_argument("--timeout-s", type=seconds, default=60.0, help="longest --wait (default %(default)s)")
     st.add_argument(
@@ -166,10 +168,21 @@ def run_executions(args: argparse.Namespace) -> int:
 
 
 def _start(flows: Any, args: argparse.Namespace) -> int:
+    from plaita.flows.client import DuplicateStart
+
     params = json.loads(args.input)
-    eid = flows.start(
-        args.flow, params, execution_id=args.execution_id, dedup_key=args.dedup_key, deadline_s=args.deadline_s
-    )
+    try:
+        eid = flows.start(
+            args.flow,
+            params,
+            execution_id=args.execution_id,
+            dedup_key=args.dedup_key,
+            deadline_s=args.deadline_s,
+            on_duplicate="raise",
+        )
+    except DuplicateStart as dup:  # still exit 0 with the holder's id: the start is done, once
+        eid = dup.execution_id
+        print(f"plaita executions start: {dup}", file=sys.stderr)
     if not args.wait:
         print(json.dumps({"execution_id": eid}) if args.json else eid)
         return 0
@@ -307,6 +320,12 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
     for kept in doc.get("inbox") or []:
         if isinstance(kept, dict):
             print(f"resume {kept.get('id')} for wait {kept.get('wait_for')} kept since {_when(kept.get('at'))}")
+    waiting = doc.get("waiting")
+    if isinstance(waiting, dict) and doc.get("status") == "queued":
+        print(
+            f"waiting for a worker of version {waiting.get('version')} since {_when(waiting.get('since'))}, "
+            f"until {_when(waiting.get('until'))} (then dead-lettered)"
+        )
     if doc.get("deadline_at") is not None:
         print(f"deadline {_when(doc.get('deadline_at'))}")
     error = doc.get("error")

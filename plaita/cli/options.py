@@ -160,6 +160,14 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         ("PLAITA_MAX_CRASHES",),
         "times a task may kill its worker process (at least once running alone) before it goes to the DLQ",
     ),
+    Opt(
+        "--version-wait-s",
+        "version_wait_s",
+        float,
+        ("PLAITA_VERSION_WAIT_S",),
+        "a flow start asking for a version no live worker runs is handed back, waiting for one, this long"
+        " before it goes to the DLQ (0: at once)",
+    ),
     Opt("--dlq-key", "dlq_key", str, ("PLAITA_DLQ_KEY",), "dead-letter stream", shown="<queue>:dlq"),
     Opt("--dlq-max-len", "dlq_max_len", int, ("PLAITA_DLQ_MAX_LEN",), "DLQ trimmed to this many entries"),
     Opt(

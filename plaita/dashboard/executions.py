@@ -17,7 +17,8 @@ from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.lineage import WAITING_KINDS, waits_as
 from plaita.flows import model
 from plaita.flows.client import ExecutionNotFound, FlowClient
-from plaita.store.executions import STATUSES, TERMINAL, ExecutionStore
+from plaita.store.executions import ALL_STATUSES as STATUSES
+from plaita.store.executions import TERMINAL, ExecutionStore
 
 #: Executions listed on one page at most.
 LIST_ROWS = 200

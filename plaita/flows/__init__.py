@@ -5,7 +5,7 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 """
 
 from plaita.errors import ChildProcessDied, LeaseLostError, StepCancelled, StepTimeLimit
-from plaita.flows.client import FlowClient, WaitTimeout
+from plaita.flows.client import DuplicateStart, FlowClient, WaitTimeout
 from plaita.flows.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.engine import FlowRunner
@@ -15,6 +15,7 @@ from plaita.flows.schedules import Schedule
 __all__ = [
     "Child",
     "ChildProcessDied",
+    "DuplicateStart",
     "Execution",
     "Flow",
     "FlowClient",

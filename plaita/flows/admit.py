@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from plaita.config import DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, LeaseLostError
 from plaita.flows import inbox, model
 from plaita.flows.batch import CallBatcher, send
@@ -22,9 +23,10 @@ from plaita.flows.checkpoint import call_io
 from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover
+from plaita.flows.queued import QueuedStarts
 from plaita.flows.tracing import TaskTrace
 from plaita.flows.validate import check_wait_name, require_task_json, task_deadline
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions import QUEUED, ExecutionStore
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -99,8 +101,13 @@ class Admission:
         *,
         max_state_bytes: int,
         clock: Callable[[], float],
+        queued: QueuedStarts | None = None,
     ) -> None:
         self.flows, self.store, self.handover = flows, store, handover
+        #: The producer's queued records of starts this admission holds and does not run.
+        self.queued = queued or QueuedStarts(
+            store, version_wait_s=DEFAULT_VERSION_WAIT_S, retention_s=model.DEFAULT_RETENTION_S, clock=clock
+        )
         self.max_state_bytes = max_state_bytes
         self._clock = clock
         #: Sends the creates of executions on the caller's loop together (None: one by one).
@@ -116,6 +123,8 @@ class Admission:
         doc, cancel = await call_io(offload, self.store.load, task.execution_id)
         if doc is None:
             raise BadTaskError(f"resume of unknown execution {task.execution_id!r}")
+        if doc.get("status") == QUEUED:  # its start has not run: as for an unknown one, nothing to resume
+            raise BadTaskError(f"resume of execution {task.execution_id!r}, which is queued (its start has not run)")
         return await self._resume(task, _decoded(self.store, task.execution_id, doc), cancel, offload)
 
     async def _flow(self, flow_id: Any, task: Task, offload: bool) -> Flow:
@@ -133,7 +142,9 @@ class Admission:
         requested = body.get("version")
         if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
             await call_io(offload, self.handover.requested_version, task, flow.flow_id, str(requested))
-            raise BadTaskError(f"flow {flow.flow_id!r} version {requested!r} requested; loaded is {flow.version!r}")
+            # No live worker runs it: wait for one (a deploy may start it later), then the DLQ.
+            reason = await call_io(offload, self.queued.wait_for_version, task, flow.flow_id, str(requested))
+            raise BadTaskError(f"{reason}; loaded here is {flow.version!r}")
         return flow
 
     async def _start(self, task: Task, offload: bool) -> Run | None:
@@ -145,8 +156,12 @@ class Admission:
             except Exception:  # sent before the task ran (Redis may be back): the same call now
                 code, other, cancel = await self._create(task, ahead.text, execution.created_at, dedup, offload)
         else:
-            flow = await self._start_flow(task, offload)
-            execution, text, dedup = self._new_execution(task, flow)
+            try:
+                flow = await self._start_flow(task, offload)
+                execution, text, dedup = self._new_execution(task, flow)
+            except BadTaskError as exc:  # to the DLQ: its queued record ends with the reason
+                await call_io(offload, self.queued.dead_lettered, task, exc.reason)
+                raise
             code, other, cancel = await self._create(task, text, execution.created_at, dedup, offload)
         eid = task.execution_id
         if code == 0:

@@ -10,7 +10,8 @@ on children has their flags set here too (and their children's, …), so its chi
 their next checkpoint instead of its cancel task waiting behind theirs. An id with no document
 yet is cancelled only if a start of it is queued (or the queue is too long to tell) or parked
 for a flow slot: a parked start is put back on its stream at once (after the flag is set), so
-the cancel lands now, not when a slot frees.
+the cancel lands now, not when a slot frees. A start this plaita's producer sent has a ``queued``
+document from the start, so its record answers at once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from plaita.flows import model
 from plaita.flows.children import cancel_descendants
 from plaita.flows.limits import member_of
 from plaita.store.executions import FLAG_TTL_S, MAX_SCANNED_ENTRIES, TERMINAL, ExecutionStore
+from plaita.store.executions import QUEUED as QUEUED_STATUS
 from plaita.store.flow_limits import FlowLimitStore
 
 #: ``CancelOutcome.outcome``: the cancel is recorded and the execution will end ``cancelled``.
@@ -44,7 +46,7 @@ class CancelOutcome:
 
     @property
     def status(self) -> str | None:
-        """The execution's status once the cancel was recorded (None: not created yet)."""
+        """The execution's status once the cancel was recorded (None: no document yet)."""
         return None if self.doc is None else str(self.doc.get("status"))
 
     @property
@@ -80,15 +82,16 @@ def request_cancel(
     doc = store.get(execution_id)
     queued: bool | None = None
     parked: dict[str, Any] | None = None
-    if doc is None:
+    if doc is None or doc.get("status") == QUEUED_STATUS:  # its start may be parked for a slot
+        parked = FlowLimitStore(store.client, store.ks).parked_start(member_of(store.ks.tenant, execution_id))
+    if doc is None and parked is None:
         queued = store.start_queued(execution_id, stream)
-        if queued is False:
-            parked = FlowLimitStore(store.client, store.ks).parked_start(member_of(store.ks.tenant, execution_id))
-            queued = parked is not None
         if queued is False:
             doc = store.get(execution_id)  # created (maybe ended) while the stream was read
             if doc is None:
                 return None
+    elif doc is None:
+        queued = True
     if doc is not None and doc.get("status") in TERMINAL:
         return _ended(execution_id, doc)
     store.request_cancel(execution_id)
@@ -100,6 +103,8 @@ def request_cancel(
         return CancelOutcome(execution_id, UNSEEN if queued is None else QUEUED, None)
     if status in TERMINAL:
         return _ended(execution_id, doc)
+    if status == QUEUED_STATUS:  # recorded by its producer, not taken by a worker yet
+        return CancelOutcome(execution_id, QUEUED, doc)
     if status != "suspended":
         return CancelOutcome(execution_id, RUNNING, doc)
     flow_id, tenant = doc.get("flow_id"), store.ks.tenant

@@ -21,10 +21,11 @@ from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.cancel import CancelOutcome, request_cancel
+from plaita.flows.execution import Execution
 from plaita.flows.tracing import producing
 from plaita.flows.validate import check_deadline_s, check_wait_name, require_json
 from plaita.store.client import make_client
-from plaita.store.executions import TERMINAL, ExecutionStore
+from plaita.store.executions import QUEUED, TERMINAL, ExecutionStore
 from plaita.store.partitioned import open_queue
 from plaita.store.streams import StreamQueue
 
@@ -59,6 +60,19 @@ def _operator() -> str:
     except Exception:  # no login name (a container without a passwd entry)
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
+
+
+class DuplicateStart(PlaitaError):
+    """``start(..., on_duplicate="raise")`` whose dedup key is held: ``execution_id`` holds it."""
+
+    def __init__(self, execution_id: str, dedup_key: str | None) -> None:
+        super().__init__(f"dedup key {dedup_key!r} is held by execution {execution_id!r}; nothing enqueued")
+        self.execution_id = execution_id
+        self.dedup_key = dedup_key
+
+
+#: What ``start`` does when its dedup key is held: return the holder's id, or raise DuplicateStart.
+ON_DUPLICATE = ("return", "raise")
 
 
 class WaitTimeout(PlaitaError):
@@ -141,22 +155,26 @@ class FlowClient:
         dedup_key: str | None = None,
         version: str | None = None,
         deadline_s: float | None = None,
+        on_duplicate: str = "return",
     ) -> str:
-        """Enqueue a start; returns the execution id (an earlier one when ``dedup_key`` was seen).
+        """Record the execution as ``queued`` and enqueue its start, in one atomic call; returns
+        its id. With ``dedup_key`` already held (by a start within 7 days, however close), nothing
+        is enqueued and the holder's id is returned; ``on_duplicate="raise"`` raises
+        ``DuplicateStart`` (its ``execution_id`` the holder's) instead. An ``execution_id`` that
+        exists already is enqueued as before (a no-op for a worker unless it is still running).
 
         ``deadline_s``: the whole execution must end within that many seconds from now (this
         machine's clock); past it the execution is cancelled, its children too, and its
         ``error`` says ``DeadlineExceeded``. ValueError unless finite, above 0, at most 10 years."""
         if params is not None and not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object)")
+        if on_duplicate not in ON_DUPLICATE:
+            raise ValueError(f"on_duplicate must be one of {', '.join(ON_DUPLICATE)}, not {on_duplicate!r}")
         require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
-        deadline_at = None if deadline_s is None else time.time() + check_deadline_s(deadline_s)
+        now_s = time.time()
+        deadline_at = None if deadline_s is None else now_s + check_deadline_s(deadline_s)
         if dedup_key is not None and execution_id is not None:
             self._check_same_partition(execution_id, dedup_key)
-        if dedup_key is not None:
-            earlier = self.store.dedup_target(dedup_key)
-            if earlier is not None:
-                return earlier
         eid = execution_id or self._new_id(dedup_key)
         body = model.start_body(
             flow_id,
@@ -167,8 +185,16 @@ class FlowClient:
             deadline_at=deadline_at,
             tenant_id=self.tenant_id,
         )
-        self._enqueue(body)
-        return eid
+        record = Execution.queued(
+            eid, flow_id, params or {}, dedup_key=dedup_key, version=version, now_s=now_s, deadline_at=deadline_at
+        )
+        ks = self.queue.keyspace
+        with producing([body], ks.queue):
+            stream = ks.stream(ks.partition_of(eid))
+            done = self.store.enqueue_start(eid, body, record.encode(), stream=stream, now_s=now_s, dedup_key=dedup_key)
+        if done.duplicate and on_duplicate == "raise":
+            raise DuplicateStart(done.execution_id, dedup_key)
+        return done.execution_id
 
     def _check_same_partition(self, execution_id: str, dedup_key: str) -> None:
         """ValueError unless the execution id and its dedup key fall in one partition: the
@@ -197,6 +223,8 @@ class FlowClient:
         only it takes the event, and an event that comes before its wait is kept until the wait
         runs (``plaita.flows.inbox``). NotResumable when the execution has ended (no wait can
         take it any more); ValueError for a bad name or type.
+        ExecutionNotFound when there is no execution, or it is still ``queued`` (no worker ran
+        its start yet: as before a start was recorded, there is nothing to resume).
         """
         if resume_type not in model.RESUME_TYPES:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
@@ -207,6 +235,8 @@ class FlowClient:
         doc = self._require(execution_id)
         if wait_for is not None and doc.get("status") in TERMINAL:
             raise NotResumable(f"execution {execution_id} is {doc.get('status')}: no wait can take a resume any more")
+        if doc.get("status") == QUEUED:  # a worker would dead-letter it: nothing runs yet to resume
+            raise ExecutionNotFound(f"execution {execution_id!r} is queued: its start has not run, nothing to resume")
         flow_id, tenant = doc.get("flow_id"), self.tenant_id
         body = model.resume_body(
             execution_id,
@@ -285,9 +315,9 @@ class FlowClient:
         return default if record is None else record.get("value")
 
     def wait(self, execution_id: str, timeout_s: float, *, poll_s: float = WAIT_POLL_S) -> dict[str, Any]:
-        """The state once terminal; WaitTimeout after ``timeout_s`` (a start not yet run by a
-        worker has no state: waiting covers that too). ValueError for a ``timeout_s`` that is not
-        a finite number >= 0 (NaN would wait for ever)."""
+        """The state once terminal; WaitTimeout after ``timeout_s`` (a start not yet taken by a
+        worker is ``queued``; one an older producer sent has no state yet: waiting covers both).
+        ValueError for a ``timeout_s`` that is not a finite number >= 0 (NaN would wait for ever)."""
         _checked_id(execution_id)
         if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s) or timeout_s < 0:
             raise ValueError(f"timeout_s must be a finite number of seconds >= 0, not {timeout_s!r}")
@@ -309,7 +339,8 @@ class FlowClient:
 
     def _new_id(self, dedup_key: str | None) -> str:
         """A fresh execution id; with a dedup key and partitions, one in the dedup key's partition
-        (``ExecutionStore.dedup_target`` looks there), so two starts with one key always meet."""
+        (where its dedup key lives: one script answers it and records the start), so two starts
+        with one key always meet."""
         ks = self.queue.keyspace
         want = ks.partition_of(dedup_key) if dedup_key is not None else None
         for _ in range(MAX_ID_TRIES):

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from plaita.config import DEFAULT_LEASE_TTL_S
+from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
 from plaita.errors import LeaseLostError, StepCancelled
 from plaita.flows import inbox, model
 from plaita.flows.admit import Run
@@ -86,6 +86,7 @@ class FlowRunner(StepWaits, Throttle):
         observer: ExecutionObserver | None = None,
         slot_ttl_s: float = DEFAULT_LEASE_TTL_S,
         tracer_provider: Any = None,
+        version_wait_s: float = DEFAULT_VERSION_WAIT_S,
         steps: StepCaller | None = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
@@ -104,7 +105,9 @@ class FlowRunner(StepWaits, Throttle):
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = Handover(store.client, store.ks.queue)
         #: The default tenant's parts; another tenant's (``_scope``) are made on its first task.
-        parts = ScopeParts(self.flows, self.handover, max_state_bytes, retention_s, clock, self._batcher)
+        parts = ScopeParts(
+            self.flows, self.handover, max_state_bytes, retention_s, clock, self._batcher, version_wait_s
+        )
         self._scopes = TenantScopes(store, parts)
         default = self._scopes.default
         self._admission, self._checkpoints, self._children = default.admission, default.checkpoints, default.children

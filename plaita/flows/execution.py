@@ -26,14 +26,14 @@ from plaita.flows.failures import error_from_exception as error_from_exception
 from plaita.flows.failures import exception_text as exception_text
 from plaita.flows.failures import history_entry
 from plaita.flows.validate import StepOutputError, dumps, epoch_or_none
-from plaita.store.executions import STATUSES, TERMINAL
+from plaita.store.executions import ALL_STATUSES, QUEUED, TERMINAL
 
 #: History entries kept per execution (the newest); ``steps_run`` keeps counting.
 HISTORY_LIMIT = 200
 #: Resume ids remembered per execution, so a redelivered resume is a no-op.
 APPLIED_RESUMES_LIMIT = 100
 #: Fields left out while they have this value (older documents lack them).
-_ABSENT: dict[str, Any] = {"versions": None, "suspensions": 0, "deadline_at": None, "inbox": []}
+_ABSENT: dict[str, Any] = {"versions": None, "suspensions": 0, "deadline_at": None, "inbox": [], "waiting": None}
 #: The ``error`` type of an execution cancelled because its whole-execution deadline passed.
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 
@@ -79,11 +79,14 @@ class Execution:
     deadline_at: float | None = None
     #: Resumes addressed to a wait the execution was not in yet (``plaita.flows.inbox``).
     inbox: list[dict[str, Any]] = field(default_factory=list)
+    #: What a ``queued`` execution waits for (``{"for": "version", "version", "since", "until"}``:
+    #: a worker of the version its start asks for); None: nothing but a worker.
+    waiting: dict[str, Any] | None = None
     #: Fields this version does not know, written back as they were.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
+        if self.status not in ALL_STATUSES:
             raise BadExecution(f"execution {self.execution_id!r} has unknown status {self.status!r}")
 
     # -- encode / decode -------------------------------------------------------------------
@@ -99,15 +102,41 @@ class Execution:
         deadline_at: float | None = None,
     ) -> Execution:
         """A new execution of ``flow``, running, at its first step (cancelled past ``deadline_at``)."""
-        return cls(
-            execution_id=execution_id,
-            flow_id=flow.flow_id,
+        queued = cls.queued(execution_id, flow.flow_id, params, dedup_key=dedup_key, version=None, now_s=now_s)
+        return replace(
+            queued,
             fingerprint=flow.fingerprint,
             version=flow.version,
             versions=flow.lineage(),
             status="running",
-            step_index=0,
             step=flow.steps[0].name,
+            deadline_at=deadline_at,
+        )
+
+    @classmethod
+    def queued(
+        cls,
+        execution_id: str,
+        flow_id: str,
+        params: dict[str, Any],
+        *,
+        dedup_key: str | None,
+        version: str | None,
+        now_s: float,
+        deadline_at: float | None = None,
+    ) -> Execution:
+        """The record a producer's start writes (``queued``): no step and no definition yet, only
+        what the start asks for (``version``: the one requested, if any). A worker's create
+        replaces it with ``start``'s execution."""
+        return cls(
+            execution_id=execution_id,
+            flow_id=flow_id,
+            fingerprint=None,
+            version=version,
+            versions=None,
+            status=QUEUED,
+            step_index=0,
+            step=None,
             attempt=0,
             params=params,
             state={},
@@ -125,10 +154,21 @@ class Execution:
             deadline_at=deadline_at,
         )
 
+    def waiting_for_version(self, version: str, since_s: float, until_s: float, now_s: float) -> Execution:
+        """Still ``queued``: its start waits for a live worker of ``version`` until ``until_s``."""
+        waiting = {"for": "version", "version": version, "since": since_s, "until": until_s}
+        return replace(self, waiting=waiting, updated_at=now_s)
+
+    def dead_lettered(self, reason: str, now_s: float) -> Execution:
+        """A ``queued`` execution whose start went to the DLQ: ended ``error`` with the reason
+        (``plaita dlq requeue`` sends the start again; a worker's create then replaces it)."""
+        error = error_doc(None, "DeadLettered", reason)
+        return replace(self, status="error", error=error, ended_at=now_s, updated_at=now_s)
+
     @classmethod
     def decode(cls, doc: dict[str, Any]) -> Execution:
         """The execution a stored document holds (every document any plaita version wrote);
-        BadExecution when its status is none of ``STATUSES``."""
+        BadExecution when its status is none of ``ALL_STATUSES``."""
         try:
             return cls._decode(doc)
         except (TypeError, ValueError) as exc:
@@ -166,6 +206,7 @@ class Execution:
             suspensions=int(doc.get("suspensions") or 0),
             deadline_at=epoch_or_none(doc.get("deadline_at")),
             inbox=[e for e in doc.get("inbox") or [] if isinstance(e, dict)],
+            waiting=doc.get("waiting") if isinstance(doc.get("waiting"), dict) else None,
             extra={k: v for k, v in doc.items() if k not in known},
         )
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plaita.config import DEFAULT_VERSION_WAIT_S
 from plaita.flows.admit import Admission
 from plaita.flows.batch import CallBatcher
 from plaita.flows.checkpoint import Checkpointer
 from plaita.flows.children import Children
 from plaita.flows.definition import FlowRegistry
 from plaita.flows.handover import Handover
+from plaita.flows.queued import QueuedStarts
 from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
@@ -40,6 +42,8 @@ class ScopeParts:
     retention_s: int
     clock: Callable[[], float]
     batcher: CallBatcher | None
+    #: How long a start asking for a version no live worker runs waits (``plaita.flows.queued``).
+    version_wait_s: float = DEFAULT_VERSION_WAIT_S
 
 
 class TenantScopes:
@@ -52,7 +56,10 @@ class TenantScopes:
 
     def _new(self, store: ExecutionStore) -> Scope:
         p = self._parts
-        admission = Admission(p.flows, store, p.handover, max_state_bytes=p.max_state_bytes, clock=p.clock)
+        queued = QueuedStarts(store, version_wait_s=p.version_wait_s, retention_s=p.retention_s, clock=p.clock)
+        admission = Admission(
+            p.flows, store, p.handover, max_state_bytes=p.max_state_bytes, clock=p.clock, queued=queued
+        )
         children = Children(store)
         admission.on_child, admission.batcher = children.noted, p.batcher
         return Scope(admission, Checkpointer(store, retention_s=p.retention_s, batcher=p.batcher), children)

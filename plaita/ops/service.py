@@ -260,7 +260,11 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
     steps = StepCaller(pool, time_limit_s=settings.step_time_limit_s)
     # Flow slots (max_concurrent) outlive a dead worker exactly as long as its leases do.
     runner = FlowRunner(
-        registry, ExecutionStore(client, keyspace_of(settings)), slot_ttl_s=settings.lease_ttl_s, steps=steps
+        registry,
+        ExecutionStore(client, keyspace_of(settings)),
+        slot_ttl_s=settings.lease_ttl_s,
+        version_wait_s=settings.version_wait_s,
+        steps=steps,
     )
     runner.handover.group = settings.consumer_group  # hand over only to workers of our group
     try:

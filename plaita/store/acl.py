@@ -7,7 +7,8 @@ children, durable sleeps, ``ctx.publish``, fleet-wide limits, deadlines, tenants
 embedded keeper (``--keeper``: recovery, zombies, schedules) send, most of it inside the Lua
 scripts (ACL checks each command a script runs); the standalone ``plaita keeper`` uses it too.
 ``PRODUCER_ACL_RULES`` lets ``FlowClient`` and ``plaita executions | enqueue`` start, resume,
-cancel, retry, wait for, show and list executions: plain commands only, no scripts, no channels.
+cancel, retry, wait for, show and list executions: one script (a start: dedup answer, queued
+record and XADD at once), plain commands otherwise, no channels.
 ``ADMIN_ACL_RULES`` covers the operator commands (``plaita workers | status | stop | pause |
 resume | dlq | enqueue`` and the dashboard's actions, including cancelling and resuming
 executions), ``DASHBOARD_READ_ACL_RULES`` the dashboard's read pages. All
@@ -41,11 +42,14 @@ FLOW_WORKER_ACL_RULES = (
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
 #: ``ACL SETUSER plaita-producer on >PASSWORD <rules>``. XADD (tasks), GET/MGET (states, dedup),
-#: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE (listing), XRANGE (a cancel
-#: of an id not created yet looks for its queued start), SMEMBERS + HGET (... or its parked
-#: start); no channels.
+#: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE/ZCARD (listing, counts), XRANGE
+#: (a cancel of an id with no document looks for its start in the stream), SMEMBERS + HGET (... or
+#: its parked start); EVALSHA and SCRIPT LOAD for the start's script, which runs TYPE, EXISTS, GET,
+#: SET, ZADD, ZREMRANGEBYSCORE (expired queued records leave their index) and XADD; SADD (a
+#: tenant's first start registers the tenant); no channels.
 PRODUCER_ACL_RULES = (
-    "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange +smembers"
+    "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange +zcard "
+    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers"
 )
 
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.

@@ -6,7 +6,8 @@ Keys (the names existing deployments and tools read; they do not change):
 - ``plaita:execution:{id}``: the execution's state, one JSON string.
 - ``plaita:execution:cancel:{id}``: cancel intent (any value), 7 days.
 - ``plaita:execution:events:{id}``: what its steps published (``plaita.store.events``).
-- ``plaita:start-dedup:{key}``: the execution id a dedup key started, 7 days.
+- ``plaita:start-dedup:{key}``: the execution id a dedup key started, 7 days (set by the
+  producer's start, ``plaita.store.queued``, or by the worker's create for an older producer).
 - ``plaita:executions:status:{status}``: one sorted set per status, member = execution id,
   score = last update (epoch seconds), so listing by status needs neither KEYS nor SCAN.
 - ``plaita:executions:deadlines``: suspended executions with a deadline, scored by it.
@@ -44,6 +45,7 @@ from plaita.store.keyspace import (
     TENANTS_KEY,
     Keyspace,
 )
+from plaita.store.queued import QUEUED, Enqueued, QueuedAccess
 from plaita.store.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
 from plaita.store.staged import plan as plan_staged
 from plaita.store.stream_scan import start_queued, stream_execution_ids
@@ -54,6 +56,8 @@ __all__ = [
     "DEADLINES_KEY",
     "DEDUP_PREFIX",
     "EXECUTION_PREFIX",
+    "QUEUED",
+    "Enqueued",
     "STAGE_OPS",
     "STATUS_PREFIX",
     "TENANTS_KEY",
@@ -64,8 +68,11 @@ __all__ = [
     "UnreadableExecution",
     "stream_execution_ids",
 ]
-#: Statuses, in the order the checkpoint script receives their index keys.
+#: Statuses a checkpoint writes, in the order the checkpoint script receives their index keys.
 STATUSES = ("running", "suspended", "completed", "error", "cancelled")
+#: Every status a document holds: also ``queued``, a start recorded by its producer that no worker
+#: took over yet (only the start path writes it: ``plaita.store.queued``).
+ALL_STATUSES = (QUEUED, *STATUSES)
 TERMINAL = frozenset({"completed", "error", "cancelled"})
 #: Cancel flags and dedup keys outlive any execution that could still use them.
 FLAG_TTL_S = 7 * 24 * 3600
@@ -99,7 +106,7 @@ def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
     return code == 1, code in (1, 4) and int(reply[1]) == 1
 
 
-class ExecutionStore(KeeperAccess, EventAccess):
+class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
     """Execution state on one Redis client (bytes replies), in one queue's ``keyspace``.
 
     With partitions each execution's keys carry its partition's hash tag; the per-status and
@@ -172,6 +179,8 @@ class ExecutionStore(KeeperAccess, EventAccess):
             ks.execution_key(execution_id),
             ks.status_key(p, "running"),
             ks.cancel_key(execution_id),
+            ks.status_key(p, QUEUED),  # a producer's queued record is taken over,
+            ks.status_key(p, "error"),  # or its end when its start was dead-lettered
         ]
         if dedup:
             keys.append(ks.dedup_key(p, dedup))
@@ -340,9 +349,9 @@ class ExecutionStore(KeeperAccess, EventAccess):
 
     def counts(self) -> dict[str, int]:
         pipe = self.client.pipeline(transaction=False)
-        for s in STATUSES:
+        for s in ALL_STATUSES:
             for p in range(len(self.ks.tags)):
                 pipe.zcard(self.ks.status_key(p, s))
         totals = [int(n) for n in pipe.execute()]
         width = len(self.ks.tags)
-        return {s: sum(totals[i * width : (i + 1) * width]) for i, s in enumerate(STATUSES)}
+        return {s: sum(totals[i * width : (i + 1) * width]) for i, s in enumerate(ALL_STATUSES)}

@@ -12,6 +12,7 @@ crash strikes          ``plaita:execution:crashes:T:<id>``
 state, cancel flag     ``plaita:execution:T:<id>``, ``…cancel:T:<id>``
 published events       ``plaita:execution:events:T:<id>``
 start dedup            ``plaita:start-dedup:T:<key>``
+version wait           ``plaita:execution:version-wait:T:<id>``
 status index           ``plaita:executions:status:T:<status>``
 suspension deadlines   ``plaita:executions:deadlines:T``
 =====================  ==============================================
@@ -62,6 +63,8 @@ EVENTS_PREFIX = "plaita:execution:events:"
 #: Crash strikes of an execution (or of a task without one), ``plaita.store.crashes``.
 CRASHES_PREFIX = "plaita:execution:crashes:"
 DEDUP_PREFIX = "plaita:start-dedup:"
+#: When a start asking for a version no live worker runs began to wait (``plaita.store.queued``).
+VERSION_WAIT_PREFIX = "plaita:execution:version-wait:"
 STATUS_PREFIX = "plaita:executions:status:"
 DEADLINES_KEY = "plaita:executions:deadlines"
 #: A set of the tenant ids (not the default one) whose executions were created: the keeper reads it.
@@ -219,6 +222,10 @@ class Keyspace:
     def crashes_key(self, name: str) -> str:
         """The crash strikes of an execution id (or of a task's qualified message id)."""
         return self.named(CRASHES_PREFIX) + self._t(self.partition_of(name)) + key_id(name)
+
+    def version_wait_key(self, execution_id: str) -> str:
+        """Since when a start of ``execution_id`` waits for a worker of the version it asks for."""
+        return self.named(VERSION_WAIT_PREFIX) + self._t(self.partition_of(execution_id)) + key_id(execution_id)
 
     def dedup_key(self, p: int, key: str) -> str:
         return self.named(DEDUP_PREFIX) + self._t(p) + key_id(key)

@@ -32,7 +32,7 @@ from plaita.store.stats import glob_escape
 from plaita.tasks import TENANT_ID
 
 #: The statuses whose index lists the executions to move (``plaita.store.executions.STATUSES``).
-STATUSES = ("running", "suspended", "completed", "error", "cancelled")
+STATUSES = ("queued", "running", "suspended", "completed", "error", "cancelled")
 #: The document field of a child's link to its parent (``plaita.flows.children.PARENT_FIELD``).
 PARENT_FIELD = "parent"
 #: Index members and SCAN keys asked for per call.

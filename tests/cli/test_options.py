@@ -9,6 +9,7 @@ import pytest
 from plaita.cli.main import build_parser
 from plaita.cli.options import WORKER_OPTIONS, settings_from_args
 from plaita.config import Settings
+from plaita.errors import ConfigError
 
 
 def parse(*argv: str, env: dict[str, str] | None = None) -> Settings:
@@ -69,3 +70,17 @@ def test_non_finite_or_garbage_numbers_exit_2_with_one_line(value: str, capsys: 
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--drain-timeout-s" in err[0]
+
+
+@pytest.mark.parametrize("value", ["nan", "abc"])
+def test_a_bad_version_wait_exits_2_with_one_line(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 31, item 3: ``--version-wait-s`` (default 1 h) is checked like every duration (a
+    negative one is a ConfigError, which the CLI turns into exit 2 with its message)."""
+    assert parse().version_wait_s == 3600.0 and parse("--version-wait-s", "90").version_wait_s == 90.0
+    with pytest.raises(ConfigError, match="--version-wait-s must be within"):
+        parse("--version-wait-s", "-1")
+    with pytest.raises(SystemExit) as exc:
+        parse("--version-wait-s", value)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--version-wait-s" in err[0]

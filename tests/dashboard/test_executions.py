@@ -85,7 +85,14 @@ class TestReadPages:
         plant(rclient, "s1", "suspended", now)
         dash = make_dashboard()
         snap = sample(dash)
-        assert snap["executions"] == {"running": 0, "suspended": 1, "completed": 3, "error": 0, "cancelled": 0}
+        assert snap["executions"] == {
+            "queued": 0,
+            "running": 0,
+            "suspended": 1,
+            "completed": 3,
+            "error": 0,
+            "cancelled": 0,
+        }
         live = dash.get("/fragment/overview").text
         assert 'id="executions-total">4<' in live and 'data-status="completed">3 completed<' in live
         assert 'data-status="suspended">suspended (1)<' in dash.get("/executions").text
@@ -99,6 +106,15 @@ class TestReadPages:
         assert timeline.count("<tr class=") == 2
         assert 'outcome-ok"' in timeline and "create" in timeline and 'outcome-suspended"' in timeline
         assert "wait_email" in timeline and " s</td>" in timeline  # each step's duration
+
+    def test_a_start_no_worker_read_is_listed_and_shown_queued(self, make_dashboard: MakeDashboard, h: Harness) -> None:
+        """Issue 31, item 2: before, a start was invisible until a worker read it."""
+        eid = h.flows.start("signup", {"name": "ann"}, execution_id="fresh-1")
+        dash = make_dashboard()
+        listed = dash.get("/executions", params={"status": "queued"})
+        assert listed.status_code == 200 and f'href="/executions/{eid}"' in listed.text
+        page = dash.get(f"/executions/{eid}")
+        assert page.status_code == 200 and 'id="execution-status">queued<' in page.text
 
     def test_hostile_ids_flow_ids_and_errors_render_as_text(
         self, make_dashboard: MakeDashboard, rclient: redis.Redis

@@ -132,7 +132,7 @@ def test_a_cancelled_start_waiting_for_a_slot_ends_cancelled_without_one(h: Harn
     slot_taken_elsewhere(h)
     h.flows.start("gated", {}, execution_id="q1")
     body = queued_start(h, "q1")
-    assert h.run(body) is None  # waits for its slot: parked
+    assert (h.run(body) or {}).get("status") == "queued"  # waits for its slot, parked: still its record
     h.store.request_cancel("q1")
     doc = h.run(body)
     assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
@@ -149,15 +149,27 @@ def test_a_start_waiting_for_a_slot_past_its_deadline_ends_cancelled(h: Harness)
 
 
 def test_a_queued_start_not_read_yet_is_cancelled_and_runs_no_step(h: Harness) -> None:
-    """Before the fix ``cancel`` answered ExecutionNotFound and the start then ran and completed."""
+    """Before the fix ``cancel`` answered ExecutionNotFound and the start then ran and completed.
+    A start recorded ``queued`` by its producer (issue 31, item 2) is answered from its record."""
     release("q3")
     h.flows.start("last", {}, execution_id="q3")
     done = h.flows.cancel("q3")
-    assert (done.outcome, done.doc, done.landed) == (QUEUED, None, True)
+    assert (done.outcome, done.landed) == (QUEUED, True) and done.status == "queued"
     assert "queued" in done.describe() and "will end cancelled" in done.describe()
     doc = h.run(queued_start(h, "q3"))
     assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
     assert ledgers("q3", ["only"]) == [0]
+
+
+def test_a_queued_start_of_an_older_producer_is_found_in_the_stream(h: Harness) -> None:
+    """A start enqueued without a record (a producer older than issue 31) has no document until a
+    worker reads it: the cancel finds it in the stream, as before."""
+    release("q3b")
+    h.queue.enqueue(start("q3b", "last"))
+    done = h.flows.cancel("q3b")
+    assert (done.outcome, done.doc, done.landed) == (QUEUED, None, True)
+    doc = h.run(queued_start(h, "q3b"))
+    assert doc is not None and doc["status"] == "cancelled" and ledgers("q3b", ["only"]) == [0]
 
 
 def test_cancel_of_a_start_waiting_for_a_slot_says_so_and_lands(h: Harness) -> None:
@@ -165,7 +177,7 @@ def test_cancel_of_a_start_waiting_for_a_slot_says_so_and_lands(h: Harness) -> N
     slot_taken_elsewhere(h)
     h.flows.start("gated", {}, execution_id="q4")
     body = queued_start(h, "q4")
-    assert h.run(body) is None  # parked
+    assert (h.run(body) or {}).get("status") == "queued"  # parked: still its producer's record
     assert h.flows.cancel("q4").outcome == QUEUED
     doc = h.run(body)
     assert doc is not None and doc["status"] == "cancelled" and ledgers("q4", ["occupy"]) == [0]
@@ -178,7 +190,7 @@ def test_cancel_of_a_parked_start_puts_it_back_and_it_ends_cancelled(h: Harness)
     slot_taken_elsewhere(h)
     h.flows.start("gated", {}, execution_id="q8")
     body = queued_start(h, "q8")
-    assert h.run(body) is None  # parked
+    assert (h.run(body) or {}).get("status") == "queued"  # parked: still its producer's record
     h.client.delete(h.queue.stream)  # its task acked and deleted, as a worker does
     assert h.flows.cancel("q8").outcome == QUEUED
     doc = h.run(queued_start(h, "q8"))  # the start put back on the stream

@@ -145,3 +145,25 @@ def test_a_start_asking_for_a_version_this_worker_does_not_run_goes_to_one_that_
     doc = flows.get(eid)
     assert doc is not None and doc["version"] == "2" and dlq(flowdefs.client()) == []
     assert "version '2' is not run here" in v1.stderr()
+
+
+def test_a_start_for_a_version_no_live_worker_runs_waits_for_a_worker_that_runs_it(
+    redis_url: str, flows: FlowClient, tmp_path: Path
+) -> None:
+    """Issue 31, item 3: deploy order loses no work. Before: the v1 worker dead-lettered the start
+    at once ("version '2' requested; loaded is '1'") and the v2 worker started after never ran it.
+    Now it waits, handed back and shown as waiting for version 2, until v2 registers."""
+    with worker_proc(redis_url, tmp_path, "wv1", *V1, "--version-wait-s", "60") as v1:
+        v1.wait_reading()
+        eid = flows.start("up", version="2")
+        wait_for(lambda: "waiting" in (flows.get(eid) or {}), 15, "the start shown waiting for version 2")
+        doc = flows.get(eid)
+        assert doc is not None and doc["status"] == "queued" and doc["waiting"]["version"] == "2"
+        assert dlq(flowdefs.client()) == []
+        with worker_proc(redis_url, tmp_path, "wv2", *V2) as v2:
+            v2.wait_reading()
+            wait_for(lambda: status_of(flows, eid) == "suspended", 20, "started on v2 once it registered")
+            assert v2.terminate() == 0
+        assert v1.terminate() == 0
+    doc = flows.get(eid)
+    assert doc is not None and doc["version"] == "2" and "waiting" not in doc and dlq(flowdefs.client()) == []

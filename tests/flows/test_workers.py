@@ -45,7 +45,8 @@ def test_start_and_resume_of_one_execution_never_overlap(redis_url: str, flows: 
         a.wait_reading()
         b.wait_reading()
         eid = flows.start("overlap", {"hold_s": 0.8})
-        wait_for(lambda: flows.get(eid) is not None, 10, "execution created")
+        # A start is recorded queued at once (issue 31, item 2): created means a worker took it over.
+        wait_for(lambda: (flows.get(eid) or {}).get("status") == "running", 10, "execution created")
         flows.resume(eid, "event", {"n": 1})  # arrives while the start's step still runs
         doc = flows.wait(eid, 20)
     assert doc["status"] == "completed" and doc["state"]["data"] == {"n": 1}

@@ -220,7 +220,8 @@ class TestRestrictive:
         refused: list[tuple[redis.Redis, tuple[Any, ...]]] = [
             (producer, ("XREADGROUP", "GROUP", "plaita-workers", "c", "STREAMS", QUEUE, ">")),
             (producer, ("CONFIG", "GET", "maxmemory")),
-            (producer, ("EVALSHA", "0" * 40, "0")),
+            (producer, ("EVAL", "return 1", "0")),  # its start's script is EVALSHA; no script of its own
+            (producer, ("ZREM", "plaita:executions:status:queued", "x")),
             (producer, ("PUBLISH", "plaita:control", "x")),
             (producer, ("DEL", "plaita:execution:x")),
             (producer, ("GET", "other:key")),

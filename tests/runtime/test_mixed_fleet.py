@@ -69,5 +69,6 @@ def test_hand_back_is_bounded_when_the_worker_that_can_run_it_never_reads(
     assert letter["payload"]["execution_id"] == eid and "flow 'only_v2' is not loaded here" in letter["reason"]
     log = a.stderr()
     assert f"handed back {HANDOVER_LIMIT} times" in log and "Traceback" not in log, log
-    assert flows.get(eid) is None  # never started by the wrong worker
+    doc = flows.get(eid)  # never started by the wrong worker: still its producer's queued record
+    assert doc is not None and doc["status"] == "queued" and doc["fingerprint"] is None and doc["history"] == []
     client.close()

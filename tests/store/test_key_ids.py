@@ -27,7 +27,7 @@ WORDS = [
     "%", "%3A", "%25", "3A", "{p0}", "",
 ]  # fmt: skip
 TENANT_WORDS = ["", "default", "execution", "executions", "lease", "cancel", "start-dedup", "plaita", "t1", "abc"]
-STATUSES = ("running", "suspended", "completed", "error", "cancelled")
+ALL_STATUSES = ("queued", "running", "suspended", "completed", "error", "cancelled")
 SPACES = [DEFAULT, Keyspace("plaita:flow:queue", 1, True), Keyspace("q", 3, True)]
 
 
@@ -49,12 +49,13 @@ def keys_of(ks: Keyspace, eid: str) -> dict[str, str]:
         "dedup": ks.dedup_key(p, eid),
         "retry": ks.named(KEEPER_RETRY_PREFIX) + key_id(eid),
         "crashes": ks.crashes_key(eid),
+        "version_wait": ks.version_wait_key(eid),
         "children": done_key(ks, eid, f"{eid}:fan:0"),
     }
 
 
 def index_keys(ks: Keyspace) -> dict[str, str]:
-    out = {f"status-{s}-{p}": ks.status_key(p, s) for p in range(ks.partitions) for s in STATUSES}
+    out = {f"status-{s}-{p}": ks.status_key(p, s) for p in range(ks.partitions) for s in ALL_STATUSES}
     out.update({f"deadlines-{p}": ks.deadlines_key(p) for p in range(ks.partitions)})
     return out
 

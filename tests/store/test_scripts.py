@@ -128,7 +128,8 @@ def _fenced_call(name: str) -> tuple[list[str], list[str], object]:
     if name == "publish_event":  # ``w:state`` is the events hash it writes; ``w:doc`` only lends its TTL
         return ["w:lease", "w:fence", "w:state", "w:doc"], ["5", "progress", "{}", "100"], 0
     if name == "create_execution":
-        return ["w:lease", "w:fence", "w:state", "w:running", "w:cancel"], ["5", "{}", "1", "e", "60"], [0, "", 0]
+        keys = ["w:lease", "w:fence", "w:state", "w:running", "w:cancel", "w:queued", "w:error"]
+        return keys, ["5", "{}", "1", "e", "60"], [0, "", 0]
     keys = ["w:lease", "w:fence", "w:state", "w:cancel", "w:deadlines"] + [f"w:idx:{i}" for i in range(5)]
     if name == "reopen_execution":
         return keys, ["5", "{}", "1", "e"], [0]
