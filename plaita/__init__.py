@@ -24,7 +24,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from plaita.errors import BadTaskError, ConfigError, HandlerLoadError, PlaitaError
+from plaita.errors import (
+    BadTaskError,
+    ChildProcessDied,
+    ConfigError,
+    HandlerLoadError,
+    PlaitaError,
+    StepCancelled,
+    StepTimeLimit,
+)
 from plaita.version import __version__
 
 if TYPE_CHECKING:
@@ -75,6 +83,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "BadTaskError",
+    "ChildProcessDied",
     "ConfigError",
     "DuplicateStart",
     "ExecutionNotFound",
@@ -91,7 +100,9 @@ __all__ = [
     "Schedule",
     "Settings",
     "Step",
+    "StepCancelled",
     "StepContext",
+    "StepTimeLimit",
     "Suspend",
     "Task",
     "TlsFiles",

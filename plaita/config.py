@@ -78,6 +78,8 @@ MAX_DURATION_S = 7 * 24 * 3600.0
 MAX_COUNT = 2**31 - 1
 #: Most partitions a queue may have (a worker makes one read per partition per pass).
 MAX_PARTITIONS = 1024
+#: Where steps and handlers run: the worker's threads (and event loop), or child processes.
+POOL_KINDS = ("thread", "process")
 
 
 def validate_webhook_url(url: str, flag: str = "--alert-webhook") -> None:
@@ -198,6 +200,17 @@ class Settings:
     #: holding it, another worker's keeper acts within about this long (sleeps, timeouts and
     #: ticks wait meanwhile). Shorter than the standalone keeper's 30 s for that reason.
     keeper_lease_ttl_s: float = DEFAULT_KEEPER_LEASE_TTL_S
+    #: ``thread``: steps and handlers run on the worker's threads and loop; ``process``: in a
+    #: prefork pool of ``concurrency`` child processes (``plaita.runtime.procpool``), so one that
+    #: kills its process fails only its own attempt.
+    pool: str = "thread"
+    #: ``--pool process``: a child is replaced after this many tasks (None: never).
+    max_tasks_per_child: int | None = None
+    #: ``--pool process``: a child whose resident memory passed this after a task is replaced.
+    max_memory_per_child_mb: int | None = None
+    #: Time limit of every step (and, in ``--pool process``, every handler call) without one of its
+    #: own: hard in a process pool (the child is killed), soft in threads. None: no limit.
+    step_time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         validate_redis_url(self.redis_url)
@@ -247,6 +260,22 @@ class Settings:
             *self._partition_checks(),
             (1 <= self.alert_backoff_s <= week, f"--alert-backoff-s must be within 1..{week:.0f}"),
             (1 <= self.keeper_lease_ttl_s <= week, f"--keeper-lease-ttl-s must be within 1..{week:.0f}"),
+            *self._pool_checks(),
+        ]
+
+    def _pool_checks(self) -> list[tuple[bool, str]]:
+        """The rules of ``--pool`` and its flags (``_checks``)."""
+        tasks, memory_mb, limit_s = self.max_tasks_per_child, self.max_memory_per_child_mb, self.step_time_limit_s
+        in_children = self.pool == "process" or (tasks is None and memory_mb is None)
+        return [
+            (self.pool in POOL_KINDS, f"--pool must be one of {', '.join(POOL_KINDS)} (got {self.pool!r})"),
+            (tasks is None or 1 <= tasks <= MAX_COUNT, f"--max-tasks-per-child must be within 1..{MAX_COUNT}"),
+            (memory_mb is None or 1 <= memory_mb <= 2**40, "--max-memory-per-child-mb must be within 1..2^40"),
+            (in_children, "--max-tasks-per-child and --max-memory-per-child-mb need --pool process"),
+            (
+                limit_s is None or (math.isfinite(limit_s) and 0 < limit_s <= MAX_DURATION_S),
+                f"--step-time-limit-s must be within 0 (excluded)..{MAX_DURATION_S:.0f}",
+            ),
         ]
 
     def _partition_checks(self) -> list[tuple[bool, str]]:
@@ -295,6 +324,7 @@ class Settings:
             f"claim_min_idle_ms={self.claim_min_idle_ms} max_deliveries={self.max_deliveries} dlq={self.dlq}"
             + (f" partitions={self.partitions}" if self.partitions > 1 or is_cluster_url(self.redis_url) else "")
             + (f" assigned={','.join(map(str, self.partitions_assigned))}" if self.partitions_assigned else "")
+            + (f" pool={self.pool}" if self.pool != "thread" else "")
         )
 
 

@@ -52,3 +52,47 @@ class NotForThisWorker(PlaitaError):
         self.reason = reason
         self.hand_back = hand_back
         self.delay_s = delay_s
+
+
+class StepTimeLimit(PlaitaError):
+    """A step ran past its time limit (``@flow.step(time_limit_s=...)``, ``--step-time-limit-s``).
+    In ``--pool process`` its child process was killed; in threads the step ran to its end and its
+    result was discarded. A failed attempt: the step's retry policy applies."""
+
+    retryable = True
+
+
+class ChildProcessDied(PlaitaError):
+    """The child process running a step or a handler (``--pool process``) died: ``os._exit``, a
+    signal (SIGKILL from the OOM killer), a segfault. Only that attempt fails; ``exit_code`` is
+    the process's (negative: the signal's number)."""
+
+    retryable = True
+
+    def __init__(self, reason: str, exit_code: int | None = None) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.exit_code))
+
+
+class StepCancelled(PlaitaError):
+    """The child process of a step (``--pool process``) was killed because its execution was
+    cancelled, passed its deadline or lost its lease while the step ran; the runner ends the
+    execution ``cancelled`` (or stops, the lease lost), it is no failure of the step."""
+
+
+class StepRaised(PlaitaError):
+    """Stands in for an exception of a step or handler that cannot cross the process boundary
+    (``--pool process``: it does not pickle, or does not unpickle); ``kind`` keeps the original
+    class name for the execution's ``error``. Retried like the exception it replaces would be."""
+
+    retryable = True
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(f"{kind}: {text}")
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.kind, str(self).partition(": ")[2]), self.__dict__)  # notes too

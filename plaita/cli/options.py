@@ -79,7 +79,50 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         "never consume a queue's tasks with a handler nobody chose)",
         shown="none",
     ),
-    Opt("--concurrency", "concurrency", int, ("PLAITA_WORKER_CONCURRENCY",), "tasks run at once (handler threads)"),
+    Opt(
+        "--concurrency",
+        "concurrency",
+        int,
+        ("PLAITA_WORKER_CONCURRENCY",),
+        "tasks run at once (handler threads; with --pool process also the number of child processes)",
+    ),
+    Opt(
+        "--pool",
+        "pool",
+        str,
+        ("PLAITA_POOL",),
+        "where steps and handlers run: thread (the worker's threads and event loop) or process (a prefork pool "
+        "of --concurrency child processes started with forkserver, or spawn where the platform has no "
+        "forkserver; never a plain fork of the threaded worker). In process, a step or handler that kills its "
+        "process (os._exit, SIGKILL, a segfault) fails only its own attempt and its child is replaced; the "
+        "worker alone talks to Redis",
+    ),
+    Opt(
+        "--max-tasks-per-child",
+        "max_tasks_per_child",
+        int,
+        ("PLAITA_MAX_TASKS_PER_CHILD",),
+        "--pool process: replace a child after this many steps or handler calls (leaks stay bounded)",
+        shown="never",
+    ),
+    Opt(
+        "--max-memory-per-child-mb",
+        "max_memory_per_child_mb",
+        int,
+        ("PLAITA_MAX_MEMORY_PER_CHILD_MB",),
+        "--pool process: replace a child whose resident memory is over this many MiB after a task",
+        shown="no limit",
+    ),
+    Opt(
+        "--step-time-limit-s",
+        "step_time_limit_s",
+        seconds,
+        ("PLAITA_STEP_TIME_LIMIT_S",),
+        "time limit of every step without a time_limit_s of its own (and of every handler call in --pool "
+        "process): in --pool process the child is killed at the limit and the attempt fails with StepTimeLimit; "
+        "in threads the limit is soft (the step runs to its end, holding its slot, and its result is discarded)",
+        shown="none",
+    ),
     Opt(
         "--prefetch",
         "prefetch",

@@ -4,7 +4,7 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 (the handler is a ``FlowRunner``); start and steer them with ``FlowClient``.
 """
 
-from plaita.errors import LeaseLostError
+from plaita.errors import ChildProcessDied, LeaseLostError, StepCancelled, StepTimeLimit
 from plaita.flows.client import DuplicateStart, FlowClient, WaitTimeout
 from plaita.flows.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
@@ -14,6 +14,7 @@ from plaita.flows.schedules import Schedule
 
 __all__ = [
     "Child",
+    "ChildProcessDied",
     "DuplicateStart",
     "Execution",
     "Flow",
@@ -28,7 +29,9 @@ __all__ = [
     "Sleep",
     "Spawn",
     "Step",
+    "StepCancelled",
     "StepContext",
+    "StepTimeLimit",
     "Suspend",
     "WaitTimeout",
     "load_flows",

@@ -75,6 +75,18 @@ class Step:
     name: str
     fn: StepFn
     retry: RetryPolicy
+    #: Seconds one attempt may run (None: the worker's ``--step-time-limit-s``, if any). Hard in
+    #: ``--pool process`` (the child is killed), soft in threads (the result is discarded).
+    time_limit_s: float | None = None
+
+
+def check_time_limit_s(value: Any, where: str) -> float | None:
+    """``value`` as a time limit in seconds (None: none); ConfigError unless finite and > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ConfigError(f"{where}: time_limit_s must be a finite number of seconds > 0 or None, got {value!r}")
+    return float(value)
 
 
 @dataclass
@@ -162,20 +174,36 @@ class Flow:
 
     @overload
     def step(
-        self, fn: None = None, /, *, name: str | None = None, retry: RetryPolicy | None = None, **policy: Any
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        time_limit_s: float | None = None,
+        **policy: Any,
     ) -> Callable[[StepFn], StepFn]: ...
 
     def step(
-        self, fn: StepFn | None = None, /, *, name: str | None = None, retry: RetryPolicy | None = None, **policy: Any
+        self,
+        fn: StepFn | None = None,
+        /,
+        *,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        time_limit_s: float | None = None,
+        **policy: Any,
     ) -> StepFn | Callable[[StepFn], StepFn]:
-        """Append a step (decorator, bare or with ``name=``, ``retry=`` or RetryPolicy fields)."""
+        """Append a step (decorator, bare or with ``name=``, ``retry=``, ``time_limit_s=`` or
+        RetryPolicy fields)."""
+        limit_s = check_time_limit_s(time_limit_s, f"flow {self.flow_id!r}")
 
         def add(f: StepFn) -> StepFn:
             step_name = name or getattr(f, "__name__", "")
             if not step_name or step_name in self.step_names:
                 raise ConfigError(f"flow {self.flow_id!r}: step name {step_name!r} is empty or used twice")
             chosen = retry or (_replace(self.retry, policy) if policy else self.retry)
-            self.steps.append(Step(step_name, f, chosen))
+            self.steps.append(Step(step_name, f, chosen, limit_s))
             return f
 
         return add(fn) if fn is not None else add

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
-from plaita.errors import LeaseLostError
+from plaita.errors import LeaseLostError, StepCancelled
 from plaita.flows import inbox, model
 from plaita.flows.admit import Run
 from plaita.flows.batch import CallBatcher
@@ -45,6 +45,7 @@ from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
 from plaita.flows.limits import FlowLimits
 from plaita.flows.scopes import Scope, ScopeParts, TenantScopes
+from plaita.flows.stepcall import StepCaller
 from plaita.flows.throttle import Throttle
 from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.flows.validate import StepOutputError
@@ -86,6 +87,7 @@ class FlowRunner(StepWaits, Throttle):
         slot_ttl_s: float = DEFAULT_LEASE_TTL_S,
         tracer_provider: Any = None,
         version_wait_s: float = DEFAULT_VERSION_WAIT_S,
+        steps: StepCaller | None = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
         self.store = store
@@ -93,6 +95,8 @@ class FlowRunner(StepWaits, Throttle):
         self._observers: list[ExecutionObserver] = [] if observer is None else [observer]
         self._rng = rng or random.Random()
         self._clock = clock
+        #: Where step functions run (threads, or ``--pool process`` children) and their time limits.
+        self.steps = steps or StepCaller()
         self._watch = CancelWatch(store, poll_s=cancel_poll_s)
         #: On the caller's loop (``run_async``) creates and checkpoints go out in batches.
         self._batcher = CallBatcher() if batchable(store.client) else None
@@ -268,9 +272,13 @@ class FlowRunner(StepWaits, Throttle):
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)
         try:
-            attempt = await invoke(step.fn, ctx, offload=run.offload, thread_loop=self._thread_loop)
+            attempt = await self.steps.call(step, ctx, offload=run.offload, thread_loop=self._thread_loop)
         finally:
             self._watch.remove(ctx)
+        if isinstance(attempt.raised, StepCancelled):  # its child was killed for a cancel: no failure
+            self._step_finished(run, step, "failed", began_s, attempt.raised)
+            run.cancel = True  # _advance ends it cancelled (or stops, if it was the lease that went)
+            return None
         if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/invoke.py)
             self._step_finished(run, step, "failed", began_s, attempt.raised)
             return await self._failed(run, step, ctx.attempt, attempt.raised, started_s)

@@ -93,13 +93,22 @@ async def invoke(
 ) -> Attempt:
     """Run step ``fn`` once. ``offload``: on the caller's loop, sync steps on a thread; otherwise
     on this thread, an ``async def`` step on ``thread_loop()`` (no loop runs here)."""
-    if offload and not inspect.iscoroutinefunction(fn):
-        attempt = await asyncio.to_thread(call, fn, ctx)
-    else:
+    if not offload:
+        return run_here(fn, ctx, thread_loop)
+    if inspect.iscoroutinefunction(fn):
         attempt = call(fn, ctx)
+    else:
+        attempt = await asyncio.to_thread(call, fn, ctx)
     if attempt.raised is not None or not inspect.isawaitable(attempt.value):
         return attempt
-    if offload:
-        return await _awaited(attempt.value)
-    result: Attempt = thread_loop().run_until_complete(_settle(attempt.value))
+    return await _awaited(attempt.value)
+
+
+def run_here(fn: Callable[[Any], Any], ctx: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Attempt:
+    """Run step ``fn`` once on this thread, where no loop runs: an ``async def`` step to its end
+    on ``loop()`` (a handler thread's own loop, or a ``--pool process`` child's)."""
+    attempt = call(fn, ctx)
+    if attempt.raised is not None or not inspect.isawaitable(attempt.value):
+        return attempt
+    result: Attempt = loop().run_until_complete(_settle(attempt.value))
     return result

@@ -131,11 +131,25 @@ ISOLATION_RULES: Final[list[tuple[str, str]]] = [
         "never stops the worker (only a signal to the process does)",
     ),
     (
-        "a handler that kills its own process (`os._exit`, a signal such as SIGKILL, a segfault)",
+        "a handler or step that kills its own process (`os._exit`, a signal such as SIGKILL, a segfault), "
+        "default `--pool thread`",
         "the worker that finds the tasks in flight at that death (the restarted one, or one that claims them) runs "
         "them one at a time in ISOLATING; none is charged a delivery; the one that kills the process while alone "
         'gets a crash strike, and after `--max-crashes` (3) goes to the DLQ ("killed its worker process N '
         'times"), its execution ends `error`',
+    ),
+    (
+        "the same with `--pool process` (steps and handlers run in child processes)",
+        "only its child dies: that one attempt fails with `ChildProcessDied` naming the exit code or signal (a "
+        "step: its retry policy, then `error`; a handler: a failed delivery, at `--max-deliveries` the DLQ); the "
+        "child is replaced at once; the worker, its leases and the tasks beside it go on; no lifecycle state "
+        "changes and ISOLATING is never entered",
+    ),
+    (
+        "a step past its time limit (`@flow.step(time_limit_s=…)`, `--step-time-limit-s`)",
+        "`--pool process`: its child is killed at the limit and the attempt fails with `StepTimeLimit` (retry "
+        "policy, then `error`); threads: the limit is soft, the step runs to its end holding its slot, then its "
+        "result is discarded and the attempt fails with `StepTimeLimit`",
     ),
     (
         "a lease or fence key that is not what plaita writes (another type, a fence that is no integer, a lease "

@@ -12,6 +12,7 @@ never ends the worker.
 from __future__ import annotations
 
 import logging
+import pickle
 import signal
 import threading
 from collections.abc import Sequence
@@ -25,10 +26,13 @@ from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
 from plaita.flows.keeper import Keeper, KeeperSettings
 from plaita.flows.schedule_records import ScheduleRecorder
 from plaita.flows.scheduler import Scheduler
+from plaita.flows.stepcall import StepCaller
 from plaita.ops.alert_events import orphan_alert
 from plaita.ops.keeper_metrics import KeeperMetrics
 from plaita.ops.operations import Operations, attach_operations
 from plaita.runtime.handlers import load_handler
+from plaita.runtime.prochandler import ProcessHandler
+from plaita.runtime.procpool import ProcessPool
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
@@ -65,12 +69,20 @@ class WorkerService:
     metrics, status file) and an optional embedded keeper. Build it with ``build_worker``."""
 
     def __init__(
-        self, worker: Worker, ops: Operations, *, keeper: Keeper | None = None, runner: FlowRunner | None = None
+        self,
+        worker: Worker,
+        ops: Operations,
+        *,
+        keeper: Keeper | None = None,
+        runner: FlowRunner | None = None,
+        pool: ProcessPool | None = None,
     ) -> None:
         self.worker = worker
         self.ops = ops
         self.keeper = keeper
         self.runner = runner
+        #: ``--pool process``: the children steps or handlers run in (started with the worker).
+        self.pool = pool
         self._owner = threading.Thread(target=self._serve, name="plaita-owner")
         #: Set once the worker has stopped and its keeper and clients are released. An Event, not
         #: the thread's own state: a KeyboardInterrupt inside Thread.join can leave is_alive() wrong.
@@ -140,11 +152,16 @@ class WorkerService:
             keeper_thread.start()
             logger.info("keeper running in this worker (%s)", self.keeper.holder)
         try:
+            if self.pool is not None:
+                self.pool.start()
+                logger.info("step pool: %d child processes (%s)", self.pool.size, self.pool.method)
             self.worker.run()
         except Exception:  # a bug, not a Redis failure: say so loudly, still exit cleanly
             logger.critical("worker loop crashed (a plaita bug; please report it)", exc_info=True)
         finally:
             self._stop_keeper(keeper_thread)
+            if self.pool is not None:
+                self.pool.close()  # after the drain: no step of this worker runs any more
             if self.runner is not None:
                 _close_quietly(self.runner)  # its loop connection and cancel watcher: no task runs now
                 _close_quietly(self.runner.store.client)
@@ -181,9 +198,14 @@ def build_worker(
         return _flow_service(settings, flows, keeper=keeper)
     if handler is None:
         raise ConfigError(NO_HANDLER)
-    callable_handler = load_handler(handler) if isinstance(handler, str) else handler
-    worker = Worker(settings, callable_handler)  # type: ignore[arg-type]
-    return WorkerService(worker, _attach(worker))
+    callable_handler: Any = load_handler(handler) if isinstance(handler, str) else handler
+    pool = None
+    if settings.pool == "process":
+        _check_importable({"--handler": callable_handler})
+        pool = process_pool(settings, [getattr(callable_handler, "__module__", None) or ""])
+        callable_handler = ProcessHandler(callable_handler, pool, time_limit_s=settings.step_time_limit_s)
+    worker = Worker(settings, callable_handler)
+    return WorkerService(worker, _attach(worker), pool=pool)
 
 
 def run_worker(
@@ -229,17 +251,20 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
     if not flows:
         raise ConfigError("--keeper runs inside a flow worker: give --flows MODULE too")
     registry = _registry(flows)
+    pool = _step_pool(settings, registry)  # before any connection: a refusal leaves nothing open
     settings = settings.with_(eager_leases=True)
     name = f"plaita:{settings.consumer_name}:flows".replace(" ", "_")
     client = make_client(
         settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
     )
+    steps = StepCaller(pool, time_limit_s=settings.step_time_limit_s)
     # Flow slots (max_concurrent) outlive a dead worker exactly as long as its leases do.
     runner = FlowRunner(
         registry,
         ExecutionStore(client, keyspace_of(settings)),
         slot_ttl_s=settings.lease_ttl_s,
         version_wait_s=settings.version_wait_s,
+        steps=steps,
     )
     runner.handover.group = settings.consumer_group  # hand over only to workers of our group
     try:
@@ -253,7 +278,42 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
     ops.track_executions()
     # Its schedules recorded for the queue (and again every minute): the queue's acting keeper runs them.
     ops.periodic.append(ScheduleRecorder(registry, ScheduleRecords(client, keyspace_of(settings).queue)).refresh)
-    return WorkerService(worker, ops, keeper=_keeper(settings, registry, ops) if keeper else None, runner=runner)
+    keeper_ = _keeper(settings, registry, ops) if keeper else None
+    return WorkerService(worker, ops, keeper=keeper_, runner=runner, pool=pool)
+
+
+def process_pool(settings: Settings, modules: Sequence[str]) -> ProcessPool:
+    """The ``--pool process`` children (not started): ``--concurrency`` of them, the fork server
+    preloading ``modules`` (the steps' or the handler's), so a replacement starts in milliseconds."""
+    return ProcessPool(
+        settings.concurrency,
+        max_tasks_per_child=settings.max_tasks_per_child,
+        max_memory_per_child_mb=settings.max_memory_per_child_mb,
+        preload=sorted({m for m in modules if m and m != "__main__"}),
+    )
+
+
+def _step_pool(settings: Settings, registry: FlowRegistry) -> ProcessPool | None:
+    if settings.pool != "process":
+        return None
+    steps = {f"step {f.flow_id}.{s.name}": s.fn for f in registry for s in f.steps}
+    _check_importable(steps)
+    return process_pool(settings, [getattr(fn, "__module__", None) or "" for fn in steps.values()])
+
+
+def _check_importable(functions: dict[str, Any]) -> None:
+    """ConfigError unless each function can be sent to a child by its module path (a module-level
+    function or class: not a lambda, a closure or a function defined in ``__main__``)."""
+    for what, fn in functions.items():
+        try:
+            pickle.dumps(fn)
+        except Exception as exc:
+            raise ConfigError(
+                f"--pool process: {what} cannot be sent to a child process by its module path ({exc}); "
+                "define it at module level of an importable module"
+            ) from None
+        if getattr(fn, "__module__", None) == "__main__":
+            raise ConfigError(f"--pool process: {what} is defined in __main__; move it to an importable module")
 
 
 def _registry(flows: Sequence[str | Flow]) -> FlowRegistry:

@@ -40,19 +40,20 @@ def test_original_flag_names_are_aliases(old: str, new: str, field: str, value: 
 
 
 def test_every_flag_name_carries_its_unit() -> None:
-    """Numeric time/size flags end in -ms, -s or -bytes (counts and ports excepted)."""
+    """Numeric time/size flags end in -ms, -s, -bytes or -mb (counts and ports excepted)."""
     unitless = {
         "--concurrency",
         "--prefetch",
         "--max-deliveries",
         "--max-crashes",
+        "--max-tasks-per-child",
         "--dlq-max-len",
         "--slot",
         "--metrics-port",
     }
     for opt in WORKER_OPTIONS:
         if opt.kind in (int, float) and opt.flag not in unitless:
-            assert opt.flag.endswith(("-ms", "-s", "-bytes")), opt.flag
+            assert opt.flag.endswith(("-ms", "-s", "-bytes", "-mb")), opt.flag
 
 
 def test_environment_overrides_the_default_and_a_flag_overrides_the_environment() -> None:
