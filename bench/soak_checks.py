@@ -163,9 +163,23 @@ def _dead_letter_id(entry: dict[str, Any]) -> str:
     return str(body.get("execution_id", "?")) if isinstance(body, dict) else "?"
 
 
+#: Faults that lose a consumer group's pending list: a crash before one can go uncounted, as the
+#: successor finds the task among new entries, not among a dead worker's (docs/reliability.md).
+PEL_LOSSES = ("group_destroy", "redis_kill9")
+
+
+def _pel_losses(d: dict[str, Any], eid: str) -> int:
+    """The faults that lost the pending list while ``eid``'s poison step was killing workers."""
+    runs = sorted(r["t"] for r in d["history"] if r["id"] == eid and r["kind"] == "S")
+    if len(runs) < 2:
+        return 0
+    return sum(1 for f in d["faults"] if f["kind"] in PEL_LOSSES and runs[0] < f["start"] < runs[-1])
+
+
 def check_poison(d: dict[str, Any]) -> dict[str, Any]:
     """Every poison execution the nemesis started ends ``error`` (``WorkerCrashed``) having killed
-    at most MAX_CRASHES processes; no other task is dead-lettered (innocents are never charged)."""
+    at most MAX_CRASHES processes, one more per fault that lost the pending list meanwhile; no
+    other task is dead-lettered (innocents are never charged)."""
     bad: list[dict[str, Any]] = []
     pids = poison_pids(d)
     deaths: dict[str, int] = {}
@@ -175,12 +189,16 @@ def check_poison(d: dict[str, Any]) -> dict[str, Any]:
     started = [
         f["note"].split()[0][3:] for f in d["faults"] if f["kind"] == "poison_step" and f["note"].startswith("id=")
     ]
+    excused = 0
     for eid in started:
         doc = d["executions"].get(eid) or {}
         error_type = (doc.get("error") or {}).get("type")
-        if doc.get("status") != "error" or error_type != "WorkerCrashed" or deaths.get(eid, 0) > MAX_CRASHES:
+        allowed = MAX_CRASHES + _pel_losses(d, eid)
+        excused += deaths.get(eid, 0) > MAX_CRASHES and deaths.get(eid, 0) <= allowed
+        if doc.get("status") != "error" or error_type != "WorkerCrashed" or deaths.get(eid, 0) > allowed:
             bad.append({"id": eid, "status": doc.get("status"), "error": error_type, "deaths": deaths.get(eid, 0)})
     innocent = [i for i in map(_dead_letter_id, d["dlq"]) if not i.startswith("poison-")]
     bad += [{"id": i, "why": "an innocent task was dead-lettered"} for i in innocent]
     note = f"{len(started)} poison executions, {sum(deaths.values())} worker deaths by them"
+    note += f"; {excused} over {MAX_CRASHES} after the pending list was lost meanwhile" if excused else ""
     return result("11 a poison step fails only itself", bad, note)

@@ -184,6 +184,20 @@ def test_a_poison_step_left_running_or_killing_too_often_fails_11() -> None:
     assert _failing(_poisoned(good_run(), 4)) == {"11"}
 
 
+def test_one_death_over_the_strikes_passes_11_only_when_the_pending_list_was_lost_meanwhile() -> None:
+    """Soak 2026: poison-66220 killed 4 workers with --max-crashes 3; a Redis restart and a
+    group_destroy between its runs had lost the pending list, so its successor read it as new."""
+    lost = _poisoned(good_run(), 4)
+    lost["faults"].append({"kind": "group_destroy", "target": "redis", "start": T0 + 7.5, "end": T0 + 7.5, "note": ""})
+    assert _failing(lost) == set()
+    after = _poisoned(good_run(), 4)  # a loss after its last run excuses nothing
+    after["faults"].append({"kind": "group_destroy", "target": "redis", "start": T0 + 20, "end": T0 + 20, "note": ""})
+    assert _failing(after) == {"11"}
+    five = _poisoned(good_run(), 5)  # one loss excuses one death, not two
+    five["faults"].append({"kind": "group_destroy", "target": "redis", "start": T0 + 7.5, "end": T0 + 7.5, "note": ""})
+    assert _failing(five) == {"11"}
+
+
 def test_an_innocent_task_in_the_dlq_fails_11() -> None:
     d = good_run()
     d["dlq"].append({"payload": '{"reason": "max_deliveries", "payload": {"execution_id": "p1"}}'})
