@@ -262,6 +262,19 @@ class WorkerProcess(Subprocess):
         return self
 
 
+def recording_worker(url: str, stream: str, group: str, name: str, log: HandlerLog, concurrency: int) -> WorkerProcess:
+    """A worker whose handler (``bench.handlers:record``) writes each task it runs to ``log``."""
+    return WorkerProcess(
+        url,
+        stream=stream,
+        group=group,
+        consumer_name=name,
+        handler="bench.handlers:record",
+        extra_args=["--concurrency", str(concurrency)],
+        env={LOG_ENV: str(log.path)},
+    )
+
+
 def start_all(workers: list[WorkerProcess], state: str = "READING") -> None:
     """Wait until every worker reports ``state`` (they start in parallel)."""
     for w in workers:

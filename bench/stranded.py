@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from bench.common import LOG_ENV, HandlerLog, Progress, WorkerProcess, fields, median, wait_for
+from bench.common import HandlerLog, Progress, WorkerProcess, fields, median, recording_worker, wait_for
 from plaita.config import DEFAULT_CLAIM_MIN_IDLE_MS, DEFAULT_LEASE_TTL_S, DEFAULT_RECLAIM_INTERVAL_S
 
 STRANDED = 100
@@ -57,15 +57,7 @@ def _fields(n: int, until_wall: float) -> dict[str, str]:
 
 
 def _worker(url: str, name: str, log: HandlerLog, concurrency: int) -> WorkerProcess:
-    return WorkerProcess(
-        url,
-        stream=STREAM,
-        group=GROUP,
-        consumer_name=name,
-        handler="bench.handlers:record",
-        extra_args=["--concurrency", str(concurrency)],
-        env={LOG_ENV: str(log.path)},
-    )
+    return recording_worker(url, STREAM, GROUP, name, log, concurrency)
 
 
 def trial(url: str, i: int, busy: bool) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import redis
 
-from bench.common import LOG_ENV, HandlerLog, Progress, WorkerProcess, enqueue, median, wait_for
+from bench.common import HandlerLog, Progress, WorkerProcess, enqueue, median, recording_worker, wait_for
 from plaita.config import DEFAULT_CLAIM_MIN_IDLE_MS, DEFAULT_LEASE_TTL_S, DEFAULT_RECLAIM_INTERVAL_S
 from plaita.runtime.settler import ACK_WINDOW
 
@@ -74,15 +74,7 @@ def _long_fields(i: int, leased: bool) -> dict[str, str]:
 
 
 def _worker(url: str, name: str, log: HandlerLog) -> WorkerProcess:
-    return WorkerProcess(
-        url,
-        stream=STREAM,
-        group=GROUP,
-        consumer_name=name,
-        handler="bench.handlers:record",
-        extra_args=["--concurrency", str(CONCURRENCY)],
-        env={LOG_ENV: str(log.path)},
-    )
+    return recording_worker(url, STREAM, GROUP, name, log, CONCURRENCY)
 
 
 def trial(url: str, replacement: str, i: int) -> KillTrial:

@@ -198,11 +198,7 @@ class ProcessPool:
         except BaseException:
             self._replace(child)
             raise
-        child.tasks_done += 1
-        self._after(child, rss_kb)
-        if not ok:
-            raise value
-        return value
+        return self._settled(child, ok, value, rss_kb)
 
     async def run_async(
         self, job: Any, *, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest
@@ -222,6 +218,11 @@ class ProcessPool:
         except BaseException:
             await asyncio.to_thread(self._replace, child)
             raise
+        return self._settled(child, ok, value, rss_kb)
+
+    def _settled(self, child: ChildHandle, ok: bool, value: Any, rss_kb: int) -> Any:
+        """The job's value (or its exception, raised) once its child answered; the child counted
+        and, past ``--max-tasks-per-child`` or the memory bound, recycled."""
         child.tasks_done += 1
         self._after(child, rss_kb)
         if not ok:
