@@ -113,6 +113,14 @@ def test_hostile_control_messages_are_ignored_briefly_and_the_worker_keeps_going
 def test_status_of_a_stopped_worker_says_it_did_not_answer(redis_url: str, tmp_path: Path) -> None:
     """Reproduction 10: `plaita status INSTANCE` of a SIGSTOPped worker blamed Redis (reply wait = socket timeout)."""
     with ops_worker(redis_url, tmp_path) as w:
+        # Stopped only once it listens on its control channel: stopped before, it was "registered
+        # but not listening" (a CI run), which is right for that worker but not what this tests.
+        client = redis.Redis.from_url(redis_url)
+        channel = f"plaita:control:{w.instance_id}"
+        try:
+            wait_until(lambda: dict(client.pubsub_numsub(channel)).get(channel.encode(), 0) >= 1, 10, "it listens")
+        finally:
+            client.close()
         os.kill(w.proc.pid, signal.SIGSTOP)
         try:
             done = plaita(redis_url, "status", w.instance_id, timeout_s=30)
