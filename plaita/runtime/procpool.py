@@ -235,14 +235,11 @@ class ProcessPool:
         conn, began_s = child.conn, time.monotonic()
         limit_at = None if time_limit_s is None else began_s + time_limit_s
         kill_at: float | None = None
-        with self._ids_lock:
-            run_id = next(self._run_ids).to_bytes(8, "big")
+        run_id = self._next_run_id()
         try:
             conn.send_bytes(RUN + run_id + blob)
             while True:
-                now = time.monotonic()
-                waits = [_TICK_S] + [t - now for t in (limit_at, kill_at) if t is not None]
-                if await readable(conn, max(0.0, min(waits))):
+                if await readable(conn, _wait_s(limit_at, kill_at)):
                     data = conn.recv_bytes()
                     if data[:1] == DONE:
                         ok, value, rss_kb = pickle.loads(data[1:])
@@ -252,6 +249,11 @@ class ProcessPool:
                 kill_at = self._check(child, run_id, cancel, time_limit_s, limit_at, kill_at)
         except (EOFError, OSError) as exc:
             raise self._death(child, exc) from None
+
+    def _next_run_id(self) -> bytes:
+        """A new run's tag: a cancel names the run it is for, so a late one never reaches the next."""
+        with self._ids_lock:
+            return next(self._run_ids).to_bytes(8, "big")
 
     def _check(
         self,
@@ -361,14 +363,11 @@ class ProcessPool:
         conn, began_s = child.conn, time.monotonic()
         limit_at = None if time_limit_s is None else began_s + time_limit_s
         kill_at: float | None = None  # set once a cancel was forwarded
-        with self._ids_lock:
-            run_id = next(self._run_ids).to_bytes(8, "big")
+        run_id = self._next_run_id()
         try:
             conn.send_bytes(RUN + run_id + blob)
             while True:
-                now = time.monotonic()
-                waits = [_TICK_S] + [t - now for t in (limit_at, kill_at) if t is not None]
-                if child.wait_s(max(0.0, min(waits))):
+                if child.wait_s(_wait_s(limit_at, kill_at)):
                     data = conn.recv_bytes()
                     if data[:1] == DONE:
                         ok, value, rss_kb = pickle.loads(data[1:])
@@ -384,3 +383,10 @@ class ProcessPool:
         code = child.process.exitcode
         logger.warning("step child %s died (%s)", child.process.pid, describe_exit(code))
         return ChildProcessDied(f"its child process died: {describe_exit(code)}", code)
+
+
+def _wait_s(limit_at: float | None, kill_at: float | None) -> float:
+    """How long one read of a run may wait: a tick, or less when its time limit or its cancel's
+    grace ends sooner."""
+    now = time.monotonic()
+    return max(0.0, min([_TICK_S] + [t - now for t in (limit_at, kill_at) if t is not None]))
