@@ -122,13 +122,13 @@ class TestNoRestartStorm:
         self, redis_url: str, bclient: redis.Redis, tmp_path: Path, record_property: Callable[[str, object], None]
     ) -> None:
         """B never claims A's running tasks; A restarted under the same name resumes them at once, B still none."""
-        ttl_s = 10.0
+        ttl_s = 20.0  # wide enough that a restart "at once" and lease expiry stay apart on a loaded machine
         args = ("--concurrency", "3", "--claim-min-idle-ms", "500", "--lease-ttl-seconds", str(ttl_s), *FAST)
         ids = [f"storm-{i}" for i in range(3)]
         with worker_proc(redis_url, tmp_path, "storm-a", *args) as a:
             a.wait_reading()
-            for eid in ids:
-                enqueue(bclient, task_body(eid, first_sleep_s=6))
+            for eid in ids:  # the first run outlives B's start and 3 passes under any load; A is killed in it
+                enqueue(bclient, task_body(eid, first_sleep_s=60))
             wait_for(all_equal(bclient, "executions", ids, 1), 10.0, "A running all 3")
             with worker_proc(redis_url, tmp_path, "storm-b", *args, log_level="DEBUG") as b:
                 b.wait_reading()
@@ -141,9 +141,9 @@ class TestNoRestartStorm:
 
                 killed_at = a.kill9()
                 # B looks at the abandoned entries (idle > 500 ms) and leaves them: their lease is live.
-                wait_for(lambda: "reclaim skipped 3 idle entries" in b.stderr(), 5.0, "B skipping the leased entries")
+                wait_for(lambda: "reclaim skipped 3 idle entries" in b.stderr(), 15.0, "B skipping the leased entries")
                 with worker_proc(redis_url, tmp_path, "storm-a", *args, tag="storm-a2") as a2:
-                    wait_for(all_equal(bclient, "executions", ids, 2), 8.0, "A' resuming its own tasks")
+                    wait_for(all_equal(bclient, "executions", ids, 2), 15.0, "A' resuming its own tasks")
                     resumed_s = time.monotonic() - a2.started_at_s
                     since_kill_s = time.monotonic() - killed_at
                     record_property("restart_resume_s", round(resumed_s, 3))
@@ -153,7 +153,7 @@ class TestNoRestartStorm:
                     assert a2.terminate() == 0
                 assert b.terminate() == 0
         assert since_kill_s < ttl_s / 2, f"A' resumed {since_kill_s:.2f} s after the kill: that is lease expiry"
-        assert resumed_s < 4.0
+        assert resumed_s < ttl_s / 2, f"A' took {resumed_s:.2f} s from its start to resume its own tasks"
         assert "resuming 3 of this consumer's own pending tasks" in a2.stderr()
         _assert_only_the_owner_ran_them(bclient, ids, owner=a2, other=b)
 

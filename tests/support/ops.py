@@ -177,7 +177,8 @@ class OpsWorker:
     def readyz(self) -> tuple[int, str] | None:
         return self.try_http("/readyz")
 
-    def wait_ready(self, timeout_s: float = 10.0) -> None:
+    # Deadlines, not delays: a CI run on a loaded 2-core machine once took > 10 s to confirm the group.
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
         last: list[tuple[int, str] | None] = [None]
 
         def ready() -> bool:
@@ -194,7 +195,7 @@ class OpsWorker:
     def status(self) -> dict[str, Any] | None:
         return read_status_file(self.status_file)
 
-    def wait_state(self, state: str, timeout_s: float = 10.0) -> None:
+    def wait_state(self, state: str, timeout_s: float = 30.0) -> None:
         def reached() -> bool:
             self.assert_alive()
             st = self.status()
