@@ -134,7 +134,7 @@ class Renderer:
             why = (
                 f"per task: worker {1e6 / best.tasks_per_s:.0f} µs wall, {best.cpu_us_per_task:.0f} µs CPU; raw loop "
                 f"{1e6 / raw1:.0f} µs wall, {tp.runs[0].cpu_us_per_task:.0f} µs CPU "
-                "(see *Where the worker's time goes* below)"
+                "(see *Plain tasks: where the CPU goes* below)"
             )
             rows.append(
                 (
@@ -247,11 +247,7 @@ class Renderer:
                     f"{sum(1 for c in cells if c.phase == 'drain')} cells",
                     "all",
                     not late,
-                    "late: "
-                    + ", ".join(late)
-                    + ": the exit waits on Redis after the drain (see *Where the worker's time goes*)"
-                    if late
-                    else "",
+                    "late: " + ", ".join(late) + ": the exit waits on Redis after the drain" if late else "",
                 )
             )
         st = self.res.storm

@@ -12,24 +12,17 @@ import os
 import re
 import sys
 import time
-import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import Unset, tls_of
-from plaita.config import DEFAULT_REDIS_URL, Settings
+from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import PlaitaError
-from plaita.ops import fleetcheck
-from plaita.store import fleet
-from plaita.store.client import Client, is_cluster, make_client
-from plaita.store.dlq import DeadLetterQueue
-from plaita.store.fleet import list_workers, send_command
-from plaita.store.flow_limits import waiting_starts
-from plaita.store.keyspace import Keyspace
-from plaita.store.partitioned import open_queue
-from plaita.store.stats import execution_counts, stray_streams, stream_stats_or_empty
-from plaita.store.streams import StreamQueue
+from plaita.ops.fleet_admin import Admin, AdminTarget, FleetCommandError, open_admin
+
+if TYPE_CHECKING:
+    from plaita.store.dlq import DeadLetterQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0
@@ -45,32 +38,21 @@ class AdminError(PlaitaError):
     """Raised for an operator mistake (exit 1 with the message)."""
 
 
-def _queue(args: argparse.Namespace, *, fleet_partitions: bool = False) -> StreamQueue:
+def _admin(args: argparse.Namespace, *, fleet_partitions: bool = False) -> Admin:
     """The queue the command names. ``fleet_partitions``: without --partitions (or its variable),
-    the count the queue's registered workers agree on (``args.partitions_from`` says which)."""
-    url = args.redis_url or DEFAULT_REDIS_URL
-    # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
-    # as "did not answer", not as a Redis failure.
-    client = make_client(url, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S, tls=tls_of(args))
-    partitions = int(getattr(args, "partitions", 1))
-    args.partitions_from = "--partitions"
-    if fleet_partitions and isinstance(getattr(args, "partitions", None), Unset):
-        counts = fleetcheck.fleet_partitions(
-            fleetcheck.same_queue(list_workers(client), args.queue_name, args.consumer_group)
-        )
-        args.partitions_from = "default (no worker registered)"
-        if counts:
-            partitions = max(counts)  # on a mismatch the problems say so; the larger count shows more
-            args.partitions_from = "the registered workers'" if len(counts) == 1 else "the largest of the workers'"
-    settings = Settings(
-        redis_url=url,
+    the count the queue's registered workers agree on (``Admin.partitions_from`` says which)."""
+    partitions = getattr(args, "partitions", 1)
+    target = AdminTarget(
+        redis_url=args.redis_url or DEFAULT_REDIS_URL,
         queue_name=args.queue_name,
         consumer_group=args.consumer_group,
-        consumer_name="plaita-admin",
         dlq_key=getattr(args, "dlq_key", "") or "",
-        partitions=partitions,
+        tls=tls_of(args),
+        partitions=None if fleet_partitions and isinstance(partitions, Unset) else int(partitions),
     )
-    return open_queue(settings, client=client)
+    # Longer than the status reply wait: a worker that does not answer (SIGSTOPped, say) must read
+    # as "did not answer", not as a Redis failure.
+    return open_admin(target, socket_timeout_s=ADMIN_SOCKET_TIMEOUT_S)
 
 
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -122,21 +104,10 @@ def _cut(text: str, width: int, wide: bool) -> str:
     return text if wide or len(text) <= width else text[: width - 1] + "…"
 
 
-def _fleet_problems(q: StreamQueue, workers: list[dict[str, Any]]) -> list[str]:
-    """The problems of every queue the registered workers consume (with the count they use)."""
-    out: list[str] = []
-    for queue, group in sorted({(str(w.get("stream")), str(w.get("group"))) for w in workers}):
-        members = fleetcheck.same_queue(workers, queue, group)
-        n = max(fleetcheck.fleet_partitions(members) or {1})
-        ks = Keyspace(queue, n, n > 1 or is_cluster(q.client))
-        out += fleetcheck.problems(members, stray_streams(q.client, ks)[0], queue=queue, partitions=n)
-    return out
-
-
 def cmd_workers(args: argparse.Namespace) -> int:
-    q = _queue(args)
+    admin = _admin(args)
     now = time.time()
-    workers = list_workers(q.client)
+    workers = admin.workers()
     wide = bool(getattr(args, "wide", False))
     rows = [
         {
@@ -160,40 +131,19 @@ def cmd_workers(args: argparse.Namespace) -> int:
         "partitions", "queue", "runs",
     ]  # fmt: skip
     _emit(args, workers, rows, columns)
-    for line in _fleet_problems(q, workers):
+    for line in admin.fleet_problems(workers):
         print(f"plaita workers: problem: {line}", file=sys.stderr)
     return 0
 
 
-def _resolve_instance(client: Client, instance: str) -> str:
-    if fleet.is_registered(client, instance):
-        return instance
-    matches = [w for w in list_workers(client) if w.get("consumer") == instance]  # also accept a consumer name
-    if matches:
-        # A worker killed moments ago leaves its entry (until its TTL) under the consumer name
-        # its restarted successor uses: address the one that listens, else the freshest.
-        live = [w for w in matches if fleet.listeners(client, str(w["instance_id"]))]
-        newest = max(live or matches, key=lambda w: float(w.get("last_heartbeat") or 0))
-        return str(newest["instance_id"])
-    if fleet.listeners(client, instance):
-        # Its registry entry expired (say Redis refused the heartbeat's writes) but it listens.
-        print(f"plaita: {instance!r} is not in the registry (expired?) but listens on its channel", file=sys.stderr)
-        return instance
-    raise AdminError(f"unknown worker instance {instance!r} (see `plaita workers`)")
+def _warn(text: str) -> None:
+    print(f"plaita: {text}", file=sys.stderr)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    q = _queue(args, fleet_partitions=not args.instance)
+    admin = _admin(args, fleet_partitions=not args.instance)
     if args.instance:
-        instance = _resolve_instance(q.client, args.instance)
-        reply_to = f"{fleet.REPLY_PREFIX}{uuid.uuid4().hex}"
-        received = send_command(q.client, instance, "status", reply_to=reply_to, request_id=reply_to)
-        if received == 0:
-            raise AdminError(f"worker {instance!r} is registered but not listening (stopping or cut off?)")
-        answer = fleet.wait_reply(q.client, reply_to, STATUS_REPLY_TIMEOUT_S)
-        if answer is None:
-            raise AdminError(f"worker {instance!r} did not answer within {STATUS_REPLY_TIMEOUT_S:.0f} s")
-        status = answer["status"]
+        status = admin.ask_status(admin.resolve_instance(args.instance, _warn), STATUS_REPLY_TIMEOUT_S)
         if args.json:
             _emit(args, status, None, [])
         else:
@@ -201,12 +151,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(f"{key:>14}: {status[key]}")
             print(f"{'counters':>14}: {json.dumps(status.get('counters', {}))}")
         return 0
-    stats = stream_stats_or_empty(q)
-    stats["partitions_count"] = q.keyspace.partitions
-    stats["partitions_from"] = args.partitions_from
-    stats["problems"] = fleetcheck.check(q.client, q.keyspace, args.consumer_group)
-    stats["executions"] = execution_counts(q.client, q.keyspace)
-    stats["starts_waiting_for_slot"] = waiting_starts(q.client, q.keyspace)
+    stats = admin.queue_status()
     if args.json:
         _emit(args, stats, None, [])
         return 0
@@ -253,13 +198,11 @@ def _check_ids(ids: Sequence[str]) -> None:
 
 
 def cmd_control(args: argparse.Namespace) -> int:
-    q = _queue(args)
+    admin = _admin(args)
     if args.all == bool(args.instance):
         raise AdminError("give exactly one of INSTANCE or --all")
-    target = "all" if args.all else _resolve_instance(q.client, args.instance)
-    received = send_command(q.client, target, args.command, now=getattr(args, "now", False))
-    if received == 0:
-        raise AdminError(f"no worker is listening on the control channel for {target!r}")
+    target = "all" if args.all else admin.resolve_instance(args.instance, _warn)
+    received = admin.send(target, args.command, now=getattr(args, "now", False))
     print(f"{args.command} sent to {target} ({received} worker(s) received it)")
     return 0
 
@@ -320,7 +263,7 @@ DLQ_ACTIONS = {"list": _dlq_list, "show": _dlq_show, "requeue": _dlq_requeue, "p
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    return DLQ_ACTIONS[args.dlq_command](args, DeadLetterQueue(_queue(args)))
+    return DLQ_ACTIONS[args.dlq_command](args, _admin(args).dead_letters())
 
 
 def run_admin(args: argparse.Namespace) -> int:
@@ -340,7 +283,7 @@ def run_admin(args: argparse.Namespace) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except AdminError as exc:
+    except (AdminError, FleetCommandError) as exc:
         print(f"plaita {args.command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:

@@ -50,10 +50,11 @@ from plaita.cli.demo_parts import (
     print_tally,
 )
 from plaita.config import redact_url, validate_redis_url
-from plaita.store.client import Client, make_client
+from plaita.store.client import make_client
 from plaita.store.errors import is_redis_failure
 from plaita.store.fleet import registry_key
 from plaita.store.keyspace import DEFAULT
+from plaita.store.queue_access import ping
 from plaita.store.server import PrivateRedis, RedisServerError
 from plaita.store.stats import is_settled
 from plaita.store.streams import StreamQueue
@@ -78,7 +79,6 @@ class Demo:
         self.stderr_path = self.dir / "worker.log"
         self.server: PrivateRedis | None = None
         self.url = ""
-        self.client: Client | None = None
         self.queue: StreamQueue | None = None
         self.worker: WorkerProcess | None = None
         self.unexpected_exits: list[int] = []
@@ -192,12 +192,16 @@ class Demo:
                 f"using Redis at {redact_url(self.url)}: NO freeze (the demo only freezes a server it started); "
                 f"stream {self.stream}, deleted at the end"
             )
-        self.client = make_client(self.url, socket_timeout_s=5.0)
         self.queue = StreamQueue(
-            self.client, stream=self.stream, group=self.group, consumer="plaita-demo", dlq_key="", dlq_max_len=1
+            make_client(self.url, socket_timeout_s=5.0),
+            stream=self.stream,
+            group=self.group,
+            consumer="plaita-demo",
+            dlq_key="",
+            dlq_max_len=1,
         )
         try:
-            self.client.ping()
+            ping(self.queue)
         except Exception as exc:
             if not is_redis_failure(exc):
                 raise
@@ -326,23 +330,23 @@ class Demo:
             self.worker.close()
             self.worker = None
         self.flows.cleanup(delete=self.server is None)
-        if self.client is not None:
+        if self.queue is not None:
             if self.server is None:
                 self.delete_demo_keys()
-            self.client.close()
-            self.client = None
+            self.queue.close()
+            self.queue = None
         if self.server is not None:
             self.server.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def delete_demo_keys(self) -> None:
         """On a server the demo does not own: delete exactly the keys this run created."""
-        assert self.client is not None
+        assert self.queue is not None
         self.worker_status()
         keys = [self.stream, f"{self.stream}:dlq", *(registry_key(i) for i in self.instance_ids)]
         for i in range(self.tasks):
             keys += [DEFAULT.lease_key(self.execution_id(i)), DEFAULT.fence_key(self.execution_id(i))]
-        delete_or_say(self.client, keys, self.say)
+        delete_or_say(self.queue, keys, self.say)
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:

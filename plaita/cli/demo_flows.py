@@ -19,12 +19,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plaita.cli.demo_parts import WORKER_DRAIN_S, DemoError, WorkerProcess, delete_or_say
 from plaita.flows import Flow, StepContext
-from plaita.store.client import Client, make_client
+from plaita.store.client import make_client
 from plaita.store.errors import is_redis_failure
+from plaita.store.queue_access import remove_members
+
+if TYPE_CHECKING:
+    from plaita.store.streams import StreamQueue
 
 #: Environment variable naming the step-run log.
 FLOW_LOG_ENV = "PLAITA_DEMO_FLOW_LOG"
@@ -112,7 +116,8 @@ class FlowDemo:
         self.status_path = directory / "flow-worker-status.json"
         self.stderr_path = directory / "flow-worker.log"
         self.url = ""
-        self.client: Client | None = None
+        #: The demo's own queue handle: its client serves the FlowClient and the cleanup.
+        self.queue: StreamQueue | None = None
         self.flows: Any = None  # a FlowClient
         self.worker: WorkerProcess | None = None
         self.docs: dict[str, dict[str, Any]] = {}
@@ -133,9 +138,9 @@ class FlowDemo:
         from plaita.store.streams import StreamQueue
 
         self.url = url
-        self.client = make_client(url, socket_timeout_s=CLIENT_TIMEOUT_S)
-        queue = StreamQueue(self.client, stream=self.stream, group="", consumer="", dlq_key="", dlq_max_len=1)
-        self.flows = FlowClient(queue)
+        client = make_client(url, socket_timeout_s=CLIENT_TIMEOUT_S)
+        self.queue = StreamQueue(client, stream=self.stream, group="", consumer="", dlq_key="", dlq_max_len=1)
+        self.flows = FlowClient(self.queue)
         self.start_worker()
 
     def start_worker(self) -> None:
@@ -281,19 +286,19 @@ class FlowDemo:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
-        if self.client is None:
+        if self.queue is None:
             return
         if delete:
             self._delete_keys()
-        self.client.close()
-        self.client = None
+        self.queue.close()
+        self.queue = None
 
     def _delete_keys(self) -> None:
         from plaita.store.executions import ALL_STATUSES, DEADLINES_KEY
         from plaita.store.fleet import registry_key
         from plaita.store.keyspace import DEFAULT
 
-        assert self.client is not None
+        assert self.queue is not None
         keys = [self.stream, f"{self.stream}:dlq", *(registry_key(i) for i in self.instance_ids)]
         for eid in self.ids:
             keys += [
@@ -302,13 +307,11 @@ class FlowDemo:
                 DEFAULT.lease_key(eid),
                 DEFAULT.fence_key(eid),
             ]
-        if not delete_or_say(self.client, keys, self.say):
+        if not delete_or_say(self.queue, keys, self.say):
             return
         try:  # the status indexes are shared with every other flow: remove only this run's ids
-            pipe = self.client.pipeline(transaction=False)
-            for key in [*(DEFAULT.status_key(0, s) for s in ALL_STATUSES), DEADLINES_KEY]:
-                pipe.zrem(key, *self.ids)
-            pipe.execute()
+            indexes = [*(DEFAULT.status_key(0, s) for s in ALL_STATUSES), DEADLINES_KEY]
+            remove_members(self.queue, indexes, self.ids)
         except Exception as exc:
             if not is_redis_failure(exc):
                 raise

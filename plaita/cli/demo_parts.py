@@ -8,12 +8,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from plaita.errors import PlaitaError
-from plaita.store.client import Client, delete_keys
 from plaita.store.errors import is_redis_failure
+from plaita.store.queue_access import delete
 from plaita.store.server import PrivateRedis, stop_process
 from plaita.tasks import Task
+
+if TYPE_CHECKING:
+    from plaita.store.streams import StreamQueue
 
 #: Environment variable naming the file ``demo_handler`` appends one line per execution to.
 DEMO_LOG_ENV = "PLAITA_DEMO_LOG"
@@ -50,10 +54,10 @@ def log_tail(path: Path, most: int = 8) -> list[str]:
     return lines
 
 
-def delete_or_say(client: Client, keys: list[str], say: Callable[[str], None]) -> bool:
-    """Delete ``keys``; on a Redis failure say so instead of raising. True if deleted."""
+def delete_or_say(queue: StreamQueue, keys: list[str], say: Callable[[str], None]) -> bool:
+    """Delete ``keys`` on ``queue``'s server; on a Redis failure say so instead of raising. True if deleted."""
     try:
-        delete_keys(client, keys)
+        delete(queue, keys)
     except Exception as exc:
         if not is_redis_failure(exc):
             raise

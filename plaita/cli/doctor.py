@@ -50,7 +50,7 @@ def add_parser(
 
 def run_doctor(args: argparse.Namespace) -> int:
     from plaita.ops.doctor import as_json, describe, diagnose, exit_code
-    from plaita.store.client import make_client
+    from plaita.store.fleet_access import FleetAccess
 
     url = args.redis_url or DEFAULT_REDIS_URL
     # No --partitions (nor its variable): the count the registered workers use.
@@ -62,11 +62,11 @@ def run_doctor(args: argparse.Namespace) -> int:
         consumer_group=args.consumer_group,
         partitions=1 if partitions is None else partitions,
     )
-    client = make_client(url, socket_timeout_s=DOCTOR_SOCKET_TIMEOUT_S, tls=tls_of(args))
+    fleet = FleetAccess.connect(url, socket_timeout_s=DOCTOR_SOCKET_TIMEOUT_S, tls=tls_of(args))
     try:
-        findings = diagnose(client, url=url, queue=args.queue_name, group=args.consumer_group, partitions=partitions)
+        findings = diagnose(fleet, url=url, queue=args.queue_name, group=args.consumer_group, partitions=partitions)
     finally:
-        client.close()
+        fleet.close()
     if args.json:
         print(json.dumps(as_json(findings, url=url), indent=2))
     else:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.errors import PlaitaError
-from plaita.store import fleet
-from plaita.store.client import Client
 from plaita.store.dlq import DeadLetterQueue
+from plaita.store.fleet import REPLY_PREFIX
+from plaita.store.fleet_access import FleetAccess
 
 #: Seconds the dashboard waits for workers' answers to a control command.
 REPLY_TIMEOUT_S = 3.0
@@ -39,24 +39,24 @@ class Outcome:
     replies: list[dict[str, Any]]
 
 
-def control(client: Client, target: str, command: str) -> Outcome:
+def control(fleet: FleetAccess, target: str, command: str) -> Outcome:
     """Send ``command`` to one instance (or ``all``) and collect the answers that arrive in time."""
     if command not in COMMANDS:
         raise ActionError(f"unknown command {command!r} (one of {', '.join(COMMANDS)})")
     if target != "all" and not INSTANCE_ID.fullmatch(target):
         raise ActionError("not a worker instance id")
-    if target != "all" and not fleet.is_registered(client, target):
+    if target != "all" and not fleet.is_registered(target):
         raise ActionError(f"unknown worker instance {target!r} (it may have stopped)")
-    reply_to = f"{fleet.REPLY_PREFIX}{uuid.uuid4().hex}"
+    reply_to = f"{REPLY_PREFIX}{uuid.uuid4().hex}"
     name = "stop" if command == "stop_now" else command
     now = command == "stop_now"
-    received = fleet.send_command(client, target, name, now=now, reply_to=reply_to, request_id=reply_to)
+    received = fleet.send_command(target, name, now=now, reply_to=reply_to, request_id=reply_to)
     if received == 0:
         raise ActionError(f"no worker is listening on the control channel for {target!r}")
     replies: list[dict[str, Any]] = []
     deadline = time.monotonic() + REPLY_TIMEOUT_S
     while len(replies) < received and (left_s := deadline - time.monotonic()) > 0:
-        answer = fleet.wait_reply(client, reply_to, max(0.1, left_s))
+        answer = fleet.wait_reply(reply_to, max(0.1, left_s))
         if answer is None:
             break
         replies.append(_reply_row(answer))

@@ -30,8 +30,9 @@ from plaita.dashboard.svg import lifecycle_svg, throughput_svg
 from plaita.flows.client import FlowClient
 from plaita.store.client import Client, make_client
 from plaita.store.dlq import DeadLetterQueue
-from plaita.store.executions import ExecutionStore
+from plaita.store.fleet_access import FleetAccess
 from plaita.store.partitioned import open_queue
+from plaita.store.queue_access import executions_of
 from plaita.store.streams import StreamQueue
 
 HERE = Path(__file__).resolve().parent
@@ -166,9 +167,10 @@ class Dashboard:
             queue(SAMPLER_TIMEOUT_S, sampler_client), scrub=self.scrub, sample_every_s=config.sample_every_s
         )
         self.page_dlq = DeadLetterQueue(queue(PAGE_TIMEOUT_S))
-        self.page_executions = ExecutionStore(self.page_dlq.client, self.page_dlq.queue.keyspace)
+        self.page_executions = executions_of(self.page_dlq.queue)
         self.action_queue = queue(REPLY_TIMEOUT_S + 2.0)
         self.action_dlq = DeadLetterQueue(self.action_queue)
+        self.action_fleet = FleetAccess.of(self.action_queue)
         self.action_flows = FlowClient(self.action_queue)
         self.guard = Guard(allow_actions=config.allow_actions, token=config.token)
         self.notices = Notices()
@@ -176,10 +178,9 @@ class Dashboard:
 
     def close(self) -> None:
         self.monitor.stop()
-        clients = (self.monitor.queue.client, self.page_dlq.client, self.action_queue.client)
-        for client in {id(c): c for c in clients}.values():
+        for queue in (self.monitor.queue, self.page_dlq.queue, self.action_queue):
             with contextlib.suppress(Exception):  # closing a pool of a dead server may fail; nothing to do
-                client.close()
+                queue.close()
 
     def render(self, request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
         session = self.guard.session(request)

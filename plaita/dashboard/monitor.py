@@ -19,9 +19,9 @@ from typing import Any
 
 from plaita.dashboard.probe import MAX_PROBED, probe, probe_address
 from plaita.store.errors import cause, is_redis_failure
-from plaita.store.fleet import list_workers
-from plaita.store.flow_limits import waiting_starts
-from plaita.store.stats import execution_counts, stream_stats_or_empty
+from plaita.store.fleet_access import FleetAccess
+from plaita.store.queue_access import execution_counts_of, waiting_starts_of
+from plaita.store.stats import stream_stats_or_empty
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class FleetMonitor:
         prober: Prober = probe,
     ) -> None:
         self.queue = queue
+        self._fleet = FleetAccess.of(queue)
         self._scrub = scrub
         self._sample_every_s = sample_every_s
         self._prober = prober
@@ -170,7 +171,7 @@ class FleetMonitor:
         """Read the registry and the queue once; on a Redis failure start (or go on with) an outage."""
         now_s = time.time()
         try:
-            workers = list_workers(self.queue.client)
+            workers = self._fleet.workers()
             stats = read_stats(self.queue)
             counted = self._execution_counts()
         except Exception as exc:
@@ -196,8 +197,8 @@ class FleetMonitor:
         or None when the ACL user may not count them (rules from before the executions tab): the
         fleet and queue figures are still worth showing."""
         try:
-            counted = execution_counts(self.queue.client, self.queue.keyspace)
-            counted["starts_waiting"] = waiting_starts(self.queue.client, self.queue.keyspace)
+            counted = execution_counts_of(self.queue)
+            counted["starts_waiting"] = waiting_starts_of(self.queue)
             return counted
         except Exception as exc:
             if cause(exc) != "acl":

@@ -193,7 +193,7 @@ class Views:
 
     async def control(self, request: Request) -> Response:
         def run(form: dict[str, Any]) -> Outcome:
-            return actions.control(self.dash.action_queue.client, form.get("instance", ""), form.get("command", ""))
+            return actions.control(self.dash.action_fleet, form.get("instance", ""), form.get("command", ""))
 
         return await self.act(request, "/workers", run)
 

@@ -16,10 +16,9 @@ from typing import Any
 
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.ops.commands import BadControlMessage, parse_control_message
-from plaita.store import fleet
-from plaita.store.client import Client
 from plaita.store.errors import classify
 from plaita.store.fleet import CONTROL_ALL, control_channel
+from plaita.store.fleet_access import FleetAccess
 
 logger = logging.getLogger(__name__)
 
@@ -30,20 +29,20 @@ POLL_S = 0.5
 class ControlListener:
     """Subscribes to this worker's channels and dispatches commands, forever.
 
-    Give it a client of its own (``close_client=True``): a pub/sub connection borrowed from
+    Give it a door on a client of its own (``close_client=True``): a pub/sub connection borrowed from
     the worker's pool is torn down under the listener whenever that pool is closed or reset
     (shutdown), which used to surface as a bogus ``TypeError`` from ``select``.
     """
 
     def __init__(
         self,
-        client: Client,
+        fleet_access: FleetAccess,
         *,
         instance_id: str,
         on_command: Callable[[str, dict[str, Any]], dict[str, Any] | None],
         close_client: bool = False,
     ) -> None:
-        self.client = client
+        self.fleet = fleet_access
         self._close_client = close_client
         self.instance_id = instance_id
         self.channels = [control_channel(instance_id), CONTROL_ALL]
@@ -70,7 +69,7 @@ class ControlListener:
                 pubsub: Any = None
                 try:
                     # Inside the try: a cluster client connects to learn its slot map right here.
-                    pubsub = fleet.open_pubsub(self.client)
+                    pubsub = self.fleet.open_pubsub()
                     self._listen(pubsub)
                 except Exception as exc:  # any failure: reconnect with backoff, never end the thread
                     self.connected.clear()
@@ -94,7 +93,7 @@ class ControlListener:
             self.connected.clear()
             if self._close_client:
                 try:
-                    self.client.close()
+                    self.fleet.close()
                 except Exception:  # best effort on the way out
                     logger.debug("closing the control client failed", exc_info=True)
 
@@ -137,6 +136,6 @@ class ControlListener:
         if answer is not None and isinstance(reply_to, str) and reply_to:
             answer = {**answer, "request_id": command.get("request_id"), "instance_id": self.instance_id}
             try:
-                fleet.push_reply(self.client, reply_to, answer)
+                self.fleet.push_reply(reply_to, answer)
             except Exception as exc:  # a lost reply must not end the listener
                 logger.warning("could not send the %r reply (%s)", name, exc)

@@ -18,11 +18,11 @@ from plaita.config import redact_url
 from plaita.ops.fleetcheck import check as fleet_check
 from plaita.ops.fleetcheck import fleet_partitions, same_queue
 from plaita.ops.server_checks import Finding, Severity, check_cluster, node_findings
-from plaita.store.client import Client, NotAClusterError, is_cluster
+from plaita.store.client import NotAClusterError
 from plaita.store.errors import describe_failure, is_redis_failure
-from plaita.store.fleet import list_workers
+from plaita.store.fleet_access import FleetAccess
 from plaita.store.keyspace import Keyspace
-from plaita.store.server_facts import ServerFacts, read_servers
+from plaita.store.server_facts import ServerFacts
 
 #: Exit code of ``plaita doctor`` by its worst finding (2 is taken by bad flags).
 EXIT_CODES = {Severity.OK: 0, Severity.INFO: 0, Severity.WARN: 1, Severity.ERROR: 3}
@@ -47,11 +47,11 @@ def server_findings(servers: list[ServerFacts], *, url: str, partitions: int) ->
     return out
 
 
-def read_findings(client: Client, *, url: str, partitions: int, ask_config: bool = True) -> list[Finding]:
-    """The server checks of what ``client`` talks to (``ask_config``: CONFIG GET too); a Redis failure
+def read_findings(fleet: FleetAccess, *, url: str, partitions: int, ask_config: bool = True) -> list[Finding]:
+    """The server checks of what ``fleet`` talks to (``ask_config``: CONFIG GET too); a Redis failure
     is one finding, not a raise."""
     try:
-        servers = read_servers(client, ask_config=ask_config)
+        servers = fleet.servers(ask_config=ask_config)
     except NotAClusterError as exc:
         return [Finding(Severity.ERROR, "cluster", str(exc))]
     except Exception as exc:
@@ -61,10 +61,10 @@ def read_findings(client: Client, *, url: str, partitions: int, ask_config: bool
     return server_findings(servers, url=url, partitions=partitions)
 
 
-def fleet_findings(client: Client, ks: Keyspace, group: str) -> list[Finding]:
+def fleet_findings(fleet: FleetAccess, ks: Keyspace, group: str) -> list[Finding]:
     """The fleet's misconfigurations (``plaita.ops.fleetcheck``) as error findings."""
     try:
-        problems = fleet_check(client, ks, group)
+        problems = fleet_check(fleet, ks, group)
     except Exception as exc:
         if not is_redis_failure(exc):
             raise
@@ -74,10 +74,10 @@ def fleet_findings(client: Client, ks: Keyspace, group: str) -> list[Finding]:
     return [Finding(Severity.ERROR, "fleet", p) for p in problems]
 
 
-def _fleet_partitions(client: Client, queue: str, group: str) -> int:
+def _fleet_partitions(fleet: FleetAccess, queue: str, group: str) -> int:
     """The count the queue's registered workers use (the largest on a mismatch), else 1."""
     try:
-        counts = fleet_partitions(same_queue(list_workers(client), queue, group))
+        counts = fleet_partitions(same_queue(fleet.workers(), queue, group))
     except Exception as exc:
         if not is_redis_failure(exc):
             raise
@@ -85,22 +85,22 @@ def _fleet_partitions(client: Client, queue: str, group: str) -> int:
     return max(counts, default=1)
 
 
-def diagnose(client: Client, *, url: str, queue: str, group: str, partitions: int | None) -> list[Finding]:
+def diagnose(fleet: FleetAccess, *, url: str, queue: str, group: str, partitions: int | None) -> list[Finding]:
     """Everything ``plaita doctor`` reports: the servers, then the fleet (when the servers answered).
     ``partitions`` None: the count the registered workers use, as ``plaita status`` does."""
     if partitions is None:
-        partitions = _fleet_partitions(client, queue, group)
-    findings = read_findings(client, url=url, partitions=partitions)
+        partitions = _fleet_partitions(fleet, queue, group)
+    findings = read_findings(fleet, url=url, partitions=partitions)
     if any(f.check in ("connect", "cluster") and f.severity is Severity.ERROR for f in findings):
         return findings  # the keys cannot be read either (or not the way the URL says)
-    ks = Keyspace(queue, partitions, partitions > 1 or is_cluster(client))
-    return findings + fleet_findings(client, ks, group)
+    ks = Keyspace(queue, partitions, partitions > 1 or fleet.on_cluster())
+    return findings + fleet_findings(fleet, ks, group)
 
 
-def startup_warnings(client: Client, *, url: str, partitions: int) -> list[Finding]:
+def startup_warnings(fleet: FleetAccess, *, url: str, partitions: int) -> list[Finding]:
     """The server checks a worker logs once: warnings and errors only (its fleet check is separate).
     INFO only: a worker's ACL user has no CONFIG, and a denied call would be an ACL LOG entry."""
-    found = read_findings(client, url=url, partitions=partitions, ask_config=False)
+    found = read_findings(fleet, url=url, partitions=partitions, ask_config=False)
     return [f for f in found if f.severity >= Severity.WARN]
 
 

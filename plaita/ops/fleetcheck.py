@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from plaita.store.client import Client
-from plaita.store.fleet import fleet_check_key, list_workers, share_problems, shared_problems
+from plaita.store.fleet import fleet_check_key
+from plaita.store.fleet_access import FleetAccess
 from plaita.store.keyspace import Keyspace
-from plaita.store.stats import stray_streams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -74,13 +73,13 @@ def problems(workers: list[dict[str, Any]], strays: dict[str, int], *, queue: st
     return out
 
 
-def check(client: Client, ks: Keyspace, group: str, me: dict[str, Any] | None = None) -> list[str]:
+def check(fleet: FleetAccess, ks: Keyspace, group: str, me: dict[str, Any] | None = None) -> list[str]:
     """The problems of queue ``ks.queue`` seen from a worker (``me``: its own entry, counted even
     when it is not registered) or an operator with ``ks.partitions`` partitions."""
-    workers = same_queue(list_workers(client), ks.queue, group)
+    workers = same_queue(fleet.workers(), ks.queue, group)
     if me is not None and all(w.get("instance_id") != me.get("instance_id") for w in workers):
         workers.append(me)
-    strays, _complete = stray_streams(client, ks)
+    strays, _complete = fleet.stray_streams(ks)
     return problems(workers, strays, queue=ks.queue, partitions=ks.partitions)
 
 
@@ -89,7 +88,7 @@ class FleetCheck:
 
     def __init__(
         self,
-        client: Client,
+        fleet: FleetAccess,
         ks: Keyspace,
         group: str,
         *,
@@ -98,7 +97,7 @@ class FleetCheck:
         every_s: float = CHECK_EVERY_S,
         share: bool = True,
     ) -> None:
-        self.client = client
+        self.fleet = fleet
         #: Use and share the fleet's last result (``plaita:fleetcheck:v1:…``) instead of every
         #: worker scanning the keyspace each interval. Off for a worker that is not registered:
         #: the others' results cannot count it.
@@ -140,12 +139,12 @@ class FleetCheck:
         me = self._me()
         key = fleet_check_key(self.ks.queue, self.group, self.ks.partitions, _kind(me)) if self.share else None
         if key is not None:
-            shared = _best_effort(lambda: shared_problems(self.client, key))
+            shared = _best_effort(lambda: self.fleet.shared_problems(key))
             if shared is not None:
                 return shared
-        found = check(self.client, self.ks, self.group, me)
+        found = check(self.fleet, self.ks, self.group, me)
         if key is not None:
-            _best_effort(lambda: share_problems(self.client, key, found, self.every_s))
+            _best_effort(lambda: self.fleet.share_problems(key, found, self.every_s))
         return found
 
 

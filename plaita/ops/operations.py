@@ -26,10 +26,10 @@ from plaita.ops.metrics import HealthServer, Metrics
 from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
 from plaita.runtime.worker import Worker
-from plaita.store.client import make_client
 from plaita.store.entries import DeadLetter
 from plaita.store.executions import ExecutionStore
-from plaita.store.flow_limits import waiting_starts
+from plaita.store.fleet_access import FleetAccess
+from plaita.store.queue_access import executions_of, waiting_starts_of
 from plaita.store.stats import stream_stats
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class Operations:
         self.worker = worker
         settings = worker.settings
         self.metrics = Metrics()
+        #: The fleet's keys on the worker's client (heartbeat, fleet check, server checks).
+        self.fleet = FleetAccess.of(worker.queue)
         self.registry: Registry | None = None
         self.control: ControlListener | None = None
         if settings.registry_enabled:
@@ -54,7 +56,7 @@ class Operations:
             self.http = HealthServer(settings.metrics_host, settings.metrics_port, self.metrics, worker.readiness)
         self.status_file = StatusFile(settings.status_file, worker.status)
         self.fleet_check = FleetCheck(
-            worker.queue.client,
+            self.fleet,
             worker.queue.keyspace,
             settings.consumer_group,
             me=self._registry_entry,
@@ -82,7 +84,7 @@ class Operations:
     def _registry(self) -> Registry:
         settings = self.worker.settings
         return Registry(
-            self.worker.queue.client,
+            self.fleet,
             instance_id=self.worker.instance_id,
             snapshot=self._registry_entry,
             ttl_s=settings.registry_ttl_s,
@@ -93,19 +95,19 @@ class Operations:
         settings = self.worker.settings
         # The listener gets a client (so a pool) of its own: closing or resetting the worker's
         # pool must never tear its pub/sub connection down under it.
-        control_client = make_client(
+        control_fleet = FleetAccess.connect(
             settings.redis_url,
             socket_timeout_s=settings.socket_timeout_s,
             client_name=f"plaita-control:{settings.consumer_name}".replace(" ", "_"),
             tls=settings.tls,
         )
         return ControlListener(
-            control_client, instance_id=self.worker.instance_id, on_command=self.worker.on_command, close_client=True
+            control_fleet, instance_id=self.worker.instance_id, on_command=self.worker.on_command, close_client=True
         )
 
     def track_executions(self) -> None:
         """This worker runs flows: sample the suspended gauge (one ZCARD per status, pipelined)."""
-        self.executions = ExecutionStore(self.worker.queue.client, self.worker.queue.keyspace)
+        self.executions = executions_of(self.worker.queue)
 
     def _registry_entry(self) -> dict[str, Any]:
         """The worker's status plus where its health endpoints listen: during a Redis outage the
@@ -238,7 +240,7 @@ class Operations:
             return
         settings = self.worker.settings
         try:
-            found = startup_warnings(self.worker.queue.client, url=settings.redis_url, partitions=settings.partitions)
+            found = startup_warnings(self.fleet, url=settings.redis_url, partitions=settings.partitions)
         except Exception as exc:  # best effort: the worker's own loop reports what matters
             logger.debug("server check skipped: %s: %s", type(exc).__name__, exc)
             return
@@ -261,7 +263,7 @@ class Operations:
         if self.executions is not None:
             try:
                 suspended = self.executions.counts()["suspended"]
-                waiting = waiting_starts(self.executions.client, self.executions.ks)
+                waiting = waiting_starts_of(self.worker.queue)
             except Exception as exc:  # best effort, as above
                 logger.debug("execution sampling failed: %s", exc)
                 return

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.store import fleet
-from plaita.store.client import Client
+from plaita.store.fleet_access import FleetAccess
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class Registry:
 
     def __init__(
         self,
-        client: Client,
+        fleet_access: FleetAccess,
         *,
         instance_id: str,
         snapshot: Callable[[], dict[str, Any]],
@@ -38,7 +38,7 @@ class Registry:
         interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         on_beat: Callable[[], None] | None = None,
     ) -> None:
-        self.client = client
+        self.fleet = fleet_access
         self.instance_id = instance_id
         self.key = fleet.registry_key(instance_id)
         self._snapshot = snapshot
@@ -64,7 +64,7 @@ class Registry:
         entry = self._snapshot()
         entry["last_heartbeat"] = time.time()
         try:
-            fleet.write_entry(self.client, self.instance_id, entry, self.ttl_s)
+            self.fleet.write_entry(self.instance_id, entry, self.ttl_s)
         except Exception as exc:  # any failure: the heartbeat retries, it never ends
             if not self._failing:
                 logger.warning("registry heartbeat failed (%s: %s); retrying", type(exc).__name__, exc)
@@ -80,7 +80,7 @@ class Registry:
 
     def _delete(self) -> None:
         try:
-            fleet.delete_entry(self.client, self.instance_id)
+            self.fleet.delete_entry(self.instance_id)
         except Exception as exc:  # best effort: the entry expires with its TTL anyway
             logger.debug("could not remove registry entry %s: %s (it expires in %.0f s)", self.key, exc, self.ttl_s)
 

@@ -34,7 +34,7 @@ from plaita.runtime.handlers import load_handler
 from plaita.runtime.prochandler import ProcessHandler
 from plaita.runtime.procpool import ProcessPool
 from plaita.runtime.worker import Worker
-from plaita.store.client import make_client
+from plaita.store.client import Client, make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.partitioned import keyspace_of, open_queue
 from plaita.store.schedule_records import ScheduleRecords
@@ -75,12 +75,16 @@ class WorkerService:
         *,
         keeper: Keeper | None = None,
         runner: FlowRunner | None = None,
+        runner_redis: Client | None = None,
         pool: ProcessPool | None = None,
     ) -> None:
         self.worker = worker
         self.ops = ops
         self.keeper = keeper
         self.runner = runner
+        #: The client this service opened for the runner's store: closed after the runner, here,
+        #: where it was made (nobody reaches into the runner for it).
+        self._runner_redis = runner_redis
         #: ``--pool process``: the children steps or handlers run in (started with the worker).
         self.pool = pool
         self._owner = threading.Thread(target=self._serve, name="plaita-owner")
@@ -164,7 +168,8 @@ class WorkerService:
                 self.pool.close()  # after the drain: no step of this worker runs any more
             if self.runner is not None:
                 _close_quietly(self.runner)  # its loop connection and cancel watcher: no task runs now
-                _close_quietly(self.runner.store.client)
+            if self._runner_redis is not None:
+                _close_quietly(self._runner_redis)
             self._done.set()
 
     def _stop_keeper(self, thread: threading.Thread | None) -> None:
@@ -279,7 +284,7 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
     # Its schedules recorded for the queue (and again every minute): the queue's acting keeper runs them.
     ops.periodic.append(ScheduleRecorder(registry, ScheduleRecords(client, keyspace_of(settings).queue)).refresh)
     keeper_ = _keeper(settings, registry, ops) if keeper else None
-    return WorkerService(worker, ops, keeper=keeper_, runner=runner, pool=pool)
+    return WorkerService(worker, ops, keeper=keeper_, runner=runner, runner_redis=client, pool=pool)
 
 
 def process_pool(settings: Settings, modules: Sequence[str]) -> ProcessPool:

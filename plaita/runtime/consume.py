@@ -19,8 +19,8 @@ from plaita.runtime.reclaim import Reclaimer
 from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.suspects import Suspects
-from plaita.store.crashes import CrashStrikes
 from plaita.store.entries import Entry
+from plaita.store.queue_access import crash_strikes_of
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class ConsumePhases:
             queue=queue,
             lifecycle=lifecycle,
             intake=intake,
-            strikes=CrashStrikes(queue.owner),
+            strikes=crash_strikes_of(queue),
             judges=judges,
             slot_freed=slot_freed,
         )

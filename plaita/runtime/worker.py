@@ -33,6 +33,7 @@ from plaita.runtime.stopping import Drainer
 from plaita.store.errors import describe_failure
 from plaita.store.leases import LeaseManager
 from plaita.store.partitioned import open_queue
+from plaita.store.queue_access import leases_of, owner_leases_of
 from plaita.store.streams import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -106,14 +107,9 @@ class Worker:
             on_dead=self.observers.dead_lettered,
             window=settings.concurrency + ACK_WINDOW,
         )
-        self.leases = LeaseManager(
-            self.queue.client,
-            consumer=settings.consumer_name,
-            ttl_s=settings.lease_ttl_s,
-            keyspace=self.queue.keyspace,
-        )
+        self.leases = leases_of(self.queue, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
         #: The owner thread acquires and releases on its own pool, which a stop may cut.
-        owner_leases = self.leases.on(self.queue.owner)
+        owner_leases = owner_leases_of(self.queue, self.leases)
         self.renewer = LeaseRenewer(
             self.inflight,
             self.leases,

@@ -15,6 +15,7 @@ import redis
 
 from plaita.ops.fleetcheck import FleetCheck
 from plaita.store.fleet import FLEETCHECK_PREFIX
+from plaita.store.fleet_access import FleetAccess
 from plaita.store.keyspace import Keyspace
 from tests.support.ops import wait_until
 
@@ -41,7 +42,7 @@ def scans(c: redis.Redis) -> int:
 def fleet_check(c: redis.Redis, name: str, kind: dict[str, Any], **kw: Any) -> tuple[FleetCheck, list[str | None]]:
     told: list[str | None] = []
     me = {"instance_id": name, "stream": QUEUE, "group": "g", "partitions": 1, **kind}
-    check = FleetCheck(c, Keyspace(QUEUE, 1, False), "g", me=lambda: me, on_change=told.append, **kw)
+    check = FleetCheck(FleetAccess(c), Keyspace(QUEUE, 1, False), "g", me=lambda: me, on_change=told.append, **kw)
     return check, told
 
 
