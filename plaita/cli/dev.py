@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plaita.cli.dev_parts import (
     Child,
@@ -32,8 +32,9 @@ from plaita.cli.dev_parts import (
 )
 from plaita.config import DEFAULT_QUEUE_NAME
 from plaita.errors import ConfigError
-from plaita.store.embedded import EmbeddedServer
-from plaita.store.server import RedisServerError, free_loopback_port
+
+if TYPE_CHECKING:
+    from plaita.store.embedded import EmbeddedServer
 
 #: How often the loop looks at the files and at the children.
 POLL_S = 0.25
@@ -66,6 +67,9 @@ def add_parser(add: Callable[..., argparse.ArgumentParser], env: Mapping[str, st
 
 
 def run_dev(args: argparse.Namespace, out: Any = None) -> int:
+    from plaita.store.embedded import EmbeddedServer  # here: `plaita --help` loads no Redis client
+    from plaita.store.server import RedisServerError
+
     out = out if out is not None else sys.stdout
     sys.path.insert(0, os.getcwd())  # the modules live in the project, as for `python -m`
     if args.redis_port == 6379:
@@ -116,7 +120,7 @@ class DevSession:
         self.dashboard: Child | None = None
         self.dashboard_url = ""
         if not args.no_dashboard:
-            port = dashboard_port() if args.dashboard_port is None else args.dashboard_port or free_loopback_port()
+            port = dashboard_port(args.dashboard_port)
             self.dashboard_url = f"http://127.0.0.1:{port}/"
             dash = ["dashboard", "--redis-url", server.url, "--port", str(port), "--allow-actions"]
             self.dashboard = Child("dashboard", dash, env)

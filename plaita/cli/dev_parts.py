@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import IO
 
 from plaita.errors import ConfigError
-from plaita.store.server import free_loopback_port
 
 #: How long a child (worker, dashboard) has to exit on SIGTERM before it is killed.
 CHILD_STOP_S = 1.5
@@ -84,8 +83,18 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def dashboard_port() -> int:
-    return DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_loopback_port()
+def dashboard_port(asked: int | None) -> int:
+    """``asked``, or 8600 when free, else any free port (``asked`` 0: any free port)."""
+    if asked:
+        return asked
+    return DASHBOARD_PORT if asked is None and port_is_free(DASHBOARD_PORT) else free_loopback_port()
+
+
+def free_loopback_port() -> int:
+    # Imported here: `plaita --help` (which builds this command's parser) loads no Redis client.
+    from plaita.store.server import free_loopback_port as free
+
+    return free()
 
 
 def _die_with_parent() -> None:  # pragma: no cover (runs in the forked child)
