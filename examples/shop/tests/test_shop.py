@@ -43,6 +43,13 @@ def test_an_unpaid_order_times_out_after_a_day(flow_runner: FlowTestRunner) -> N
     assert "not paid within a day" in doc["error"]["message"]
 
 
+def test_an_order_with_an_hour_to_go_is_cancelled_at_its_deadline(flow_runner: FlowTestRunner) -> None:
+    flow_runner.load(shop)
+    doc = flow_runner.run(shop.order, {"order_id": "o-6", "lines": LINES}, deadline_s=3600)
+    assert doc["status"] == "cancelled" and doc["error"]["type"] == "DeadlineExceeded"
+    assert 3500 < flow_runner.clock.offset_s < shop.PAYMENT_TIMEOUT_S  # the deadline came first
+
+
 def test_a_wrong_amount_fails_the_order(flow_runner: FlowTestRunner) -> None:
     flow_runner.load(shop)
     eid = flow_runner.start(shop.order, {"order_id": "o-3", "lines": LINES})
