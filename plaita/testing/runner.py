@@ -14,6 +14,7 @@ the execution waits for nothing else, so a 3-day ``ctx.sleep`` ends in milliseco
 from __future__ import annotations
 
 import importlib
+import random
 import secrets
 import time
 from collections.abc import Iterable
@@ -246,14 +247,23 @@ class FlowTestRunner:
             self.clock.advance(self._backoff_s(doc, last))
 
     def _backoff_s(self, doc: dict[str, Any], failed: dict[str, Any]) -> float:
-        """The longest the runner can wait after that failed attempt (its retry policy's nominal delay)."""
+        """The longest the runner waits after that failed attempt: its retry policy's delay
+        without jitter (jitter only shortens it)."""
         flow = self._flows.get(str(doc.get("flow_id")))
         step = next((s for s in flow.steps if s.name == failed.get("step")), None) if flow else None
         if step is None:
             return 0.0
-        attempt = int(failed.get("attempt") or 1)
-        policy = step.retry
-        return min(policy.cap_s, policy.base_s * float(2 ** min(attempt - 1, 62))) + 0.001
+        return step.retry.delay_s(int(failed.get("attempt") or 1), _NO_JITTER) + 0.001
+
+
+class _NoJitter(random.Random):
+    """A ``random()`` of 0: a retry policy's delay without its jitter."""
+
+    def random(self) -> float:
+        return 0.0
+
+
+_NO_JITTER = _NoJitter()
 
 
 def describe_wait(doc: dict[str, Any] | None) -> str:

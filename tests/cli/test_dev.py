@@ -193,3 +193,16 @@ def test_plaita_dev_refuses_port_6379_and_a_missing_module(tmp_path: Path) -> No
             timeout=60,
         )
         assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_two_plaita_dev_never_share_a_data_dir(tmp_path: Path) -> None:
+    from plaita.cli.dev_parts import DataDirLock
+    from plaita.errors import ConfigError
+
+    first = DataDirLock(tmp_path)
+    try:
+        with pytest.raises(ConfigError, match=f"in use by another plaita dev \\(pid {os.getpid()}\\)"):
+            DataDirLock(tmp_path)
+    finally:
+        first.release()
+    DataDirLock(tmp_path).release()  # free again once released
