@@ -160,10 +160,11 @@ class DevSession:
                     self._say(f"plaita dev: the {child.name} exited with {code} (its log is above; {again})")
             changed = self.watcher.changed() if self.watcher is not None else None
             if changed is not None:
-                self._say(f"plaita dev: {changed} changed: restarting the workers")
                 for worker in self.workers:
                     worker.restart()
                     reported.discard(worker.name)
+                # Said once the old workers are gone: what is started from now on meets the new code.
+                self._say(f"plaita dev: {changed} changed: the workers were restarted")
 
     def _say_where(self) -> None:
         s = self.server
