@@ -27,6 +27,9 @@ UP_TIMEOUT_S = 60.0
 #: What a stop may take at most here (it takes about a second: the dashboard's shutdown).
 STOP_BOUND_S = 10.0
 
+#: Three processes started and waited for, each wait bounded by UP_TIMEOUT_S.
+pytestmark = pytest.mark.timeout(240)
+
 RELOADABLE = """
 from plaita import Flow
 

@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: Bound of the whole run (it takes about 10 s; a loaded CI machine several times that).
 RUN_TIMEOUT_S = 240
+
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 
 
 def path_without_redis_server() -> str:
