@@ -17,9 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
+from plaita.cli.dev import TASKS_QUEUE
 from plaita.flows import FlowClient
 from tests.support.redis_server import free_port
+from tests.support.workers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: Bound of every wait for the command (a loaded CI machine is slow to start three processes).
@@ -167,7 +170,8 @@ def test_plaita_dev_restarts_the_worker_when_a_flows_file_changes(
     app.mkdir()
     (app / "__init__.py").write_text("")
     (app / "flows.py").write_text(RELOADABLE)
-    dev = DevProcess(["--flows", "devapp.flows", "--no-dashboard"], tmp_path, tmp_path)
+    tasks = ["--tasks", "plaita.runtime.handlers:echo"]  # and a plain-task worker beside
+    dev = DevProcess(["--flows", "devapp.flows", "--no-dashboard", *tasks], tmp_path, tmp_path)
     dev_process.append(dev)
     url = dev.wait_line(r"on (redis://127\.0\.0\.1:\d+/0)")[1]
     dev.wait_line(r"Ctrl-C stops everything")
@@ -178,7 +182,19 @@ def test_plaita_dev_restarts_the_worker_when_a_flows_file_changes(
     with FlowClient.from_url(url, socket_timeout_s=5.0) as flows:
         doc = flows.wait(flows.start("second"), timeout_s=UP_TIMEOUT_S)
     assert doc["status"] == "completed" and doc["state"] == {"v": 2}
+    enqueue = [sys.executable, "-m", "plaita", "enqueue", "--redis-url", url, "--queue-name", TASKS_QUEUE]
+    subprocess.run([*enqueue, '{"type": "start", "execution_id": "t-1"}'], check=True, timeout=30, capture_output=True)
+    client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
+    try:
+        wait_for(lambda: _acked_all(client), UP_TIMEOUT_S, "the tasks worker to ack its task")
+    finally:
+        client.close()
     assert dev.stop() < STOP_BOUND_S and dev.proc.returncode == 0
+
+
+def _acked_all(client: redis.Redis) -> bool:
+    groups = client.xinfo_groups(TASKS_QUEUE) if client.exists(TASKS_QUEUE) else []
+    return bool(groups) and groups[0]["entries-read"] == 1 and groups[0]["pending"] == 0
 
 
 def test_plaita_dev_refuses_port_6379_and_a_missing_module(tmp_path: Path) -> None:
