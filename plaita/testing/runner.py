@@ -186,7 +186,7 @@ class FlowTestRunner:
             time.sleep(POLL_S)
 
     def resume(self, execution_id: str, data: Any = None, **options: Any) -> Any:
-        """``FlowClient.resume`` (``type``, ``wait_for``, ``resume_id``)."""
+        """``FlowClient.resume`` (``resume_type`` "event" by default, ``wait_for``, ``resume_id``)."""
         return self.client.resume(execution_id, data=data, **options)
 
     def cancel(self, execution_id: str) -> Any:
