@@ -152,8 +152,8 @@ def watched_paths(modules: list[str]) -> list[Path]:
         module = name.split(":", 1)[0]  # a handler is MODULE:CALLABLE
         try:
             spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError) as exc:
-            raise ConfigError(f"cannot find module {module!r}: {exc}") from None
+        except Exception as exc:  # finding a submodule runs its packages' __init__: anything may raise
+            raise ConfigError(f"cannot find module {module!r}: {type(exc).__name__}: {exc}") from None
         if spec is None or spec.origin is None:
             raise ConfigError(f"cannot find module {module!r} (run plaita dev from your project's root)")
         if spec.submodule_search_locations:
