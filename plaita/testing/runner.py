@@ -74,7 +74,7 @@ class FlowTestRunner:
 
     @property
     def client(self) -> FlowClient:
-        """The ``FlowClient`` of the runner's queue (the worker is started on first use)."""
+        """The ``FlowClient`` of the runner's queue (opened on first use; closed by ``close``)."""
         if self._client is None:
             self._client = FlowClient.from_url(self.redis_url, queue_name=self.queue_name, socket_timeout_s=5.0)
         return self._client
