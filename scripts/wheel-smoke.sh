@@ -104,12 +104,13 @@ from importlib.metadata import version
 
 assert version("plaita") == plaita.version.__version__, (version("plaita"), plaita.version.__version__)
 
-# Every module imports with the runtime dependencies alone (the dashboard needs its extra).
+# Every module imports with the runtime dependencies alone (the dashboard needs its extra, the
+# testing kit's pytest fixtures need pytest).
 import importlib
 import pkgutil
 
 for mod in pkgutil.walk_packages(plaita.__path__, "plaita."):
-    if not mod.name.startswith("plaita.dashboard") and not mod.name.endswith(".__main__"):
+    if not mod.name.startswith(("plaita.dashboard", "plaita.testing.plugin")) and not mod.name.endswith(".__main__"):
         importlib.import_module(mod.name)
 for dev_only in ("pytest", "freezegun", "hypothesis", "starlette"):
     assert importlib.util.find_spec(dev_only) is None, f"{dev_only} is in the fresh venv"

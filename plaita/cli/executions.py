@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plaita.cli.common import json_text, redis_failed
+from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, newest, number_or_zero
 from plaita.cli.options import WithParents, seconds, tls_of
 from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import ConfigError, PlaitaError
@@ -104,7 +105,11 @@ def _add_reading(sub: WithParents) -> None:
     ls = sub.add_parser("list", help="executions by status, newest update first")
     ls.add_argument("--status", choices=LIST_STATUSES, action="append", help="only this status (repeatable)")
     ls.add_argument("--flow", help="only this flow")
-    ls.add_argument("--count", type=int, default=50, help="most rows per status (default %(default)s)")
+    ls.add_argument(
+        "--limit", "--count", dest="limit", type=_limit, default=50,
+        help=f"most rows, newest first, read page by page (default %(default)s; at most {MAX_LIMIT})",
+    )  # fmt: skip
+    ls.add_argument("--all-tenants", action="store_true", help="every tenant's executions (a TENANT column)")
     ls.add_argument("--json", action="store_true", help="print JSON")
     sh = sub.add_parser("show", help="one execution: state and step timeline")
     sh.add_argument("id", help="execution id")
@@ -152,6 +157,8 @@ def run_executions(args: argparse.Namespace) -> int:
                 check_deadline_s(args.deadline_s)
             except ValueError as exc:
                 raise ConfigError(f"--deadline-s: {exc}") from None
+    if args.executions_command == "list" and args.all_tenants and args.tenant is not None:
+        raise ConfigError("--all-tenants lists every tenant: give it without --tenant")
     flows = _client(args)
     try:
         return _COMMANDS[args.executions_command](flows, args)
@@ -222,26 +229,38 @@ def _cancel(flows: Any, args: argparse.Namespace) -> int:
 def _list(flows: Any, args: argparse.Namespace) -> int:
     """Reads only (never prunes the index); an unreadable execution key is one line on stderr
     and the others are listed."""
-    rows: list[dict[str, Any]] = []
-    bad: list[Any] = []
-    for status in args.status or LIST_STATUSES:
-        docs, unreadable = flows.store.listing(status, max(1, args.count))
-        rows.extend(d for d in docs if args.flow in (None, d.get("flow_id")))
-        bad.extend(unreadable)
+    stores = [flows.store]
+    if args.all_tenants:
+        stores += [flows.store.for_tenant(t) for t in flows.store.tenants()]
+    rows, bad, capped = newest(stores, args.status or LIST_STATUSES, flow=args.flow, limit=args.limit)
     _report_unreadable(bad)
-    rows.sort(key=lambda d: _number(d.get("updated_at")), reverse=True)
+    if capped:
+        print(f"plaita executions list: stopped after {MAX_SCANNED} index entries of a status", file=sys.stderr)
     if args.json:
-        print(json_text([_summary(d) for d in rows], indent=2, ensure_ascii=False))
+        extra = ("tenant",) if args.all_tenants else ()
+        print(json_text([_summary(d, extra) for d in rows], indent=2, ensure_ascii=False))
         return 0
-    print(f"{'EXECUTION':34} {'FLOW':16} {'STATUS':10} {'STEP':18} UPDATED")
+    tenant_head = f"{'TENANT':16} " if args.all_tenants else ""
+    print(f"{tenant_head}{'EXECUTION':34} {'FLOW':16} {'STATUS':10} {'STEP':18} UPDATED")
     for d in rows:
+        tenant = f"{d['tenant']!s:16} " if args.all_tenants else ""
         print(
-            f"{d.get('execution_id', '?')!s:34} {d.get('flow_id', '?')!s:16} {d.get('status', '?')!s:10} "
+            f"{tenant}{d.get('execution_id', '?')!s:34} {d.get('flow_id', '?')!s:16} {d.get('status', '?')!s:10} "
             f"{d.get('step', '')!s:18} {_when(d.get('updated_at'))}"
         )
     if not rows:
         print("(no executions)")
     return 0
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_LIMIT}, not {value}")
+    return value
 
 
 #: Unreadable keys named one line each; past this, one line counts the rest.
@@ -253,10 +272,6 @@ def _report_unreadable(bad: Sequence[Any]) -> None:
         print(f"plaita executions list: skipped: {exc}", file=sys.stderr)
     if len(bad) > MAX_BAD_LINES:
         print(f"plaita executions list: skipped {len(bad) - MAX_BAD_LINES} more unreadable key(s)", file=sys.stderr)
-
-
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _show(flows: Any, args: argparse.Namespace) -> int:
@@ -283,8 +298,8 @@ def _print_events(events: dict[str, Any]) -> None:
         print(f"  {name!s:18} {value}  (step {record.get('step')}, {_when(record.get('at'))})")
 
 
-def _summary(d: dict[str, Any]) -> dict[str, Any]:
-    keys = ("execution_id", "flow_id", "status", "step", "steps_run", "created_at", "updated_at", "ended_at")
+def _summary(d: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    keys = ("execution_id", "flow_id", "status", "step", "steps_run", "created_at", "updated_at", "ended_at", *extra)
     return {k: d.get(k) for k in keys}
 
 
@@ -345,7 +360,7 @@ def _print_timeline(history: Any) -> None:
         if not isinstance(e, dict):
             print(f"  {json.dumps(e, ensure_ascii=False)[:200]}")
             continue
-        took_ms = (_number(e.get("ended_at")) - _number(e.get("started_at"))) * 1000
+        took_ms = (number_or_zero(e.get("ended_at")) - number_or_zero(e.get("started_at"))) * 1000
         extra = f"  {e['error']}" if e.get("error") else ""
         if e.get("outcome") == "restarted":
             extra = f"  from {e.get('from_status')} by {e.get('by')}"

@@ -1,5 +1,5 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo | executions | keeper | schedules | doctor | dashboard | migrate``. The only place
+diagram | demo | dev | executions | keeper | schedules | doctor | dashboard | migrate``. The only place
 that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from plaita.cli import dashboard as dashboard_cli
+from plaita.cli import dev as dev_cli
 from plaita.cli import doctor as doctor_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
@@ -206,6 +207,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_dlq(add, env)
     _add_tools(add)
     dashboard_cli.add_parser(add, env)
+    dev_cli.add_parser(add, env)
     executions_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     keeper_cli.add_parser(
         add, lambda p: add_redis_options(p, env), alert_options=lambda p: add_alert_options(p, env, worker=False)
@@ -245,6 +247,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return migrate_cli.run_migrate(args)
     if args.command == "dashboard":
         return dashboard_cli.run_dashboard(args)
+    if args.command == "dev":
+        return dev_cli.run_dev(args)
     if args.command == "demo":
         from plaita.cli.demo import run_demo
 

@@ -17,6 +17,7 @@ import uuid
 from types import TracebackType
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
 from plaita.flows import model
@@ -171,7 +172,7 @@ class FlowClient:
         if on_duplicate not in ON_DUPLICATE:
             raise ValueError(f"on_duplicate must be one of {', '.join(ON_DUPLICATE)}, not {on_duplicate!r}")
         require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
-        now_s = time.time()
+        now_s = wall_s()  # the test clock's, under plaita.testing
         deadline_at = None if deadline_s is None else now_s + check_deadline_s(deadline_s)
         if dedup_key is not None and execution_id is not None:
             self._check_same_partition(execution_id, dedup_key)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.flows.validate import check_timeout_s, check_wait_name
 from plaita.store.keyspace import hash_tag
 from plaita.store.staged import MAX_SECONDS, STAGE_OPS, Staged, check_amount, check_ttl_s
@@ -66,7 +66,7 @@ class Sleep(Suspend):
         until_s = self.until_s
         if isinstance(until_s, bool) or not isinstance(until_s, int | float) or not math.isfinite(until_s):
             raise ValueError(f"sleep_until needs a finite epoch time in seconds, got {until_s!r}")
-        if until_s - time.time() > MAX_SECONDS:
+        if until_s - wall_s() > MAX_SECONDS:
             raise ValueError(f"sleep_until {until_s!r} is more than {MAX_SECONDS} s (10 years) away")
         object.__setattr__(self, "until_s", float(until_s))
 

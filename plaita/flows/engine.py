@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
 from plaita.errors import LeaseLostError, StepCancelled
 from plaita.flows import inbox, model
@@ -82,7 +83,7 @@ class FlowRunner(StepWaits, Throttle):
         max_state_bytes: int = model.DEFAULT_MAX_STATE_BYTES,
         cancel_poll_s: float = 0.5,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall_s,
         observer: ExecutionObserver | None = None,
         slot_ttl_s: float = DEFAULT_LEASE_TTL_S,
         tracer_provider: Any = None,
@@ -259,15 +260,15 @@ class FlowRunner(StepWaits, Throttle):
     # -- one step: context, run, transition, checkpoint ------------------------------------
     async def _run_step(self, run: Run, step: Step) -> None:
         if run.trace is None:
-            delay_s = await self._attempt(run, step)
+            retry_at_s = await self._attempt(run, step)
         else:
             with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
-                delay_s = await self._attempt(run, step)
-        if delay_s is not None:  # a failed attempt to retry: wait outside the step's span
-            await self._pause(run, delay_s)
+                retry_at_s = await self._attempt(run, step)
+        if retry_at_s is not None:  # a failed attempt to retry: wait outside the step's span
+            await self._pause(run, retry_at_s)
 
     async def _attempt(self, run: Run, step: Step) -> float | None:
-        """One run of ``step`` and its checkpoint; the delay before its retry, if it is retried."""
+        """One run of ``step`` and its checkpoint; when its retry is due (on the runner's clock), if it is retried."""
         ctx = self._context(run, step)
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)

@@ -11,10 +11,10 @@ publishing leaves what it published.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.errors import LeaseLostError
 from plaita.flows.validate import dumps, json_problem
 from plaita.store.executions import ExecutionStore
@@ -45,7 +45,7 @@ def record_json(name: Any, value: Any, step: str, now_s: float) -> str:
     return dumps({"value": value, "at": now_s, "step": step})
 
 
-def publisher(store: ExecutionStore, task: Task, step: str, clock: Callable[[], float] = time.time) -> Publisher:
+def publisher(store: ExecutionStore, task: Task, step: str, clock: Callable[[], float] = wall_s) -> Publisher:
     """What ``ctx.publish`` of ``step`` calls: one fenced write under the task's lease."""
 
     def publish(name: str, value: Any) -> None:

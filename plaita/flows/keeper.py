@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.flows import model
 from plaita.flows.children import end_task
 from plaita.flows.claims import DeadlineClaims
@@ -64,7 +65,7 @@ class Keeper:
         queue: StreamQueue,
         settings: KeeperSettings | None = None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall_s,
         scheduler: Scheduler | None = None,
         on_orphaned: Callable[[str, str, float], None] | None = None,
     ) -> None:

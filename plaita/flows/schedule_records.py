@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.errors import ConfigError
 from plaita.flows.definition import Flow
 from plaita.flows.schedules import Schedule, schedule_of
@@ -125,7 +126,7 @@ class ScheduleRecorder:
         """Record the schedules if due; False if that failed (logged once until it works again)."""
         if not self.schedules or time.monotonic() - self._written_at_s < self.refresh_s:
             return True
-        at_s = time.time() if now_s is None else now_s
+        at_s = wall_s() if now_s is None else now_s
         try:
             self.records.write({f: record_of(s, at_s, self.by) for f, s in self.schedules})
         except Exception as exc:  # best effort: the next call tries again

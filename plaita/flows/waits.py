@@ -30,6 +30,8 @@ logger = logging.getLogger("plaita.flows.engine")
 
 #: The ``error.type`` of an execution whose task killed its worker process ``--max-crashes`` times.
 WORKER_CRASHED = "WorkerCrashed"
+#: How often a pause before a retry looks at the clocks (and a sync one at the lease).
+PAUSE_TICK_S = 0.1
 
 
 class StepWaits:
@@ -114,7 +116,9 @@ class StepWaits:
         await self._cancelled_meanwhile(run)
 
     async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> float | None:
-        """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""
+        """Checkpoint a failed attempt: the execution fails (None), or when its retry is due, on the
+        runner's clock: counted from the failure, so a clock moved ahead after the checkpoint (a
+        test's) is never counted twice."""
         if run.task.cancelled.is_set():
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
         now_s, policy, problem = self._clock(), step.retry, describe_exception(exc)
@@ -132,9 +136,10 @@ class StepWaits:
             "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
         )
         await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
+        retry_at_s = now_s + delay_s
         if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
-            delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
-        return delay_s
+            retry_at_s = min(retry_at_s, run.execution.deadline_at)
+        return retry_at_s
 
     async def _crashed(self, run: Run, reason: str) -> None:
         """The task killed its worker process ``--max-crashes`` times (``Task.crash_verdict``, set
@@ -147,15 +152,21 @@ class StepWaits:
         await self._commit(run, ex.failed(step, ex.attempt + 1, now_s, now_s, reason, error))
         raise BadTaskError(reason)
 
-    async def _pause(self, run: Run, delay_s: float) -> None:
-        """Wait ``delay_s`` between attempts; LeaseLostError as soon as the lease is lost."""
+    async def _pause(self, run: Run, retry_at_s: float) -> None:
+        """Wait until ``retry_at_s`` between attempts; LeaseLostError as soon as the lease is lost.
+        It ends when either the runner's clock says so or the machine's monotonic clock has
+        counted what was left at the start: a wall clock set back never lengthens it, and a test
+        clock moved ahead (``plaita.testing``) ends it."""
         cancelled = run.task.cancelled
-        if not run.offload:
-            lost = cancelled.wait(delay_s)
-        else:
-            deadline_s = time.monotonic() + delay_s
-            while not cancelled.is_set() and (left_s := deadline_s - time.monotonic()) > 0:
-                await asyncio.sleep(min(0.1, left_s))
-            lost = cancelled.is_set()
+        until_mono_s = time.monotonic() + max(0.0, retry_at_s - self._clock())
+        while not cancelled.is_set():
+            left_s = min(retry_at_s - self._clock(), until_mono_s - time.monotonic())
+            if left_s <= 0:
+                break
+            if run.offload:
+                await asyncio.sleep(min(PAUSE_TICK_S, left_s))
+            else:
+                cancelled.wait(min(PAUSE_TICK_S, left_s))
+        lost = cancelled.is_set()
         if lost:
             raise LeaseLostError(f"lease of execution {run.task.execution_id} lost while waiting to retry")

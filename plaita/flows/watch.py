@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
@@ -64,10 +65,10 @@ class CancelWatch:
                 continue
             with self._lock:
                 active = list(self._active.values())
-            wall_s = time.time()
+            now_s = wall_s()
             for ctx, task, _ in active:
                 deadline_at = getattr(ctx, "deadline_at", None)
-                if task.cancelled.is_set() or (deadline_at is not None and wall_s >= deadline_at):
+                if task.cancelled.is_set() or (deadline_at is not None and now_s >= deadline_at):
                     ctx.cancel.set()
             now = time.monotonic()
             if now < next_poll_s:

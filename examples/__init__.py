@@ -1,0 +1,1 @@
+"""Example applications built on plaita (importable from a clone's root: ``examples.shop``)."""
