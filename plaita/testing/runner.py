@@ -73,7 +73,7 @@ class FlowTestRunner:
         return self
 
     @property
-    def client(self) -> FlowClient:
+    def flow_client(self) -> FlowClient:
         """The ``FlowClient`` of the runner's queue (opened on first use; closed by ``close``)."""
         if self._client is None:
             self._client = FlowClient.from_url(self.redis_url, queue_name=self.queue_name, socket_timeout_s=5.0)
@@ -122,7 +122,7 @@ class FlowTestRunner:
         if isinstance(flow, Flow):
             self.load(flow)
         self._worker()
-        return self.client.start(flow.flow_id if isinstance(flow, Flow) else flow, params, **options)
+        return self.flow_client.start(flow.flow_id if isinstance(flow, Flow) else flow, params, **options)
 
     def run(
         self,
@@ -146,7 +146,7 @@ class FlowTestRunner:
         self._worker()
         deadline_s = time.monotonic() + timeout_s
         while True:
-            doc = self.client.get(execution_id)
+            doc = self.flow_client.get(execution_id)
             if doc is not None and doc.get("status") in TERMINAL_STATUSES:
                 return doc
             if advance and doc is not None:
@@ -162,7 +162,7 @@ class FlowTestRunner:
         self._worker()
         deadline_s = time.monotonic() + timeout_s
         while True:
-            doc = self.client.get(execution_id)
+            doc = self.flow_client.get(execution_id)
             if doc is not None and doc.get("status") in statuses:
                 return doc
             if time.monotonic() >= deadline_s:
@@ -187,19 +187,19 @@ class FlowTestRunner:
 
     def resume(self, execution_id: str, data: Any = None, **options: Any) -> Any:
         """``FlowClient.resume`` (``resume_type`` "event" by default, ``wait_for``, ``resume_id``)."""
-        return self.client.resume(execution_id, data=data, **options)
+        return self.flow_client.resume(execution_id, data=data, **options)
 
     def cancel(self, execution_id: str) -> Any:
-        return self.client.cancel(execution_id)
+        return self.flow_client.cancel(execution_id)
 
     def retry(self, execution_id: str, **options: Any) -> Any:
-        return self.client.retry(execution_id, **options)
+        return self.flow_client.retry(execution_id, **options)
 
     def get(self, execution_id: str) -> dict[str, Any] | None:
-        return self.client.get(execution_id)
+        return self.flow_client.get(execution_id)
 
     def events(self, execution_id: str) -> dict[str, Any]:
-        return self.client.events(execution_id)
+        return self.flow_client.events(execution_id)
 
     # -- time ------------------------------------------------------------------------------
     def advance(self, seconds: float) -> float:
@@ -219,7 +219,7 @@ class FlowTestRunner:
         self.clock.advance_to(tick_s)
         execution_id = f"schedule:{flow.flow_id}:{tick_s}"
         deadline_s = time.monotonic() + timeout_s
-        while self.client.get(execution_id) is None:
+        while self.flow_client.get(execution_id) is None:
             if time.monotonic() >= deadline_s:
                 raise WaitTimeout(f"no execution for {flow.flow_id}'s tick {tick_s} after {timeout_s:g} s")
             time.sleep(POLL_S)
