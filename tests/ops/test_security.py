@@ -130,7 +130,7 @@ class TestWrongCredentials:
                 r = w.readyz()
                 return r[1] if r is not None and r[0] == 503 and r[1].startswith("auth") else None
 
-            reason = wait_until(auth_unready, 5, '/readyz 503 "auth: …"')
+            reason = wait_until(auth_unready, 15, '/readyz 503 "auth: …"')
             assert "AuthenticationError" in reason or "WRONGPASS" in reason, reason
             lines_before = len(w.stderr().splitlines())
             time.sleep(WATCH_S)  # an observation window: the worker must stay quiet during it
@@ -182,6 +182,7 @@ def _bad_port_outputs(worker_pw: str) -> list[str]:
 
 
 class TestSecrets:
+    @pytest.mark.timeout(240)  # a dozen CLI processes and a worker: over the 60 s default on a loaded machine
     def test_passwords_never_appear_in_any_output(
         self, acl_user: MakeUser, rclient: redis.Redis, tmp_path: Path
     ) -> None:

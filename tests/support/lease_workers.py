@@ -124,7 +124,7 @@ class WorkerProc:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def wait_reading(self, timeout_s: float = 10.0) -> None:
+    def wait_reading(self, timeout_s: float = 30.0) -> None:
         def reading() -> bool:
             if not self.alive():
                 raise AssertionError(f"worker exited with {self.proc.returncode}: {self.stderr()[-3000:]}")

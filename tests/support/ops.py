@@ -64,7 +64,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def plaita(url: str, *args: str, timeout_s: float = 20.0, queue: str = QUEUE) -> subprocess.CompletedProcess[str]:
+def plaita(url: str, *args: str, timeout_s: float = 60.0, queue: str = QUEUE) -> subprocess.CompletedProcess[str]:
     """``python -m plaita CMD --redis-url URL --queue-name Q REST…`` with no TTY on stdin."""
     cmd, *rest = args
     argv = [sys.executable, "-m", "plaita", cmd, "--redis-url", url]

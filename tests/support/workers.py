@@ -449,7 +449,7 @@ def worker_process(url: str, tmp_path: Path, *args: str, name: str = "w") -> Ite
         wp.kill()
 
 
-def run_cli(*args: str, timeout_s: float = 20.0) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run ``python -m plaita …`` to completion (config errors never touch Redis)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT)
