@@ -154,8 +154,9 @@ ISOLATION_RULES: Final[list[tuple[str, str]]] = [
     (
         "a step past its time limit (`@flow.step(time_limit_s=…)`, `--step-time-limit-s`)",
         "`--pool process`: its child is killed at the limit and the attempt fails with `StepTimeLimit` (retry "
-        "policy, then `error`); threads: the limit is soft, the step runs to its end holding its slot, then its "
-        "result is discarded and the attempt fails with `StepTimeLimit`",
+        "policy, then `error`); threads: the limit is soft, `ctx.cancelled` is set at the limit (a cooperative "
+        "step can stop), the step runs to its end holding its slot, then its result is discarded and the attempt "
+        "fails with `StepTimeLimit`",
     ),
     (
         "a lease or fence key that is not what plaita writes (another type, a fence that is no integer, a lease "

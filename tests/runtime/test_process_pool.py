@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from plaita.flows.client import FlowClient
-from tests.support.poolsteps import LIMIT_S, RUNS_KEY, SAW_CANCEL_KEY
+from tests.support.poolsteps import LIMIT_S, RUNS_KEY, SAW_CANCEL_KEY, SAW_LIMIT_KEY
 from tests.support.supervisor import Supervised, supervise
 from tests.support.workers import wait_for
 
@@ -132,6 +132,22 @@ def test_in_threads_the_time_limit_is_soft_the_result_is_discarded(
     assert (error["type"], error["attempts"]) == ("StepTimeLimit", 2), error
     assert "the limit is soft" in error["message"] and "result was discarded" in error["message"]
     assert {pid for _, pid in _runs(rclient)} == {_runs(rclient)[0][1]}  # all in the worker process
+
+
+@pytest.mark.parametrize("flow_id", ["pool-sync", "pool-async"])
+def test_in_threads_a_step_past_its_soft_limit_sees_ctx_cancelled(
+    flows: FlowClient, rclient: redis.Redis, redis_url: str, tmp_path: Path, flow_id: str
+) -> None:
+    """At its soft limit a step on a thread finds ``ctx.cancelled`` set, so a cooperative one stops
+    (instead of holding its slot for its whole 30 s); the attempt still fails with ``StepTimeLimit``."""
+    polite = flows.start(flow_id, {"fault": "polite", "hang_s": 30}, execution_id="polite")
+    _run_worker(redis_url, tmp_path, ("--flows", "tests.support.poolsteps"), lambda: _status(flows, polite) == "error")
+    error = (flows.get(polite) or {})["error"]
+    assert (error["type"], error["attempts"]) == ("StepTimeLimit", 2), error
+    saw = [line.split() for line in rclient.lrange(SAW_LIMIT_KEY, 0, -1)]
+    assert [name for name, _ in saw] == [polite, polite], saw  # each attempt saw its flag
+    # Set at the limit, not before it, and within the watcher's tick (0.1 s) and some slack after.
+    assert all(LIMIT_S <= float(took_s) < LIMIT_S + 5 for _, took_s in saw), saw
 
 
 def test_the_context_crosses_the_process_boundary(

@@ -4,7 +4,8 @@
 Flows ``pool-sync`` (a ``def`` step) and ``pool-async`` (an ``async def`` step), one step ``work``
 with a 1 s time limit and 2 attempts 50 ms apart. ``params``: ``fault`` (``exit``, ``sigkill``,
 ``segv``: ``tests.support.crashsteps.crash``; ``hang``: run ``hang_s`` past the limit, ignoring the
-cancel flag) after ``fault_after_s``; otherwise the step holds ``hold_s`` and returns its pid.
+cancel flag; ``polite``: hold up to ``hang_s`` but return once the cancel flag is set, recording
+it in ``SAW_LIMIT_KEY``) after ``fault_after_s``; otherwise the step holds ``hold_s`` and returns its pid.
 Every run is recorded in ``RUNS_KEY`` (``<execution id> <pid>``) in $PLAITA_TEST_REDIS_URL.
 
 ``pool-features`` uses every ``ctx`` operation that must cross the process boundary;
@@ -27,6 +28,8 @@ from tests.support.crashsteps import crash
 RUNS_KEY = "plaita:test:pool:runs"
 #: Set by a ``pool-cancel`` step that saw its cancel flag (it crossed into the child).
 SAW_CANCEL_KEY = "plaita:test:pool:saw-cancel"
+#: Appended to by a ``work`` step (``polite``) that saw its flag set: ``<execution id> <seconds it ran>``.
+SAW_LIMIT_KEY = "plaita:test:pool:saw-limit"
 #: The time limit of the ``work`` steps.
 LIMIT_S = 1.0
 _POLICY: dict[str, Any] = {"max_attempts": 2, "base_s": 0.05, "cap_s": 0.05}
@@ -56,6 +59,10 @@ def work(ctx: StepContext) -> dict[str, Any]:
     fault = ctx.params.get("fault")
     if fault == "hang":
         time.sleep(float(ctx.params["hang_s"]))
+    elif fault == "polite":
+        began_s = time.monotonic()
+        if ctx.cancel.wait(float(ctx.params["hang_s"])):
+            client().rpush(SAW_LIMIT_KEY, f"{ctx.execution_id} {time.monotonic() - began_s:.3f}")
     elif fault:
         time.sleep(float(ctx.params.get("fault_after_s", 0)))
         crash(str(fault))
@@ -69,6 +76,13 @@ async def work_async(ctx: StepContext) -> dict[str, Any]:
     fault = ctx.params.get("fault")
     if fault == "hang":
         await asyncio.sleep(float(ctx.params["hang_s"]))
+    elif fault == "polite":
+        began_s, until_s = time.monotonic(), time.monotonic() + float(ctx.params["hang_s"])
+        while not ctx.cancelled and time.monotonic() < until_s:
+            await asyncio.sleep(0.01)
+        if ctx.cancelled:
+            took_s = time.monotonic() - began_s
+            await asyncio.to_thread(client().rpush, SAW_LIMIT_KEY, f"{ctx.execution_id} {took_s:.3f}")
     elif fault:
         await asyncio.sleep(float(ctx.params.get("fault_after_s", 0)))
         crash(str(fault))
