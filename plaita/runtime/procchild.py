@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import pickle
 import resource
@@ -38,6 +39,33 @@ from plaita.tasks import CancelFlag
 RUN, BATCH, REPLY, EXIT, REQUEST, DONE, MANY, CANCEL = b"R", b"B", b"P", b"X", b"Q", b"D", b"M", b"C"
 #: The child's traceback kept with an exception sent to the parent (the innermost frames).
 TRACEBACK_CHARS = 3000
+
+
+@dataclass(frozen=True)
+class LogSetup:
+    """The worker's root logger as configured (``plaita.cli`` or the embedding program), copied
+    into each child at its start: a fork server's child is a fresh interpreter's descendant and
+    inherits no logging configuration, only the worker's stderr (its file descriptor 2)."""
+
+    level: int
+    format: str
+    datefmt: str | None
+
+    @staticmethod
+    def of_this_process() -> LogSetup | None:
+        """The root logger's level and its first handler's format; None when nothing is configured
+        (then a child logs as an unconfigured Python does: warnings and above, bare, to stderr)."""
+        root = logging.getLogger()
+        if not root.handlers:
+            return None
+        formatter = root.handlers[0].formatter
+        if formatter is None:  # what a handler without a formatter writes: the bare message
+            return LogSetup(root.level, "%(message)s", None)
+        return LogSetup(root.level, formatter._fmt or "%(message)s", formatter.datefmt)
+
+    def apply(self) -> None:
+        """Log to this process's stderr (the worker's) at the worker's level and format."""
+        logging.basicConfig(level=self.level, format=self.format, datefmt=self.datefmt, stream=sys.stderr, force=True)
 
 
 @dataclass
@@ -63,9 +91,12 @@ def peak_rss_kb() -> int:
     return peak // 1024 if sys.platform == "darwin" else peak
 
 
-def serve(conn: Connection, control: Connection, progress: Any) -> None:
+def serve(conn: Connection, control: Connection, progress: Any, log_setup: LogSetup | None = None) -> None:
     """The child's main: run jobs sent on ``conn`` until told to exit or the parent is gone;
-    cancels come on ``control``, read by a thread of their own while a job runs."""
+    cancels come on ``control``, read by a thread of their own while a job runs. A step's log
+    records go to the worker's stderr with the worker's level and format (``log_setup``)."""
+    if log_setup is not None:
+        log_setup.apply()
     # The parent decides when a child ends (drain, recycle, kill): a terminal's Ctrl-C or a
     # SIGTERM to the whole process group (systemd's default) must not cut a step short here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
-from plaita.runtime.procchild import BATCH, CANCEL, DONE, EXIT, MANY, RUN, serve
+from plaita.runtime.procchild import BATCH, CANCEL, DONE, EXIT, MANY, RUN, LogSetup, serve
 from plaita.runtime.procwire import (
     REAP_S,
     ChildHandle,
@@ -88,6 +88,8 @@ class ProcessPool:
         self._ids_lock = threading.Lock()
         #: Children replaced so far (dead, killed or recycled): tests and the benchmark read it.
         self.replaced = 0
+        #: The worker's logging, copied into each child (taken at ``start``: the CLI has set it up by then).
+        self._log_setup: LogSetup | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> ProcessPool:
@@ -95,6 +97,7 @@ class ProcessPool:
             if self._started:
                 return self
             self._started = True
+        self._log_setup = LogSetup.of_this_process()
         if self.method == "forkserver":
             self._ctx.set_forkserver_preload(self._preload)
         children = [self._spawn() for _ in range(self.size)]
@@ -131,7 +134,9 @@ class ProcessPool:
         control_read, control_write = self._ctx.Pipe(duplex=False)
         # Not a daemon: a step may start processes of its own; ``close`` (atexit) ends the children.
         progress = self._ctx.RawValue("q", 0)
-        process = self._ctx.Process(target=serve, args=(child_end, control_read, progress), name="plaita-step-child")
+        process = self._ctx.Process(
+            target=serve, args=(child_end, control_read, progress, self._log_setup), name="plaita-step-child"
+        )
         process.start()
         child_end.close()
         control_read.close()

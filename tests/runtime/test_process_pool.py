@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -148,6 +149,28 @@ def test_in_threads_a_step_past_its_soft_limit_sees_ctx_cancelled(
     assert [name for name, _ in saw] == [polite, polite], saw  # each attempt saw its flag
     # Set at the limit, not before it, and within the watcher's tick (0.1 s) and some slack after.
     assert all(LIMIT_S <= float(took_s) < LIMIT_S + 5 for _, took_s in saw), saw
+
+
+def test_a_step_in_a_child_logs_to_the_workers_stderr_at_its_level_and_format(
+    flows: FlowClient, rclient: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """A child is no fork of the worker: it gets the worker's root logging (INFO, ``LOG_FORMAT``)."""
+    eid = flows.start("pool-sync", {"log": "hello-from-child"}, execution_id="talker")
+    seen = _run_worker(
+        redis_url,
+        tmp_path,
+        (*PROCESS, "--flows", "tests.support.poolsteps"),
+        lambda: _status(flows, eid) == "completed",
+    )
+    ((_, child_pid),) = _runs(rclient)
+    line = re.compile(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO    tests\.support\.poolsteps: "
+        rf"step of talker in process {child_pid} says hello-from-child$",
+        re.MULTILINE,
+    )
+    (stderr,) = seen.stderr
+    assert line.search(stderr), stderr[-3000:]
+    assert "says a DEBUG line" not in stderr  # the worker's level, INFO, holds in the child too
 
 
 def test_the_context_crosses_the_process_boundary(

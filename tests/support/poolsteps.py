@@ -15,6 +15,7 @@ Every run is recorded in ``RUNS_KEY`` (``<execution id> <pid>``) in $PLAITA_TEST
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from plaita.tasks import Task
 from tests.support.crashsteps import crash
 
 RUNS_KEY = "plaita:test:pool:runs"
+logger = logging.getLogger(__name__)
 #: Set by a ``pool-cancel`` step that saw its cancel flag (it crossed into the child).
 SAW_CANCEL_KEY = "plaita:test:pool:saw-cancel"
 #: Appended to by a ``work`` step (``polite``) that saw its flag set: ``<execution id> <seconds it ran>``.
@@ -56,6 +58,9 @@ pool_async = Flow("pool-async")
 @pool_sync.step(time_limit_s=LIMIT_S, **_POLICY)
 def work(ctx: StepContext) -> dict[str, Any]:
     _record(ctx.execution_id)
+    if ctx.params.get("log"):  # one line at INFO (the worker's default level) and one at DEBUG
+        logger.info("step of %s in process %d says %s", ctx.execution_id, os.getpid(), ctx.params["log"])
+        logger.debug("step of %s says a DEBUG line", ctx.execution_id)
     fault = ctx.params.get("fault")
     if fault == "hang":
         time.sleep(float(ctx.params["hang_s"]))
