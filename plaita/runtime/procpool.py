@@ -55,6 +55,22 @@ _TICK_S = 0.05
 DEFAULT_CANCEL_GRACE_S = 0.25
 #: How long ``close`` waits for idle children to exit before it kills them.
 _CLOSE_JOIN_S = 2.0
+#: Why a child was replaced (``ProcessPool.replacements``; the metric
+#: ``plaita_pool_children_replaced_total{reason}``): it died under a job, was killed past a time
+#: limit or a cancel's grace, was recycled (``--max-tasks-per-child``, ``--max-memory-per-child-mb``),
+#: or its conversation failed otherwise (a job that could not be sent, the caller's own cancel).
+REPLACE_REASONS = ("died", "time_limit", "cancelled", "max_tasks", "max_memory", "other")
+
+
+def _reason(exc: BaseException) -> str:
+    """The ``REPLACE_REASONS`` entry for a conversation that ended in ``exc``."""
+    if isinstance(exc, ChildProcessDied):
+        return "died"
+    if isinstance(exc, StepTimeLimit):
+        return "time_limit"
+    if isinstance(exc, StepCancelled):
+        return "cancelled"
+    return "other"
 
 
 class ProcessPool:
@@ -88,6 +104,7 @@ class ProcessPool:
         self._ids_lock = threading.Lock()
         #: Children replaced so far (dead, killed or recycled): tests and the benchmark read it.
         self.replaced = 0
+        self._replacements = dict.fromkeys(REPLACE_REASONS, 0)
         #: The worker's logging, copied into each child (taken at ``start``: the CLI has set it up by then).
         self._log_setup: LogSetup | None = None
 
@@ -122,6 +139,11 @@ class ProcessPool:
         deadline_s = time.monotonic() + _CLOSE_JOIN_S
         for child in idle:
             retire(child, max(0.0, deadline_s - time.monotonic()))
+
+    def replacements(self) -> dict[str, int]:
+        """Children replaced so far, by reason (``REPLACE_REASONS``, every one present)."""
+        with self._cond:
+            return dict(self._replacements)
 
     @property
     def pids(self) -> list[int]:
@@ -168,11 +190,12 @@ class ProcessPool:
         send_quietly(child.conn, EXIT)
         retire(child, _CLOSE_JOIN_S)
 
-    def _replace(self, child: ChildHandle, *, grace_s: float = 0.0) -> None:
+    def _replace(self, child: ChildHandle, reason: str, *, grace_s: float = 0.0) -> None:
         """Kill ``child`` if it lives (after ``grace_s``), and put a new one in its place at once."""
         retire(child, grace_s)
-        self.replaced += 1
         with self._cond:
+            self.replaced += 1
+            self._replacements[reason] += 1
             closed = self._closed
         if not closed:
             with contextlib.suppress(ChildProcessDied):  # counted missing: the next _take tries again
@@ -200,8 +223,8 @@ class ProcessPool:
         child = self._take()
         try:
             ok, value, rss_kb = self._converse(child, blob, cancel, time_limit_s, on_request)
-        except BaseException:
-            self._replace(child)
+        except BaseException as exc:
+            self._replace(child, _reason(exc))
             raise
         return self._settled(child, ok, value, rss_kb)
 
@@ -220,8 +243,8 @@ class ProcessPool:
             )
         try:
             ok, value, rss_kb = await self._converse_async(child, blob, cancel, time_limit_s, on_request)
-        except BaseException:
-            await asyncio.to_thread(self._replace, child)
+        except BaseException as exc:
+            await asyncio.to_thread(self._replace, child, _reason(exc))
             raise
         return self._settled(child, ok, value, rss_kb)
 
@@ -297,10 +320,10 @@ class ProcessPool:
         try:
             rss_kb = self._converse_batch(child, blobs, cancels, results, on_request)
         except ChildProcessDied as exc:
-            self._replace(child)
+            self._replace(child, "died")
             return results, exc
-        except BaseException:
-            self._replace(child)
+        except BaseException as exc:
+            self._replace(child, _reason(exc))
             raise
         child.tasks_done += len(jobs)
         self._after(child, rss_kb)
@@ -347,20 +370,22 @@ class ProcessPool:
 
     def _after(self, child: ChildHandle, rss_kb: int) -> None:
         """Back to the idle children, or replaced when worn out (between tasks, never during one)."""
-        if self._worn_out(child, rss_kb):
+        worn = self._worn_out(child, rss_kb)
+        if worn is not None:
             send_quietly(child.conn, EXIT)  # it exits by itself, its successor starts now
-            self._replace(child, grace_s=_CLOSE_JOIN_S)
+            self._replace(child, worn, grace_s=_CLOSE_JOIN_S)
         else:
             self._give_back(child)
 
-    def _worn_out(self, child: ChildHandle, rss_kb: int) -> bool:
+    def _worn_out(self, child: ChildHandle, rss_kb: int) -> str | None:
+        """Why ``child`` is to be recycled now (``max_tasks``, ``max_memory``), else None."""
         if self.max_tasks_per_child is not None and child.tasks_done >= self.max_tasks_per_child:
-            return True
+            return "max_tasks"
         limit_mb = self.max_memory_per_child_mb
         if limit_mb is not None and rss_kb > limit_mb * 1024:
             logger.info("step child %s uses %d MiB (over %d): replaced", child.process.pid, rss_kb // 1024, limit_mb)
-            return True
-        return False
+            return "max_memory"
+        return None
 
     def _converse(
         self, child: ChildHandle, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plaita.errors import ChildProcessDied, StepRaised
+from plaita.errors import ChildProcessDied, StepCancelled, StepRaised, StepTimeLimit
 from plaita.runtime.procpool import ProcessPool
 from plaita.tasks import CancelFlag
 from tests.support.pooljobs import Job
@@ -91,3 +91,25 @@ def test_in_a_batch_a_cancel_reaches_a_job_that_has_not_started_yet(pool: Proces
     cancels[1].set()
     results, error = pool.run_batch(jobs, cancels, on_request=lambda *a: None)
     assert (results, error) == ([(True, False), (True, True)], None)
+
+
+def test_replacements_are_counted_by_reason() -> None:
+    """``ProcessPool.replacements`` (the metric ``plaita_pool_children_replaced_total{reason}``)."""
+    pool = ProcessPool(1, max_memory_per_child_mb=1, preload=["tests.support.pooljobs"], cancel_grace_s=0.05).start()
+    try:
+        assert pool.replacements() == dict.fromkeys(
+            ["died", "time_limit", "cancelled", "max_tasks", "max_memory", "other"], 0
+        )
+        _run(pool, Job("none"))  # any Python's peak RSS is over 1 MiB: recycled after each task
+        with pytest.raises(ChildProcessDied):
+            _run(pool, Job("exit"))
+        with pytest.raises(StepTimeLimit):
+            pool.run(Job("sleep", 30.0), cancel=CancelFlag(), time_limit_s=0.2, on_request=lambda *a: None)
+        cancel = CancelFlag()
+        cancel.set()
+        with pytest.raises(StepCancelled):
+            _run(pool, Job("sleep", 30.0), cancel=cancel)
+        counts = pool.replacements()
+    finally:
+        pool.close()
+    assert counts == {"died": 1, "time_limit": 1, "cancelled": 1, "max_tasks": 0, "max_memory": 1, "other": 0}
