@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
+from plaita.runtime.procbatch import BatchCancels, BatchCut, cut, fill_plain
 from plaita.runtime.procchild import BATCH, CANCEL, DONE, EXIT, MANY, RUN, LogSetup, serve
 from plaita.runtime.procwire import (
     REAP_S,
@@ -310,8 +311,9 @@ class ProcessPool:
         """Run fast ``jobs`` (no time limit) in order in one child, in one round trip for all of them
         (plain tasks of a few microseconds: the round trip would cost more than the work). Returns
         ``(ok, value)`` of each job that ran, in order, and the error of the one that was running when
-        its child died (``ChildProcessDied``), else None; a cancel is forwarded to its job, which
-        is never killed for it. The jobs after those never started (nor those past ``max_tasks_per_child``)."""
+        its child died (``ChildProcessDied``) or was killed for its cancel (``StepCancelled``: see
+        ``plaita.runtime.procbatch``), else None. The jobs after those never started (nor those
+        past ``max_tasks_per_child``)."""
         child = self._take()
         if self.max_tasks_per_child is not None:
             jobs = jobs[: max(1, self.max_tasks_per_child - child.tasks_done)]
@@ -322,6 +324,9 @@ class ProcessPool:
         except ChildProcessDied as exc:
             self._replace(child, "died")
             return results, exc
+        except BatchCut as exc:
+            self._replace(child, "cancelled")
+            return results, exc.error
         except BaseException as exc:
             self._replace(child, _reason(exc))
             raise
@@ -338,16 +343,17 @@ class ProcessPool:
         on_request: OnRequest,
     ) -> int:
         """Send the batch; collect results into ``results`` as they come; returns the peak RSS."""
-        conn, rss_kb, forwarded = child.conn, 0, set()
+        conn, rss_kb = child.conn, 0
         with self._ids_lock:  # consecutive ids: the child numbers the batch's runs from the first
             first = next(self._run_ids)
             for _ in blobs[1:]:
                 next(self._run_ids)
+        watch = BatchCancels(child, first, cancels, self.cancel_grace_s)
         child.progress.value = 0  # the child is idle: nobody else writes it now
         try:
             conn.send_bytes(BATCH + first.to_bytes(8, "big") + pickle.dumps(blobs))
             while len(results) < len(blobs):
-                if child.wait_s(_TICK_S):
+                if child.wait_s(watch.wait_s(_TICK_S)):
                     data = conn.recv_bytes()
                     if data[:1] == MANY:
                         got, rss_kb = pickle.loads(data[1:])
@@ -355,16 +361,11 @@ class ProcessPool:
                     else:
                         answer(conn, on_request, data[1:])
                     continue
-                # A cancel reaches its job, started or not; a batch is never killed for one (its
-                # jobs are plain tasks of under a millisecond: a flow step never goes in a batch).
-                for i in range(int(child.progress.value), len(blobs)):
-                    if i not in forwarded and cancels[i].is_set():
-                        child.control.send_bytes(CANCEL + (first + i).to_bytes(8, "big"))
-                        forwarded.add(i)
+                job = watch.check()  # forwards cancels; a cancelled job past its grace is killed
+                if job is not None:
+                    raise cut(child, results, job)
         except (EOFError, OSError) as exc:
-            # Every result it sent has been read (EOF comes after them); the jobs it finished
-            # beyond those were plain successes it had not sent yet (``procchild._Child._run_batch``).
-            results.extend([(True, None)] * max(0, int(child.progress.value) - len(results)))
+            fill_plain(child, results)  # every result it sent has been read: EOF comes after them
             raise self._death(child, exc) from None
         return rss_kb
 

@@ -4,6 +4,7 @@ rules that keep one run from touching another's."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,3 +114,26 @@ def test_replacements_are_counted_by_reason() -> None:
     finally:
         pool.close()
     assert counts == {"died": 1, "time_limit": 1, "cancelled": 1, "max_tasks": 0, "max_memory": 1, "other": 0}
+
+
+def test_in_a_batch_a_cancelled_job_past_its_grace_has_its_child_killed_and_fails_alone() -> None:
+    """A lost lease sets a batched task's flag: the job before it keeps its result, the cancelled
+    one (deaf to its flag) is killed after the grace and fails with ``StepCancelled``, the one after
+    it never started (the caller runs it again elsewhere)."""
+    pool = ProcessPool(1, preload=["tests.support.pooljobs"], cancel_grace_s=0.25).start()
+    try:
+        jobs = [Job("pid"), Job("sleep", 30.0), Job("pid")]
+        cancels = [CancelFlag(), CancelFlag(), CancelFlag()]
+        timer = threading.Timer(0.2, cancels[1].set)  # while it runs, as a lease loss would come
+        timer.start()
+        began_s = time.monotonic()
+        results, error = pool.run_batch(jobs, cancels, on_request=lambda *a: None)
+        took_s = time.monotonic() - began_s
+        timer.join()
+        assert [ok for ok, _ in results] == [True] and isinstance(results[0][1], int)
+        assert isinstance(error, StepCancelled), error
+        assert took_s < 10, took_s  # the grace and a tick, not the job's 30 s
+        assert pool.replacements()["cancelled"] == 1
+        assert _run(pool, Job("pid")) != results[0][1]  # a new child took its place at once
+    finally:
+        pool.close()
