@@ -317,10 +317,14 @@ class ProcessPool:
         child = self._take()
         if self.max_tasks_per_child is not None:
             jobs = jobs[: max(1, self.max_tasks_per_child - child.tasks_done)]
-        blobs = [pickle.dumps(job) for job in jobs]
+        try:  # at once: what the jobs share (the handler, the keyspace) is pickled once, then referenced
+            blob = len(jobs).to_bytes(4, "big") + pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            self._give_back(child)  # nothing was sent: the child is idle as it was
+            raise
         results: list[tuple[bool, Any]] = []
         try:
-            rss_kb = self._converse_batch(child, blobs, cancels, results, on_request)
+            rss_kb = self._converse_batch(child, blob, cancels[: len(jobs)], results, on_request)
         except ChildProcessDied as exc:
             self._replace(child, "died")
             return results, exc
@@ -337,7 +341,7 @@ class ProcessPool:
     def _converse_batch(
         self,
         child: ChildHandle,
-        blobs: list[bytes],
+        blob: bytes,
         cancels: list[CancelFlag],
         results: list[tuple[bool, Any]],
         on_request: OnRequest,
@@ -346,13 +350,13 @@ class ProcessPool:
         conn, rss_kb = child.conn, 0
         with self._ids_lock:  # consecutive ids: the child numbers the batch's runs from the first
             first = next(self._run_ids)
-            for _ in blobs[1:]:
+            for _ in cancels[1:]:
                 next(self._run_ids)
         watch = BatchCancels(child, first, cancels, self.cancel_grace_s)
         child.progress.value = 0  # the child is idle: nobody else writes it now
         try:
-            conn.send_bytes(BATCH + first.to_bytes(8, "big") + pickle.dumps(blobs))
-            while len(results) < len(blobs):
+            conn.send_bytes(BATCH + first.to_bytes(8, "big") + blob)
+            while len(results) < len(cancels):
                 if child.wait_s(watch.wait_s(_TICK_S)):
                     data = conn.recv_bytes()
                     if data[:1] == MANY:

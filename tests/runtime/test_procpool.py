@@ -13,7 +13,7 @@ import pytest
 from plaita.errors import ChildProcessDied, StepCancelled, StepRaised, StepTimeLimit
 from plaita.runtime.procpool import ProcessPool
 from plaita.tasks import CancelFlag
-from tests.support.pooljobs import Job
+from tests.support.pooljobs import Job, NeedsTwo
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,3 +137,13 @@ def test_in_a_batch_a_cancelled_job_past_its_grace_has_its_child_killed_and_fail
         assert _run(pool, Job("pid")) != results[0][1]  # a new child took its place at once
     finally:
         pool.close()
+
+
+def test_a_batch_that_cannot_be_unpickled_fails_each_job_with_why(pool: ProcessPool) -> None:
+    """A batch's jobs cross in one pickle (what they share goes once): one that does not unpickle in
+    the child fails every job of it with the reason, and the child goes on."""
+    jobs = [Job("pid"), Job("pid", NeedsTwo(1, 2))]  # type: ignore[arg-type]
+    results, error = pool.run_batch(jobs, [CancelFlag(), CancelFlag()], on_request=lambda *a: None)
+    assert error is None and [ok for ok, _ in results] == [False, False], results
+    assert all("NeedsTwo" in str(value) or "argument" in str(value) for _, value in results), results
+    assert isinstance(_run(pool, Job("pid")), int)
