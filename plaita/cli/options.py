@@ -120,7 +120,8 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         ("PLAITA_STEP_TIME_LIMIT_S",),
         "time limit of every step without a time_limit_s of its own (and of every handler call in --pool "
         "process): in --pool process the child is killed at the limit and the attempt fails with StepTimeLimit; "
-        "in threads the limit is soft (the step runs to its end, holding its slot, and its result is discarded)",
+        "in threads the limit is soft (ctx.cancelled is set at the limit; the step runs to its end, holding its "
+        "slot, and its result is discarded)",
         shown="none",
     ),
     Opt(

@@ -271,7 +271,7 @@ class FlowRunner(StepWaits, Throttle):
         """One run of ``step`` and its checkpoint; when its retry is due (on the runner's clock), if it is retried."""
         ctx = self._context(run, step)
         started_s, began_s = self._clock(), time.monotonic()
-        self._watch.add(ctx, run.task)
+        self._watch.add(ctx, run.task, limit_s=self.steps.soft_limit_of(step))
         try:
             attempt = await self.steps.call(step, ctx, offload=run.offload, thread_loop=self._thread_loop)
         finally:

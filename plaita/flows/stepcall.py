@@ -9,8 +9,10 @@ deadline). Two things are live: the cancel flag (the parent forwards it, then ki
 after a short grace) and ``ctx.publish`` (a call into the worker process, which writes it).
 
 Time limits: in a child the step is killed at its limit (``StepTimeLimit``); on a thread nothing
-can stop it, so the limit is soft: the step runs to its end, holding its slot, and its result is
-discarded for ``StepTimeLimit``. Either way a failed attempt: the retry policy applies.
+can stop it, so the limit is soft: ``ctx.cancel`` is set at the limit (``plaita.flows.watch``,
+within its 0.1 s tick) so that a cooperative step can return early, the step runs to its end,
+holding its slot, and its result is discarded for ``StepTimeLimit``. Either way a failed
+attempt: the retry policy applies.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ class StepCaller:
 
     def limit_of(self, step: Step) -> float | None:
         return step.time_limit_s if step.time_limit_s is not None else self.time_limit_s
+
+    def soft_limit_of(self, step: Step) -> float | None:
+        """The limit past which ``ctx.cancel`` is set for a cooperative step: on a thread only (a
+        child is killed at its limit instead, and a cancel there would be a ``StepCancelled``)."""
+        return self.limit_of(step) if self.pool is None else None
 
     async def call(
         self, step: Step, ctx: StepContext, *, offload: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]

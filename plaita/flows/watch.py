@@ -1,5 +1,6 @@
-"""Tell running steps about a cancel: the cancel key, the worker losing the lease, or the
-execution's deadline passing (``ctx.deadline_at``).
+"""Tell running steps about a cancel: the cancel key, the worker losing the lease, the
+execution's deadline passing (``ctx.deadline_at``), or a step on a thread passing its soft time
+limit (``add(..., limit_s=...)``: nothing can stop it there, a cooperative step can stop itself).
 
 Steps shorter than ``poll_s`` cost nothing here (their checkpoint reports the cancel key);
 longer ones get their flag within about ``poll_s`` from one MGET for all of them.
@@ -18,7 +19,7 @@ from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
 
-#: How often lease loss (``task.cancelled``) is copied to running steps' flags.
+#: How often lease loss (``task.cancelled``), deadlines and soft limits reach running steps' flags.
 _TICK_S = 0.1
 
 
@@ -29,15 +30,18 @@ class CancelWatch:
         self._store = store
         self._poll_s = poll_s
         self._lock = threading.Lock()
-        self._active: dict[int, tuple[Any, Task, float]] = {}
+        #: id(ctx) -> (ctx, task, since (monotonic), soft limit's end (monotonic) or None)
+        self._active: dict[int, tuple[Any, Task, float, float | None]] = {}
         self._stop = threading.Event()
         #: Set while any step runs: an idle worker's watcher sleeps instead of ticking.
         self._busy = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, ctx: Any, task: Task) -> None:
+    def add(self, ctx: Any, task: Task, *, limit_s: float | None = None) -> None:
+        """Watch ``ctx`` while its step runs; ``limit_s``: its soft time limit (set its flag past it)."""
+        now = time.monotonic()
         with self._lock:
-            self._active[id(ctx)] = (ctx, task, time.monotonic())
+            self._active[id(ctx)] = (ctx, task, now, None if limit_s is None else now + limit_s)
             self._busy.set()
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="plaita-flow-cancel", daemon=True)
@@ -65,16 +69,19 @@ class CancelWatch:
                 continue
             with self._lock:
                 active = list(self._active.values())
-            now_s = wall_s()
-            for ctx, task, _ in active:
+            now_wall_s, now = wall_s(), time.monotonic()
+            for ctx, task, _, limit_at in active:
                 deadline_at = getattr(ctx, "deadline_at", None)
-                if task.cancelled.is_set() or (deadline_at is not None and now_s >= deadline_at):
+                if (
+                    task.cancelled.is_set()
+                    or (deadline_at is not None and now_wall_s >= deadline_at)
+                    or (limit_at is not None and now >= limit_at)
+                ):
                     ctx.cancel.set()
-            now = time.monotonic()
             if now < next_poll_s:
                 continue
             next_poll_s = now + self._poll_s
-            long_running = [(c, t) for c, t, since in active if now - since >= self._poll_s and not c.cancelled]
+            long_running = [(c, t) for c, t, since, _ in active if now - since >= self._poll_s and not c.cancelled]
             self._poll(long_running)
 
     def _poll(self, running: list[tuple[Any, Task]]) -> None:

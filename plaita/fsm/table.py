@@ -99,7 +99,8 @@ STATE_DOCS: Final[dict[State, str]] = {
     "claiming entries idle longer than `--claim-min-idle-ms` whose execution lease is absent; then "
     "housekeeping (idle consumers, acked residue) when due",
     S.ISOLATING: "running suspects one at a time with nothing beside them (in-flight work finishes first, no "
-    "reads): each records a crash strike and runs alone; one that killed its worker `--max-crashes` times goes to the "
+    "reads): each records a crash strike (a lone one, the only entry the dead predecessor had pending, is blamed "
+    "for it at once) and runs alone; one that killed its worker `--max-crashes` times goes to the "
     "DLQ and its execution ends `error`",
     S.READING: "XREADGROUP `>` with a bounded BLOCK for as many tasks as there are free handler slots",
     S.BACKOFF: "waiting `min(cap, base·2^attempt)` with jitter on the monotonic clock; stop interrupts it",
@@ -136,7 +137,12 @@ ISOLATION_RULES: Final[list[tuple[str, str]]] = [
         "the worker that finds the tasks in flight at that death (the restarted one, or one that claims them) runs "
         "them one at a time in ISOLATING; none is charged a delivery; the one that kills the process while alone "
         'gets a crash strike, and after `--max-crashes` (3) goes to the DLQ ("killed its worker process N '
-        'times"), its execution ends `error`',
+        "times\"), its execution ends `error`. A task that was the only one pending under the dead worker's name "
+        "(found by the restarted worker's first scan) is the only candidate: that crash is a strike against it at "
+        "once, so a poison step that runs alone ends `error` after exactly `--max-crashes` worker exits (1 with "
+        "`--max-crashes 1`). When several were in flight the crash blames none of them (the first strike is "
+        "shared and counts once): each runs alone, and an innocent's record is deleted once it lives. Entries "
+        "claimed from a dead consumer under another name are never lone (other workers may hold the rest)",
     ),
     (
         "the same with `--pool process` (steps and handlers run in child processes)",
@@ -148,8 +154,9 @@ ISOLATION_RULES: Final[list[tuple[str, str]]] = [
     (
         "a step past its time limit (`@flow.step(time_limit_s=…)`, `--step-time-limit-s`)",
         "`--pool process`: its child is killed at the limit and the attempt fails with `StepTimeLimit` (retry "
-        "policy, then `error`); threads: the limit is soft, the step runs to its end holding its slot, then its "
-        "result is discarded and the attempt fails with `StepTimeLimit`",
+        "policy, then `error`); threads: the limit is soft, `ctx.cancelled` is set at the limit (a cooperative "
+        "step can stop), the step runs to its end holding its slot, then its result is discarded and the attempt "
+        "fails with `StepTimeLimit`",
     ),
     (
         "a lease or fence key that is not what plaita writes (another type, a fence that is no integer, a lease "

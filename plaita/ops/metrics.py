@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from plaita.errors import ConfigError
 from plaita.fsm import State
@@ -37,6 +39,25 @@ def alert_counters(r: CollectorRegistry) -> dict[str, Counter]:
             ("dropped", "dropped: the queue was full or the process stopping"),
         )
     }
+
+
+class ReplacedChildren(Collector):
+    """``plaita_pool_children_replaced_total{reason}`` of ``--pool process``: read from the pool at
+    each scrape (the pool counts under its own lock; nothing is pushed per replacement)."""
+
+    def __init__(self, read: Callable[[], dict[str, int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "plaita_pool_children_replaced",
+            "Step child processes replaced (--pool process), by reason: died, time_limit, cancelled, "
+            "max_tasks, max_memory, other",
+            labels=["reason"],
+        )
+        for reason, n in self._read().items():
+            family.add_metric([reason], n)
+        yield family
 
 
 class Rendered(Protocol):
@@ -124,6 +145,10 @@ class Metrics:
 
     def _declare_alerts(self, r: CollectorRegistry) -> None:
         self.alerts = alert_counters(r)
+
+    def track_pool(self, replacements: Callable[[], dict[str, int]]) -> None:
+        """Expose the process pool's replaced children (``ProcessPool.replacements``)."""
+        self.registry.register(ReplacedChildren(replacements))
 
     def count_alert(self, outcome: str, event: str) -> None:
         self.alerts[outcome].labels(event=event).inc()

@@ -87,6 +87,8 @@ class WorkerService:
         self._runner_redis = runner_redis
         #: ``--pool process``: the children steps or handlers run in (started with the worker).
         self.pool = pool
+        if pool is not None:
+            ops.metrics.track_pool(pool.replacements)
         self._owner = threading.Thread(target=self._serve, name="plaita-owner")
         #: Set once the worker has stopped and its keeper and clients are released. An Event, not
         #: the thread's own state: a KeyboardInterrupt inside Thread.join can leave is_alive() wrong.

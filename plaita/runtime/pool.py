@@ -29,7 +29,9 @@ _REPORT_EVERY_TASKS = 32
 _EWMA_ALPHA = 0.2
 #: A handler with ``run_batch`` (``--pool process``) gets up to this many tasks at once, while its
 #: tasks take less than ``_BATCH_BELOW_S`` on average: one round trip to a child for all of them.
-_BATCH_MAX = 16
+#: Each round trip waits for the child to be scheduled and back; on a busy machine that wait is
+#: most of a 0 ms task's cost, so a batch takes what its chunk holds (ack-window slots permitting).
+_BATCH_MAX = 64
 _BATCH_BELOW_S = 0.001
 
 
@@ -226,7 +228,7 @@ class HandlerPool(PoolBase):
                 break
             slots -= 1
             if self._batch is not None and slots and self._fast():
-                slots -= self._work_batch(chunk, task, slots, done, started)
+                slots = self._work_batch(chunk, task, slots, done, started)
                 now = clock()
             else:
                 try:
@@ -259,7 +261,11 @@ class HandlerPool(PoolBase):
     ) -> int:
         """Run ``first`` and up to ``slots`` more of ``chunk`` in one ``run_batch``; append what ran to
         ``done`` (each with its share of the time); tasks that did not start go back to the front
-        of ``chunk``. Returns the slots used beyond ``first``'s."""
+        of ``chunk``. More window slots are taken for the batch while the window has room (never
+        waiting for them). Returns the slots this thread holds after it."""
+        want = min(len(chunk), _BATCH_MAX - 1) - slots
+        if want > 0:
+            slots += self._slots.take(want, block=False)
         tasks = [first]
         while len(tasks) <= min(slots, _BATCH_MAX - 1):
             try:
@@ -277,7 +283,7 @@ class HandlerPool(PoolBase):
         for task, error in zip(tasks, raised, strict=False):
             outcome = Outcome(task.message_id) if error is None else judge(task, error, self._max_deliveries)
             done.append((task, outcome, each_s))
-        return max(0, len(raised) - 1)
+        return slots - max(0, len(raised) - 1)
 
     def _report(self, done: list[Done]) -> None:
         """Route finished tasks; their window slots come back (the settler holds one for each

@@ -8,8 +8,9 @@ talks to Redis for plaita: the parent holds the leases, renews and acks.
 
 Two pipes per child. On the first, one byte says what follows: parent to child ``R`` (a run: an
 8-byte run id, then the pickled job, unpickled here so that a job that cannot be imported is that
-attempt's error), ``B`` (a batch of fast jobs: the first run id, then the pickled list of pickled
-jobs, run in order with consecutive ids), ``P`` (the pickled reply to a request), ``X`` (exit);
+attempt's error), ``B`` (a batch of fast jobs: the first run id, their count in 4 bytes, then the
+list of jobs pickled at once, so what they share, the handler and the keyspace, is pickled once;
+run in order with consecutive ids), ``P`` (the pickled reply to a request), ``X`` (exit);
 child to parent ``Q`` (a pickled request), ``D`` (the pickled ``(ok, value, peak_rss_kb)`` of a
 run) and ``M`` (``([(ok, value), ...], peak_rss_kb)`` of the next jobs of a batch, in order). The
 second carries only cancels (``C`` and the run id), read by a thread while a job runs; the main
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import pickle
 import resource
@@ -38,6 +40,33 @@ from plaita.tasks import CancelFlag
 RUN, BATCH, REPLY, EXIT, REQUEST, DONE, MANY, CANCEL = b"R", b"B", b"P", b"X", b"Q", b"D", b"M", b"C"
 #: The child's traceback kept with an exception sent to the parent (the innermost frames).
 TRACEBACK_CHARS = 3000
+
+
+@dataclass(frozen=True)
+class LogSetup:
+    """The worker's root logger as configured (``plaita.cli`` or the embedding program), copied
+    into each child at its start: a fork server's child is a fresh interpreter's descendant and
+    inherits no logging configuration, only the worker's stderr (its file descriptor 2)."""
+
+    level: int
+    format: str
+    datefmt: str | None
+
+    @staticmethod
+    def of_this_process() -> LogSetup | None:
+        """The root logger's level and its first handler's format; None when nothing is configured
+        (then a child logs as an unconfigured Python does: warnings and above, bare, to stderr)."""
+        root = logging.getLogger()
+        if not root.handlers:
+            return None
+        formatter = root.handlers[0].formatter
+        if formatter is None:  # what a handler without a formatter writes: the bare message
+            return LogSetup(root.level, "%(message)s", None)
+        return LogSetup(root.level, formatter._fmt or "%(message)s", formatter.datefmt)
+
+    def apply(self) -> None:
+        """Log to this process's stderr (the worker's) at the worker's level and format."""
+        logging.basicConfig(level=self.level, format=self.format, datefmt=self.datefmt, stream=sys.stderr, force=True)
 
 
 @dataclass
@@ -63,9 +92,12 @@ def peak_rss_kb() -> int:
     return peak // 1024 if sys.platform == "darwin" else peak
 
 
-def serve(conn: Connection, control: Connection, progress: Any) -> None:
+def serve(conn: Connection, control: Connection, progress: Any, log_setup: LogSetup | None = None) -> None:
     """The child's main: run jobs sent on ``conn`` until told to exit or the parent is gone;
-    cancels come on ``control``, read by a thread of their own while a job runs."""
+    cancels come on ``control``, read by a thread of their own while a job runs. A step's log
+    records go to the worker's stderr with the worker's level and format (``log_setup``)."""
+    if log_setup is not None:
+        log_setup.apply()
     # The parent decides when a child ends (drain, recycle, kill): a terminal's Ctrl-C or a
     # SIGTERM to the whole process group (systemd's default) must not cut a step short here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -115,20 +147,20 @@ class _Child:
                 ok, value = self._run(first_id, data[9:], services)
                 self._conn.send_bytes(DONE + _done(ok, value))
             elif kind == BATCH:
-                self._run_batch(first_id, pickle.loads(data[9:]), services)
+                self._run_batch(first_id, _batch_jobs(data[9:]), services)
             else:
                 break  # EXIT
         if services._loop:
             services.loop.close()
 
-    def _run_batch(self, first_id: int, blobs: list[bytes], services: ChildServices) -> None:
+    def _run_batch(self, first_id: int, jobs: list[Any], services: ChildServices) -> None:
         """Run a batch of fast jobs in order and send their results in one write. A job that kills
         this process must not take the results of the jobs before it along: any result but a plain
         success (``None``) is sent before the next job starts, and the shared ``progress`` counts
         the jobs finished, so the parent knows the unsent ones were plain successes."""
         plain = 0  # plain successes not sent yet
-        for i, blob in enumerate(blobs):
-            ok, value = self._run(first_id + i, blob, services)
+        for i, job in enumerate(jobs):
+            ok, value = self._run(first_id + i, None, services, job)
             if ok and value is None:
                 plain += 1
             else:
@@ -140,14 +172,17 @@ class _Child:
         with self._flag_lock:
             self._cancelled_ahead.clear()
 
-    def _run(self, run_id: int, blob: bytes, services: ChildServices) -> tuple[bool, Any]:
+    def _run(self, run_id: int, blob: bytes | None, services: ChildServices, job: Any = None) -> tuple[bool, Any]:
+        """Run ``job``, or the job pickled in ``blob`` (unpickled here: one that cannot be imported
+        is that attempt's error); ``(True, value)`` or ``(False, exception)``."""
         with self._flag_lock:
             self._run_id, self._cancel = run_id, CancelFlag()
             services.cancel = self._cancel
             if run_id in self._cancelled_ahead:
                 self._cancel.set()
         try:
-            job = pickle.loads(blob)
+            if blob is not None:
+                job = pickle.loads(blob)
             return True, job(services)
         except BaseException as exc:  # noqa: B036 - every raise of user code is the attempt's failure
             _note_traceback(exc)
@@ -165,6 +200,26 @@ class _Child:
         if not ok:
             raise value
         return value
+
+
+@dataclass(frozen=True)
+class _Raises:
+    """Stands in for each job of a batch that could not be unpickled: its run raises why."""
+
+    error: BaseException
+
+    def __call__(self, services: ChildServices) -> Any:
+        raise self.error
+
+
+def _batch_jobs(data: bytes) -> list[Any]:
+    """The jobs of a batch message (after the run id): their count, then the pickled list."""
+    count = int.from_bytes(data[:4], "big")
+    try:
+        jobs: list[Any] = pickle.loads(data[4:])
+    except BaseException as exc:  # noqa: B036 - a module that cannot be imported: each job fails with it
+        return [_Raises(exc)] * count
+    return jobs
 
 
 def _done(ok: bool, value: Any) -> bytes:

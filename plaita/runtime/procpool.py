@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from plaita.errors import ChildProcessDied, StepCancelled, StepTimeLimit
-from plaita.runtime.procchild import BATCH, CANCEL, DONE, EXIT, MANY, RUN, serve
+from plaita.runtime.procbatch import BatchCancels, BatchCut, cut, fill_plain
+from plaita.runtime.procchild import BATCH, CANCEL, DONE, EXIT, MANY, RUN, LogSetup, serve
 from plaita.runtime.procwire import (
     REAP_S,
     ChildHandle,
@@ -55,6 +56,22 @@ _TICK_S = 0.05
 DEFAULT_CANCEL_GRACE_S = 0.25
 #: How long ``close`` waits for idle children to exit before it kills them.
 _CLOSE_JOIN_S = 2.0
+#: Why a child was replaced (``ProcessPool.replacements``; the metric
+#: ``plaita_pool_children_replaced_total{reason}``): it died under a job, was killed past a time
+#: limit or a cancel's grace, was recycled (``--max-tasks-per-child``, ``--max-memory-per-child-mb``),
+#: or its conversation failed otherwise (a job that could not be sent, the caller's own cancel).
+REPLACE_REASONS = ("died", "time_limit", "cancelled", "max_tasks", "max_memory", "other")
+
+
+def _reason(exc: BaseException) -> str:
+    """The ``REPLACE_REASONS`` entry for a conversation that ended in ``exc``."""
+    if isinstance(exc, ChildProcessDied):
+        return "died"
+    if isinstance(exc, StepTimeLimit):
+        return "time_limit"
+    if isinstance(exc, StepCancelled):
+        return "cancelled"
+    return "other"
 
 
 class ProcessPool:
@@ -88,6 +105,9 @@ class ProcessPool:
         self._ids_lock = threading.Lock()
         #: Children replaced so far (dead, killed or recycled): tests and the benchmark read it.
         self.replaced = 0
+        self._replacements = dict.fromkeys(REPLACE_REASONS, 0)
+        #: The worker's logging, copied into each child (taken at ``start``: the CLI has set it up by then).
+        self._log_setup: LogSetup | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> ProcessPool:
@@ -95,6 +115,7 @@ class ProcessPool:
             if self._started:
                 return self
             self._started = True
+        self._log_setup = LogSetup.of_this_process()
         if self.method == "forkserver":
             self._ctx.set_forkserver_preload(self._preload)
         children = [self._spawn() for _ in range(self.size)]
@@ -120,6 +141,11 @@ class ProcessPool:
         for child in idle:
             retire(child, max(0.0, deadline_s - time.monotonic()))
 
+    def replacements(self) -> dict[str, int]:
+        """Children replaced so far, by reason (``REPLACE_REASONS``, every one present)."""
+        with self._cond:
+            return dict(self._replacements)
+
     @property
     def pids(self) -> list[int]:
         """Process ids of the idle children (tests)."""
@@ -131,7 +157,9 @@ class ProcessPool:
         control_read, control_write = self._ctx.Pipe(duplex=False)
         # Not a daemon: a step may start processes of its own; ``close`` (atexit) ends the children.
         progress = self._ctx.RawValue("q", 0)
-        process = self._ctx.Process(target=serve, args=(child_end, control_read, progress), name="plaita-step-child")
+        process = self._ctx.Process(
+            target=serve, args=(child_end, control_read, progress, self._log_setup), name="plaita-step-child"
+        )
         process.start()
         child_end.close()
         control_read.close()
@@ -163,11 +191,12 @@ class ProcessPool:
         send_quietly(child.conn, EXIT)
         retire(child, _CLOSE_JOIN_S)
 
-    def _replace(self, child: ChildHandle, *, grace_s: float = 0.0) -> None:
+    def _replace(self, child: ChildHandle, reason: str, *, grace_s: float = 0.0) -> None:
         """Kill ``child`` if it lives (after ``grace_s``), and put a new one in its place at once."""
         retire(child, grace_s)
-        self.replaced += 1
         with self._cond:
+            self.replaced += 1
+            self._replacements[reason] += 1
             closed = self._closed
         if not closed:
             with contextlib.suppress(ChildProcessDied):  # counted missing: the next _take tries again
@@ -195,8 +224,8 @@ class ProcessPool:
         child = self._take()
         try:
             ok, value, rss_kb = self._converse(child, blob, cancel, time_limit_s, on_request)
-        except BaseException:
-            self._replace(child)
+        except BaseException as exc:
+            self._replace(child, _reason(exc))
             raise
         return self._settled(child, ok, value, rss_kb)
 
@@ -215,8 +244,8 @@ class ProcessPool:
             )
         try:
             ok, value, rss_kb = await self._converse_async(child, blob, cancel, time_limit_s, on_request)
-        except BaseException:
-            await asyncio.to_thread(self._replace, child)
+        except BaseException as exc:
+            await asyncio.to_thread(self._replace, child, _reason(exc))
             raise
         return self._settled(child, ok, value, rss_kb)
 
@@ -282,20 +311,28 @@ class ProcessPool:
         """Run fast ``jobs`` (no time limit) in order in one child, in one round trip for all of them
         (plain tasks of a few microseconds: the round trip would cost more than the work). Returns
         ``(ok, value)`` of each job that ran, in order, and the error of the one that was running when
-        its child died (``ChildProcessDied``), else None; a cancel is forwarded to its job, which
-        is never killed for it. The jobs after those never started (nor those past ``max_tasks_per_child``)."""
+        its child died (``ChildProcessDied``) or was killed for its cancel (``StepCancelled``: see
+        ``plaita.runtime.procbatch``), else None. The jobs after those never started (nor those
+        past ``max_tasks_per_child``)."""
         child = self._take()
         if self.max_tasks_per_child is not None:
             jobs = jobs[: max(1, self.max_tasks_per_child - child.tasks_done)]
-        blobs = [pickle.dumps(job) for job in jobs]
+        try:  # at once: what the jobs share (the handler, the keyspace) is pickled once, then referenced
+            blob = len(jobs).to_bytes(4, "big") + pickle.dumps(jobs, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            self._give_back(child)  # nothing was sent: the child is idle as it was
+            raise
         results: list[tuple[bool, Any]] = []
         try:
-            rss_kb = self._converse_batch(child, blobs, cancels, results, on_request)
+            rss_kb = self._converse_batch(child, blob, cancels[: len(jobs)], results, on_request)
         except ChildProcessDied as exc:
-            self._replace(child)
+            self._replace(child, "died")
             return results, exc
-        except BaseException:
-            self._replace(child)
+        except BatchCut as exc:
+            self._replace(child, "cancelled")
+            return results, exc.error
+        except BaseException as exc:
+            self._replace(child, _reason(exc))
             raise
         child.tasks_done += len(jobs)
         self._after(child, rss_kb)
@@ -304,22 +341,23 @@ class ProcessPool:
     def _converse_batch(
         self,
         child: ChildHandle,
-        blobs: list[bytes],
+        blob: bytes,
         cancels: list[CancelFlag],
         results: list[tuple[bool, Any]],
         on_request: OnRequest,
     ) -> int:
         """Send the batch; collect results into ``results`` as they come; returns the peak RSS."""
-        conn, rss_kb, forwarded = child.conn, 0, set()
+        conn, rss_kb = child.conn, 0
         with self._ids_lock:  # consecutive ids: the child numbers the batch's runs from the first
             first = next(self._run_ids)
-            for _ in blobs[1:]:
+            for _ in cancels[1:]:
                 next(self._run_ids)
+        watch = BatchCancels(child, first, cancels, self.cancel_grace_s)
         child.progress.value = 0  # the child is idle: nobody else writes it now
         try:
-            conn.send_bytes(BATCH + first.to_bytes(8, "big") + pickle.dumps(blobs))
-            while len(results) < len(blobs):
-                if child.wait_s(_TICK_S):
+            conn.send_bytes(BATCH + first.to_bytes(8, "big") + blob)
+            while len(results) < len(cancels):
+                if child.wait_s(watch.wait_s(_TICK_S)):
                     data = conn.recv_bytes()
                     if data[:1] == MANY:
                         got, rss_kb = pickle.loads(data[1:])
@@ -327,35 +365,32 @@ class ProcessPool:
                     else:
                         answer(conn, on_request, data[1:])
                     continue
-                # A cancel reaches its job, started or not; a batch is never killed for one (its
-                # jobs are plain tasks of under a millisecond: a flow step never goes in a batch).
-                for i in range(int(child.progress.value), len(blobs)):
-                    if i not in forwarded and cancels[i].is_set():
-                        child.control.send_bytes(CANCEL + (first + i).to_bytes(8, "big"))
-                        forwarded.add(i)
+                job = watch.check()  # forwards cancels; a cancelled job past its grace is killed
+                if job is not None:
+                    raise cut(child, results, job)
         except (EOFError, OSError) as exc:
-            # Every result it sent has been read (EOF comes after them); the jobs it finished
-            # beyond those were plain successes it had not sent yet (``procchild._Child._run_batch``).
-            results.extend([(True, None)] * max(0, int(child.progress.value) - len(results)))
+            fill_plain(child, results)  # every result it sent has been read: EOF comes after them
             raise self._death(child, exc) from None
         return rss_kb
 
     def _after(self, child: ChildHandle, rss_kb: int) -> None:
         """Back to the idle children, or replaced when worn out (between tasks, never during one)."""
-        if self._worn_out(child, rss_kb):
+        worn = self._worn_out(child, rss_kb)
+        if worn is not None:
             send_quietly(child.conn, EXIT)  # it exits by itself, its successor starts now
-            self._replace(child, grace_s=_CLOSE_JOIN_S)
+            self._replace(child, worn, grace_s=_CLOSE_JOIN_S)
         else:
             self._give_back(child)
 
-    def _worn_out(self, child: ChildHandle, rss_kb: int) -> bool:
+    def _worn_out(self, child: ChildHandle, rss_kb: int) -> str | None:
+        """Why ``child`` is to be recycled now (``max_tasks``, ``max_memory``), else None."""
         if self.max_tasks_per_child is not None and child.tasks_done >= self.max_tasks_per_child:
-            return True
+            return "max_tasks"
         limit_mb = self.max_memory_per_child_mb
         if limit_mb is not None and rss_kb > limit_mb * 1024:
             logger.info("step child %s uses %d MiB (over %d): replaced", child.process.pid, rss_kb // 1024, limit_mb)
-            return True
-        return False
+            return "max_memory"
+        return None
 
     def _converse(
         self, child: ChildHandle, blob: bytes, cancel: CancelFlag, time_limit_s: float | None, on_request: OnRequest

@@ -14,9 +14,10 @@ which one did it, so it treats all of them as *suspects*:
 A suspect is never charged a delivery: the re-read that found it bumped its count, and the count
 is set back (``StreamQueue.recount_own``). In ISOLATING the worker reads nothing, lets what else
 runs finish, then runs the suspects one by one: before each, ``CrashStrikes.turn`` counts the
-crash it was in flight for and arms its record with its message id; when it has ended (settled,
-whatever its outcome) the record is deleted. A successor that finds the record still armed for
-that entry knows the process died while it ran alone: the crash is blamed on it. Once it has
+crash it was in flight for and arms its record with its message id (a *lone* suspect, the only
+entry the start scan found pending, is the only candidate: that crash is blamed on it at once);
+when it has ended (settled, whatever its outcome) the record is deleted. A successor that finds
+the record still armed for that entry knows the process died while it ran alone: the crash is blamed on it. Once it has
 ``--max-crashes`` crashes with this last one blamed, it is dead-lettered with the reason instead
 of run: a flow runner (a handler with ``crash_verdicts``) ends its execution ``error`` with that
 reason first (the ``execution_error`` alert), so the keeper never re-enqueues it.
@@ -98,6 +99,8 @@ class Suspects:
         self._current: tuple[str, str | None] | None = None  # (message id, strike key) running alone
         self._start_scan = True  # until the first scan of our own entries is through
         self._clean_start: bool | None = None
+        self._own_seen = 0  # entries the start scan found pending, deleted ones included
+        self._lone: str | None = None  # the start scan's only entry: the crash is blamed on it at once
         self._stop_key = strikes.clean_stop_key(queue.keyspace, settings.consumer_name)
         self._renew_at_s = 0.0
 
@@ -117,12 +120,18 @@ class Suspects:
             return entries
         if self._clean_start is None:  # taken at the first page, empty or not: it is for this start only
             self._clean_start = self.strikes.take_clean_stop(self._stop_key)
-        return entries if self._clean_start or not entries else self._take(entries)
+        if self._clean_start or not entries:
+            return entries
+        self._own_seen += len(entries)
+        return self._take(entries)
 
     def own_scan_done(self) -> None:
         """The first scan of our own entries is through: later scans find no crash's tasks."""
         if self._start_scan and self._clean_start is None:  # nothing was pending: the mark is stale now
             self._clean_start = self.strikes.take_clean_stop(self._stop_key)
+        if self._start_scan and self._own_seen == 1 and len(self._waiting) == 1:
+            # Our predecessor had this one entry pending when it died: nothing else can have done it.
+            self._lone = next(iter(self._waiting))
         self._start_scan = False
 
     def from_claim(self, entries: list[Entry]) -> list[Entry]:
@@ -241,16 +250,14 @@ class Suspects:
         """Count the crash and arm the record; the DLQ reason once the task is found guilty."""
         if mid in self._armed:
             return None  # armed by this process already: a run cut by an outage, no crash
-        turn = self.strikes.turn(key, mid, self.settings.max_crashes)
+        lone = mid == self._lone
+        turn = self.strikes.turn(key, mid, self.settings.max_crashes, lone=lone)
         if turn is None:
             return None
         self._armed.add(mid)
-        logger.warning(
-            "running suspect %s alone (%d crash(es) counted%s)",
-            mid,
-            turn.count,
-            ", the last one while it ran alone" if turn.blamed else "",
-        )
+        why = "it was the only task in flight" if lone else "it ran alone"
+        blamed = f", the last one while {why}" if turn.blamed else ""
+        logger.warning("running suspect %s alone (%d crash(es) counted%s)", mid, turn.count, blamed)
         if not turn.blamed or turn.count < self.settings.max_crashes:
             return None
         reason = verdict_reason(turn.count)

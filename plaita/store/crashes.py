@@ -6,7 +6,8 @@ which of them killed it; it runs them one at a time. Each one's hash
 the tenant's namespace and the partition's hash tag) holds ``count`` (crashes counted against it)
 and ``armed`` (the message id of the entry running alone now). Before a suspect runs alone,
 ``turn`` counts the crash it was in flight for (the first one, shared with every task beside it,
-counts once) and arms the record with its message id; when it ends, ``clear`` deletes the record.
+counts once; a *lone* suspect, the only entry its predecessor had pending, is blamed for it at
+once) and arms the record with its message id; when it ends, ``clear`` deletes the record.
 A successor that finds the record still armed with the same message id knows the process died
 while that entry ran alone: that crash is blamed on it. A handed-back entry comes back under a
 new message id, so a graceful stop never counts. The record survives a replacement worker under
@@ -58,12 +59,14 @@ class CrashStrikes:
         """The record of execution id (or qualified message id) ``name`` in ``keyspace``."""
         return keyspace.crashes_key(name)
 
-    def turn(self, key: str, message_id: str, max_crashes: int) -> Turn | None:
+    def turn(self, key: str, message_id: str, max_crashes: int, *, lone: bool = False) -> Turn | None:
         """Count the crash a suspect was in flight for and arm its record for this run alone; the
         record is not armed again once the task has reached ``max_crashes`` with a blamed crash.
-        None when the key holds something else (WRONGTYPE): logged, the task runs without strikes."""
+        ``lone``: the suspect was the only entry its dead predecessor had pending, so the crash is
+        blamed on it at once. None when the key holds something else (WRONGTYPE): logged, the task
+        runs without strikes."""
         try:
-            reply = _CRASH_TURN(self.client, [key], [message_id, max_crashes, self.ttl_ms])
+            reply = _CRASH_TURN(self.client, [key], [message_id, max_crashes, self.ttl_ms, int(lone)])
         except redis.ResponseError as exc:
             if error_code(exc) != "WRONGTYPE":
                 raise

@@ -163,3 +163,33 @@ def test_a_plain_handler_that_kills_its_process_is_dead_lettered_and_no_innocent
     assert (letter["source_id"], letter["delivery_count"]) == (poison, 1)
     assert letter["reason"].startswith(f"killed its worker process {MAX_CRASHES} times")
     assert rclient.xlen(QUEUE) == 0
+
+
+@pytest.mark.parametrize("max_crashes", [1, 3])
+def test_a_poison_alone_in_flight_is_blamed_at_its_first_crash(
+    flows: FlowClient, rclient: redis.Redis, redis_url: str, tmp_path: Path, max_crashes: int
+) -> None:
+    """At ``--concurrency 1`` the poison is the only task in flight when it kills the process: the
+    restarted worker finds it alone in its pending list, the only candidate, so that first crash is
+    a strike against it at once. The poison ends ``error`` after exactly ``--max-crashes`` exits
+    (one with ``--max-crashes 1``); the innocents before and after it complete, each run once."""
+    before = [flows.start("crash-sync", {"hold_s": 0.05}, execution_id=f"inn-{i}") for i in range(2)]
+    poison = flows.start("crash-sync", {"crash": "exit", "crash_after_s": 0.3}, execution_id="poison")
+    after = [flows.start("crash-sync", {"hold_s": 0.05}, execution_id=f"inn-{i}") for i in range(2, 4)]
+    innocents = before + after
+    args = list(ARGS)
+    args[args.index("--concurrency") + 1] = "1"
+    args[args.index("--max-crashes") + 1] = str(max_crashes)
+    args += ["--prefetch", "0", "--flows", "tests.support.crashsteps"]
+    seen = supervise(redis_url, tmp_path, args, lambda: _settled(flows, innocents, poison), timeout_s=120)
+    assert seen.done, seen.log()
+    assert seen.exits == [EXIT_STATUS["exit"]] * max_crashes, seen.log()
+    doc = flows.get(poison)
+    assert doc is not None and doc["error"]["type"] == "WorkerCrashed"
+    assert doc["error"]["message"].startswith(f"killed its worker process {max_crashes} times"), doc["error"]
+    (letter,) = _dead_letters(rclient)
+    assert (letter["payload"]["execution_id"], letter["delivery_count"]) == (poison, 1)
+    runs = _runs(rclient)
+    assert all(runs[eid] == 1 for eid in innocents), runs
+    assert runs[poison] == max_crashes, runs
+    assert rclient.keys("plaita:execution:crashes:*") == []

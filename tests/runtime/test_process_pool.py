@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,8 @@ import pytest
 import redis
 
 from plaita.flows.client import FlowClient
-from tests.support.poolsteps import LIMIT_S, RUNS_KEY, SAW_CANCEL_KEY
+from tests.support.poolsteps import LIMIT_S, RUNS_KEY, SAW_CANCEL_KEY, SAW_LIMIT_KEY
+from tests.support.redis_server import free_port
 from tests.support.supervisor import Supervised, supervise
 from tests.support.workers import wait_for
 
@@ -132,6 +135,79 @@ def test_in_threads_the_time_limit_is_soft_the_result_is_discarded(
     assert (error["type"], error["attempts"]) == ("StepTimeLimit", 2), error
     assert "the limit is soft" in error["message"] and "result was discarded" in error["message"]
     assert {pid for _, pid in _runs(rclient)} == {_runs(rclient)[0][1]}  # all in the worker process
+
+
+@pytest.mark.parametrize("flow_id", ["pool-sync", "pool-async"])
+def test_in_threads_a_step_past_its_soft_limit_sees_ctx_cancelled(
+    flows: FlowClient, rclient: redis.Redis, redis_url: str, tmp_path: Path, flow_id: str
+) -> None:
+    """At its soft limit a step on a thread finds ``ctx.cancelled`` set, so a cooperative one stops
+    (instead of holding its slot for its whole 30 s); the attempt still fails with ``StepTimeLimit``."""
+    polite = flows.start(flow_id, {"fault": "polite", "hang_s": 30}, execution_id="polite")
+    _run_worker(redis_url, tmp_path, ("--flows", "tests.support.poolsteps"), lambda: _status(flows, polite) == "error")
+    error = (flows.get(polite) or {})["error"]
+    assert (error["type"], error["attempts"]) == ("StepTimeLimit", 2), error
+    saw = [line.split() for line in rclient.lrange(SAW_LIMIT_KEY, 0, -1)]
+    assert [name for name, _ in saw] == [polite, polite], saw  # each attempt saw its flag
+    # Set at the limit, not before it, and within the watcher's tick (0.1 s) and some slack after.
+    assert all(LIMIT_S <= float(took_s) < LIMIT_S + 5 for _, took_s in saw), saw
+
+
+def test_a_step_in_a_child_logs_to_the_workers_stderr_at_its_level_and_format(
+    flows: FlowClient, rclient: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    """A child is no fork of the worker: it gets the worker's root logging (INFO, ``LOG_FORMAT``)."""
+    eid = flows.start("pool-sync", {"log": "hello-from-child"}, execution_id="talker")
+    seen = _run_worker(
+        redis_url,
+        tmp_path,
+        (*PROCESS, "--flows", "tests.support.poolsteps"),
+        lambda: _status(flows, eid) == "completed",
+    )
+    ((_, child_pid),) = _runs(rclient)
+    line = re.compile(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO    tests\.support\.poolsteps: "
+        rf"step of talker in process {child_pid} says hello-from-child$",
+        re.MULTILINE,
+    )
+    (stderr,) = seen.stderr
+    assert line.search(stderr), stderr[-3000:]
+    assert "says a DEBUG line" not in stderr  # the worker's level, INFO, holds in the child too
+
+
+def test_replaced_children_are_counted_by_reason_on_the_metrics_endpoint(
+    flows: FlowClient, redis_url: str, tmp_path: Path
+) -> None:
+    """``plaita_pool_children_replaced_total{reason}``: a step that exits (2 attempts: 2 died), one
+    past its time limit (2 time_limit), and ``--max-tasks-per-child 1`` recycling the child of each
+    of 6 steps that returned (6 max_tasks; a child that died or was killed is no recycle)."""
+    dies = flows.start("pool-sync", {"fault": "exit", "fault_after_s": 0}, execution_id="dies")
+    hangs = flows.start("pool-sync", {"fault": "hang", "hang_s": 30}, execution_id="hangs")
+    fine = [flows.start("pool-sync", {}, execution_id=f"fine-{i}") for i in range(6)]
+    port = free_port()
+    scraped: list[dict[str, float]] = []
+
+    def settled() -> bool:
+        if _status(flows, dies) != "error" or _status(flows, hangs) != "error":
+            return False
+        if not all(_status(flows, e) == "completed" for e in fine):
+            return False
+        scraped.append(_replaced(port))
+        return True
+
+    args = (*PROCESS, "--flows", "tests.support.poolsteps", "--max-tasks-per-child", "1")
+    _run_worker(redis_url, tmp_path, (*args, "--metrics-host", "127.0.0.1", "--metrics-port", str(port)), settled)
+    counts = scraped[-1]
+    assert set(counts) == {"died", "time_limit", "cancelled", "max_tasks", "max_memory", "other"}, counts
+    assert counts == {"died": 2, "time_limit": 2, "cancelled": 0, "max_tasks": 6, "max_memory": 0, "other": 0}
+
+
+def _replaced(port: int) -> dict[str, float]:
+    """``plaita_pool_children_replaced_total`` by reason, scraped from the worker's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'^plaita_pool_children_replaced_total\{reason="(\w+)"\} (\S+)$', text, re.MULTILINE)
+    return {reason: float(n) for reason, n in found}
 
 
 def test_the_context_crosses_the_process_boundary(

@@ -4,15 +4,16 @@ rules that keep one run from touching another's."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from plaita.errors import ChildProcessDied, StepRaised
+from plaita.errors import ChildProcessDied, StepCancelled, StepRaised, StepTimeLimit
 from plaita.runtime.procpool import ProcessPool
 from plaita.tasks import CancelFlag
-from tests.support.pooljobs import Job
+from tests.support.pooljobs import Job, NeedsTwo
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,3 +92,58 @@ def test_in_a_batch_a_cancel_reaches_a_job_that_has_not_started_yet(pool: Proces
     cancels[1].set()
     results, error = pool.run_batch(jobs, cancels, on_request=lambda *a: None)
     assert (results, error) == ([(True, False), (True, True)], None)
+
+
+def test_replacements_are_counted_by_reason() -> None:
+    """``ProcessPool.replacements`` (the metric ``plaita_pool_children_replaced_total{reason}``)."""
+    pool = ProcessPool(1, max_memory_per_child_mb=1, preload=["tests.support.pooljobs"], cancel_grace_s=0.05).start()
+    try:
+        assert pool.replacements() == dict.fromkeys(
+            ["died", "time_limit", "cancelled", "max_tasks", "max_memory", "other"], 0
+        )
+        _run(pool, Job("none"))  # any Python's peak RSS is over 1 MiB: recycled after each task
+        with pytest.raises(ChildProcessDied):
+            _run(pool, Job("exit"))
+        with pytest.raises(StepTimeLimit):
+            pool.run(Job("sleep", 30.0), cancel=CancelFlag(), time_limit_s=0.2, on_request=lambda *a: None)
+        cancel = CancelFlag()
+        cancel.set()
+        with pytest.raises(StepCancelled):
+            _run(pool, Job("sleep", 30.0), cancel=cancel)
+        counts = pool.replacements()
+    finally:
+        pool.close()
+    assert counts == {"died": 1, "time_limit": 1, "cancelled": 1, "max_tasks": 0, "max_memory": 1, "other": 0}
+
+
+def test_in_a_batch_a_cancelled_job_past_its_grace_has_its_child_killed_and_fails_alone() -> None:
+    """A lost lease sets a batched task's flag: the job before it keeps its result, the cancelled
+    one (deaf to its flag) is killed after the grace and fails with ``StepCancelled``, the one after
+    it never started (the caller runs it again elsewhere)."""
+    pool = ProcessPool(1, preload=["tests.support.pooljobs"], cancel_grace_s=0.25).start()
+    try:
+        jobs = [Job("pid"), Job("sleep", 30.0), Job("pid")]
+        cancels = [CancelFlag(), CancelFlag(), CancelFlag()]
+        timer = threading.Timer(0.2, cancels[1].set)  # while it runs, as a lease loss would come
+        timer.start()
+        began_s = time.monotonic()
+        results, error = pool.run_batch(jobs, cancels, on_request=lambda *a: None)
+        took_s = time.monotonic() - began_s
+        timer.join()
+        assert [ok for ok, _ in results] == [True] and isinstance(results[0][1], int)
+        assert isinstance(error, StepCancelled), error
+        assert took_s < 10, took_s  # the grace and a tick, not the job's 30 s
+        assert pool.replacements()["cancelled"] == 1
+        assert _run(pool, Job("pid")) != results[0][1]  # a new child took its place at once
+    finally:
+        pool.close()
+
+
+def test_a_batch_that_cannot_be_unpickled_fails_each_job_with_why(pool: ProcessPool) -> None:
+    """A batch's jobs cross in one pickle (what they share goes once): one that does not unpickle in
+    the child fails every job of it with the reason, and the child goes on."""
+    jobs = [Job("pid"), Job("pid", NeedsTwo(1, 2))]  # type: ignore[arg-type]
+    results, error = pool.run_batch(jobs, [CancelFlag(), CancelFlag()], on_request=lambda *a: None)
+    assert error is None and [ok for ok, _ in results] == [False, False], results
+    assert all("NeedsTwo" in str(value) or "argument" in str(value) for _, value in results), results
+    assert isinstance(_run(pool, Job("pid")), int)

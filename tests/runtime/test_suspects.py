@@ -152,3 +152,42 @@ def test_a_redis_outage_while_isolating_is_backoff_then_the_suspects_finish(priv
     assert probe.most == 1
     assert all(d == 1 for _, d in probe.runs), probe.runs
     client.close()
+
+
+def test_a_lone_suspect_is_blamed_at_once(redis_url: str, rclient: redis.Redis) -> None:
+    """The predecessor had one entry pending when it died: the only candidate, so that crash is a
+    strike against it at once. With ``--max-crashes 1`` it is dead-lettered without running."""
+    (mid,) = died_holding(rclient, 1)
+    probe = Probe()
+    with worker(redis_url, probe, concurrency=4, max_crashes=1) as w:
+        wait_for(lambda: rclient.xlen(f"{QUEUE}:dlq") == 1, 10.0, "the lone suspect dead-lettered")
+        wait_for(lambda: w.worker.lifecycle.state is State.READING, 10.0, "READING")  # type: ignore[attr-defined]
+    assert probe.runs == [], "a task found guilty does not run again"
+    ((_, fields),) = rclient.xrange(f"{QUEUE}:dlq")
+    envelope = json.loads(fields["payload"])
+    assert (envelope["source_id"], envelope["delivery_count"]) == (mid, 1)
+    assert envelope["reason"].startswith("killed its worker process 1 times")
+    assert rclient.xlen(QUEUE) == 0
+
+
+def test_a_lone_suspect_that_lives_keeps_no_strike(redis_url: str, rclient: redis.Redis) -> None:
+    """Blamed at once (one strike of three), it runs alone, lives, and its record is deleted."""
+    (mid,) = died_holding(rclient, 1)
+    probe = Probe()
+    with worker(redis_url, probe, concurrency=4, max_crashes=3):
+        wait_for(lambda: probe.ran() == {mid} and rclient.xlen(QUEUE) == 0, 10.0, "the suspect done")
+        wait_for(lambda: crash_keys(rclient) == [], 10.0, "its record deleted")
+    assert probe.runs == [(mid, 1)]
+
+
+def test_two_suspects_are_not_blamed_for_a_crash_they_shared(redis_url: str, rclient: redis.Redis) -> None:
+    """Two entries pending at the crash: either may be innocent, so neither is charged at once,
+    even with ``--max-crashes 1``; each runs alone and lives."""
+    ids = died_holding(rclient, 2)
+    probe = Probe()
+    with worker(redis_url, probe, concurrency=4, max_crashes=1):
+        wait_for(lambda: probe.ran() == set(ids) and rclient.xlen(QUEUE) == 0, 10.0, "both done")
+        wait_for(lambda: crash_keys(rclient) == [], 10.0, "no record left")
+    assert rclient.xlen(f"{QUEUE}:dlq") == 0
+    assert sorted(probe.runs) == sorted((m, 1) for m in ids)
+    assert probe.most == 1

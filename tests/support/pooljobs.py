@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,8 @@ class NeedsTwo(Exception):
 class Job:
     """``what``: pid (return the child's pid), ask (a live call, returned), raise_two (NeedsTwo),
     wait_cancel (wait up to ``seconds`` for the cancel flag, return whether it came), exit
-    (``os._exit(3)``), none (return None: a plain success, sent back with the next result)."""
+    (``os._exit(3)``), none (return None: a plain success, sent back with the next result), sleep
+    (``seconds``, deaf to the cancel flag)."""
 
     what: str
     seconds: float = 0.0
@@ -37,5 +39,8 @@ class Job:
         if self.what == "exit":
             os._exit(3)
         if self.what == "none":
+            return None
+        if self.what == "sleep":
+            time.sleep(self.seconds)
             return None
         raise ValueError(self.what)

@@ -4,7 +4,8 @@
 Flows ``pool-sync`` (a ``def`` step) and ``pool-async`` (an ``async def`` step), one step ``work``
 with a 1 s time limit and 2 attempts 50 ms apart. ``params``: ``fault`` (``exit``, ``sigkill``,
 ``segv``: ``tests.support.crashsteps.crash``; ``hang``: run ``hang_s`` past the limit, ignoring the
-cancel flag) after ``fault_after_s``; otherwise the step holds ``hold_s`` and returns its pid.
+cancel flag; ``polite``: hold up to ``hang_s`` but return once the cancel flag is set, recording
+it in ``SAW_LIMIT_KEY``) after ``fault_after_s``; otherwise the step holds ``hold_s`` and returns its pid.
 Every run is recorded in ``RUNS_KEY`` (``<execution id> <pid>``) in $PLAITA_TEST_REDIS_URL.
 
 ``pool-features`` uses every ``ctx`` operation that must cross the process boundary;
@@ -14,6 +15,7 @@ Every run is recorded in ``RUNS_KEY`` (``<execution id> <pid>``) in $PLAITA_TEST
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
@@ -25,8 +27,11 @@ from plaita.tasks import Task
 from tests.support.crashsteps import crash
 
 RUNS_KEY = "plaita:test:pool:runs"
+logger = logging.getLogger(__name__)
 #: Set by a ``pool-cancel`` step that saw its cancel flag (it crossed into the child).
 SAW_CANCEL_KEY = "plaita:test:pool:saw-cancel"
+#: Appended to by a ``work`` step (``polite``) that saw its flag set: ``<execution id> <seconds it ran>``.
+SAW_LIMIT_KEY = "plaita:test:pool:saw-limit"
 #: The time limit of the ``work`` steps.
 LIMIT_S = 1.0
 _POLICY: dict[str, Any] = {"max_attempts": 2, "base_s": 0.05, "cap_s": 0.05}
@@ -53,9 +58,16 @@ pool_async = Flow("pool-async")
 @pool_sync.step(time_limit_s=LIMIT_S, **_POLICY)
 def work(ctx: StepContext) -> dict[str, Any]:
     _record(ctx.execution_id)
+    if ctx.params.get("log"):  # one line at INFO (the worker's default level) and one at DEBUG
+        logger.info("step of %s in process %d says %s", ctx.execution_id, os.getpid(), ctx.params["log"])
+        logger.debug("step of %s says a DEBUG line", ctx.execution_id)
     fault = ctx.params.get("fault")
     if fault == "hang":
         time.sleep(float(ctx.params["hang_s"]))
+    elif fault == "polite":
+        began_s = time.monotonic()
+        if ctx.cancel.wait(float(ctx.params["hang_s"])):
+            client().rpush(SAW_LIMIT_KEY, f"{ctx.execution_id} {time.monotonic() - began_s:.3f}")
     elif fault:
         time.sleep(float(ctx.params.get("fault_after_s", 0)))
         crash(str(fault))
@@ -69,6 +81,13 @@ async def work_async(ctx: StepContext) -> dict[str, Any]:
     fault = ctx.params.get("fault")
     if fault == "hang":
         await asyncio.sleep(float(ctx.params["hang_s"]))
+    elif fault == "polite":
+        began_s, until_s = time.monotonic(), time.monotonic() + float(ctx.params["hang_s"])
+        while not ctx.cancelled and time.monotonic() < until_s:
+            await asyncio.sleep(0.01)
+        if ctx.cancelled:
+            took_s = time.monotonic() - began_s
+            await asyncio.to_thread(client().rpush, SAW_LIMIT_KEY, f"{ctx.execution_id} {took_s:.3f}")
     elif fault:
         await asyncio.sleep(float(ctx.params.get("fault_after_s", 0)))
         crash(str(fault))
