@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from plaita.config import DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, LeaseLostError
 from plaita.flows import inbox, model
-from plaita.flows.batch import CallBatcher, send
-from plaita.flows.checkpoint import call_io
 from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover
+from plaita.flows.io import Created, ExecutionIO
 from plaita.flows.queued import QueuedStarts
 from plaita.flows.tracing import TaskTrace
 from plaita.flows.validate import check_wait_name, require_task_json, task_deadline
-from plaita.store.executions import QUEUED, ExecutionStore
+from plaita.store.executions import QUEUED
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -40,7 +39,8 @@ class Run:
     flow: Flow
     execution: Execution
     cancel: bool
-    offload: bool
+    #: The door to its execution's state, as the runner's mode chose it (``plaita.flows.io``).
+    io: ExecutionIO
     #: A resume that arrived while the execution was still running (its worker had died):
     #: applied at the next suspension instead of being lost.
     pending: tuple[str, Any, str] | None = None
@@ -51,6 +51,8 @@ class Run:
     created: bool = False
     #: Its spans (``plaita.flows.tracing``), None while tracing is off.
     trace: TaskTrace | None = None
+    #: Run by ``run_async`` on the worker's loop (sync steps go to threads), else on a handler thread.
+    on_loop: bool = False
 
 
 #: Creates sent ahead and not yet awaited that one admission keeps; past it the oldest is
@@ -67,7 +69,7 @@ class _Ahead:
     #: The execution's document as sent (for ``_start`` to send again if the write failed).
     text: str
     dedup: str | None
-    created: asyncio.Future[tuple[int, str, bool]]
+    created: asyncio.Future[Created]
 
 
 def _ahead_key(task: Task) -> tuple[str, int]:
@@ -82,12 +84,12 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _decoded(store: ExecutionStore, execution_id: str, doc: dict[str, Any]) -> Execution:
+def _decoded(io: ExecutionIO, task: Task, doc: dict[str, Any]) -> Execution:
     try:
         return Execution.decode(doc)
     except BadExecution as exc:  # data, as UnreadableExecution: the key is left for an operator
-        key = store.ks.execution_key(execution_id)
-        raise BadTaskError(f"execution {execution_id!r} is unreadable ({key}: {exc})") from None
+        key = io.execution_key(task)
+        raise BadTaskError(f"execution {task.execution_id!r} is unreadable ({key}: {exc})") from None
 
 
 class Admission:
@@ -96,73 +98,69 @@ class Admission:
     def __init__(
         self,
         flows: FlowRegistry,
-        store: ExecutionStore,
         handover: Handover,
         *,
         max_state_bytes: int,
         clock: Callable[[], float],
-        queued: QueuedStarts | None = None,
+        retention_s: int = model.DEFAULT_RETENTION_S,
+        version_wait_s: float = DEFAULT_VERSION_WAIT_S,
+        on_child: Callable[[ExecutionIO, Run], Awaitable[Run | None]] | None = None,
     ) -> None:
-        self.flows, self.store, self.handover = flows, store, handover
-        #: The producer's queued records of starts this admission holds and does not run.
-        self.queued = queued or QueuedStarts(
-            store, version_wait_s=DEFAULT_VERSION_WAIT_S, retention_s=model.DEFAULT_RETENTION_S, clock=clock
-        )
+        self.flows, self.handover = flows, handover
         self.max_state_bytes = max_state_bytes
         self._clock = clock
-        #: Sends the creates of executions on the caller's loop together (None: one by one).
-        self.batcher: CallBatcher | None = None
+        self.retention_s, self.version_wait_s = retention_s, version_wait_s
         #: Counts a child's ``child`` resume of its parent (``plaita.flows.children``).
-        self.on_child: Callable[[Run], Run | None] | None = None
+        self.on_child = on_child
         #: Creates sent ahead (``create_ahead``), by delivery: message id and lease generation.
         self._ahead: dict[tuple[str, int], _Ahead] = {}
 
-    async def admit(self, task: Task, offload: bool) -> Run | None:
+    async def admit(self, task: Task, io: ExecutionIO) -> Run | None:
         if task.body.get("type") == "start":
-            return await self._start(task, offload)
-        doc, cancel = await call_io(offload, self.store.load, task.execution_id)
+            return await self._start(task, io)
+        doc, cancel = await io.load(task)
         if doc is None:
             raise BadTaskError(f"resume of unknown execution {task.execution_id!r}")
         if doc.get("status") == QUEUED:  # its start has not run: as for an unknown one, nothing to resume
             raise BadTaskError(f"resume of execution {task.execution_id!r}, which is queued (its start has not run)")
-        return await self._resume(task, _decoded(self.store, task.execution_id, doc), cancel, offload)
+        return await self._resume(task, _decoded(io, task, doc), cancel, io)
 
-    async def _flow(self, flow_id: Any, task: Task, offload: bool) -> Flow:
+    async def _flow(self, flow_id: Any, task: Task, io: ExecutionIO) -> Flow:
         flow = self.flows.get(flow_id)
         if flow is None:
-            await call_io(offload, self.handover.unknown_flow, task, flow_id)  # another worker runs it?
+            await io.blocking(self.handover.unknown_flow, task, flow_id)  # another worker runs it?
             raise BadTaskError(
                 f"unknown flow {flow_id!r} (loaded: {', '.join(f.flow_id for f in self.flows) or 'none'})"
             )
         return flow
 
-    async def _start_flow(self, task: Task, offload: bool) -> Flow:
+    async def _start_flow(self, task: Task, io: ExecutionIO) -> Flow:
         body = task.body
-        flow = await self._flow(body.get("flow_id"), task, offload)
+        flow = await self._flow(body.get("flow_id"), task, io)
         requested = body.get("version")
         if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
-            await call_io(offload, self.handover.requested_version, task, flow.flow_id, str(requested))
+            await io.blocking(self.handover.requested_version, task, flow.flow_id, str(requested))
             # No live worker runs it: wait for one (a deploy may start it later), then the DLQ.
-            reason = await call_io(offload, self.queued.wait_for_version, task, flow.flow_id, str(requested))
+            reason = await io.blocking(self._queued(io, task).wait_for_version, task, flow.flow_id, str(requested))
             raise BadTaskError(f"{reason}; loaded here is {flow.version!r}")
         return flow
 
-    async def _start(self, task: Task, offload: bool) -> Run | None:
+    async def _start(self, task: Task, io: ExecutionIO) -> Run | None:
         ahead = self._ahead.pop(_ahead_key(task), None)
         if ahead is not None:  # its create went out while the task waited (``create_ahead``)
             flow, execution, dedup = ahead.flow, ahead.execution, ahead.dedup
             try:
                 code, other, cancel = await ahead.created
             except Exception:  # sent before the task ran (Redis may be back): the same call now
-                code, other, cancel = await self._create(task, ahead.text, execution.created_at, dedup, offload)
+                code, other, cancel = await io.create(task, ahead.text, execution.created_at, dedup)
         else:
             try:
-                flow = await self._start_flow(task, offload)
+                flow = await self._start_flow(task, io)
                 execution, text, dedup = self._new_execution(task, flow)
             except BadTaskError as exc:  # to the DLQ: its queued record ends with the reason
-                await call_io(offload, self.queued.dead_lettered, task, exc.reason)
+                await io.blocking(self._queued(io, task).dead_lettered, task, exc.reason)
                 raise
-            code, other, cancel = await self._create(task, text, execution.created_at, dedup, offload)
+            code, other, cancel = await io.create(task, text, execution.created_at, dedup)
         eid = task.execution_id
         if code == 0:
             raise LeaseLostError(f"lease of execution {eid} lost before it was created")
@@ -170,10 +168,10 @@ class Admission:
             logger.info("start of execution %s: dedup key %r already started %s; duplicate ignored", eid, dedup, other)
             return None
         if code == 3:  # it exists: continue it if its worker died mid-run
-            existing = self.store.parse(eid, other)
+            existing = io.parse(task, other)
             assert existing is not None  # the script returns code 3 only with a state
-            return await self._restart(Run(task, flow, _decoded(self.store, eid, existing), cancel, offload))
-        return Run(task, flow, execution, cancel, offload, created=True)
+            return await self._restart(Run(task, flow, _decoded(io, task, existing), cancel, io))
+        return Run(task, flow, execution, cancel, io, created=True)
 
     def _new_execution(self, task: Task, flow: Flow) -> tuple[Execution, str, str | None]:
         """The execution a start creates, its document and its dedup key; BadTaskError for a
@@ -193,15 +191,13 @@ class Admission:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
         return execution, text, dedup
 
-    def create_ahead(self, task: Task, flow: Flow) -> None:
+    def create_ahead(self, io: ExecutionIO, task: Task, flow: Flow) -> None:
         """Send the create of ``task``, a start of ``flow`` that holds its lease and waits to
         run, now (on the runner's loop): the creates of the starts a read brought go out in one
         write, and each task, when it runs, awaits its reply instead of a round trip of its own.
         The same fenced call, so it means what it means in ``_start`` (a duplicate or a taken
         dedup key writes nothing). Only a start that ``_start`` would create without any other
         I/O goes ahead; anything else (a version to hand over, bad params) is left to it."""
-        if self.batcher is None or not self.store.registered:
-            return
         requested = task.body.get("version")
         if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
             return
@@ -209,25 +205,19 @@ class Admission:
             execution, text, dedup = self._new_execution(task, flow)
         except Exception:  # its own admission meets the same error and reports it
             return
-        call = self.store.create_call(task.execution_id, task.fencing_token, text, execution.created_at, dedup)
-        created = asyncio.ensure_future(self.batcher.run(call))
+        created = io.create_ahead(task, text, execution.created_at, dedup)
+        if created is None:  # this door sends nothing ahead (thread mode, a cluster, a tenant's first create)
+            return
         created.add_done_callback(_retrieved)
         if len(self._ahead) >= MAX_AHEAD:  # tasks handed back unstarted never come for theirs
             self._ahead.pop(next(iter(self._ahead)))
         self._ahead[_ahead_key(task)] = _Ahead(flow, execution, text, dedup, created)
 
-    async def _create(
-        self, task: Task, text: str, now_s: float, dedup: str | None, offload: bool
-    ) -> tuple[int, str, bool]:
-        eid, generation = task.execution_id, task.fencing_token
-        if not self.store.registered:  # a tenant's first create registers the tenant first
-            created: tuple[int, str, bool] = await call_io(
-                offload, self.store.create, eid, generation, text, now_s, dedup
-            )
-            return created
-        call = self.store.create_call(eid, generation, text, now_s, dedup)
-        created = await send(call, offload=offload, batcher=self.batcher)
-        return created
+    def _queued(self, io: ExecutionIO, task: Task) -> QueuedStarts:
+        """The producer's queued records of ``task``'s tenant, as this admission sees them."""
+        return QueuedStarts(
+            io.queued(task), version_wait_s=self.version_wait_s, retention_s=self.retention_s, clock=self._clock
+        )
 
     async def _restart(self, run: Run) -> Run | None:
         execution, eid = run.execution, run.task.execution_id
@@ -238,19 +228,19 @@ class Admission:
             return None
         return await self._compatible(run)
 
-    async def _resume(self, task: Task, execution: Execution, cancel: bool, offload: bool) -> Run | None:
+    async def _resume(self, task: Task, execution: Execution, cancel: bool, io: ExecutionIO) -> Run | None:
         body, eid = task.body, task.execution_id
         flow_id = body.get("flow_id")
         if flow_id is not None and flow_id != execution.flow_id:
             raise BadTaskError(
                 f"resume for flow {flow_id!r} of execution {eid!r}, which runs flow {execution.flow_id!r}"
             )
-        flow = await self._flow(execution.flow_id, task, offload)
+        flow = await self._flow(execution.flow_id, task, io)
         rtype = body.get("resume_type", "continue")
         if rtype == model.RESTART:
-            return await self._reopen(task, flow, execution, cancel, offload)
+            return await self._reopen(task, flow, execution, cancel, io)
         if rtype == model.CHILD_RESUME:
-            return await self._child(Run(task, flow, execution, cancel, offload))
+            return await self._child(Run(task, flow, execution, cancel, io))
         if rtype not in model.RESUME_TYPES:
             raise BadTaskError(
                 f"unknown resume_type {rtype!r} (expected one of {', '.join(sorted(model.RESUME_TYPES))})"
@@ -268,7 +258,7 @@ class Admission:
                 "resume %s (%s) of execution %s (%s): nothing to do", rid, wait_for or rtype, eid, execution.status
             )
             return None
-        run = await self._compatible(Run(task, flow, execution, cancel, offload))
+        run = await self._compatible(Run(task, flow, execution, cancel, io))
         if run is None or applied or run.ending is not None:
             return run
         return self._resumed(run, rtype, rid, wait_for)
@@ -283,7 +273,7 @@ class Admission:
         if compatible.cancel or compatible.execution.past_deadline(self._clock()):
             compatible.ending = compatible.execution.cancelled(self._clock())
             return compatible
-        counted: Run | None = await call_io(run.offload, self.on_child, compatible)
+        counted = await self.on_child(run.io, compatible)
         return counted
 
     def _resumed(self, run: Run, rtype: str, rid: str, wait_for: str | None) -> Run | None:
@@ -330,7 +320,7 @@ class Admission:
         run.execution = ex.woke((index, str(following)), rid, now_s)
         return run
 
-    async def _reopen(self, task: Task, flow: Flow, execution: Execution, cancel: bool, offload: bool) -> Run | None:
+    async def _reopen(self, task: Task, flow: Flow, execution: Execution, cancel: bool, io: ExecutionIO) -> Run | None:
         """A restart (``FlowClient.retry``): a terminal execution back to ``running`` at a step,
         written under the lease (``ExecutionStore.reopen``) before the step runs. Known by its
         resume id: a redelivery is a no-op, or continues it if its worker died after the reopen."""
@@ -340,12 +330,12 @@ class Admission:
             if execution.status != "running":
                 logger.info("restart %s of execution %s (%s): already applied", rid, eid, execution.status)
                 return None
-            return await self._compatible(Run(task, flow, execution, cancel, offload))
+            return await self._compatible(Run(task, flow, execution, cancel, io))
         if not execution.terminal or (execution.status == "completed" and not body.get("force")):
             logger.warning("restart %s of execution %s refused: it is %s", rid, eid, execution.status)
             return None
         # The cancel flag of a cancelled execution is stale: the reopen deletes it.
-        run = await self._compatible(Run(task, flow, execution, False, offload))
+        run = await self._compatible(Run(task, flow, execution, False, io))
         if run is None or run.ending is not None:
             raise BadTaskError(f"restart of execution {eid!r}: flow {flow.flow_id!r} changed, cannot continue it")
         name = str(body.get("from_step") or execution.step)
@@ -360,7 +350,7 @@ class Admission:
             text = reopened.encode()
         except (TypeError, ValueError) as exc:
             raise BadTaskError(f"restart of execution {eid!r}: its document is not strict JSON ({exc})") from None
-        if not await call_io(offload, self.store.reopen, eid, task.fencing_token, text, now_s, dropped):
+        if not await io.reopen(task, text, now_s, dropped):
             raise LeaseLostError(f"lease of execution {eid} lost before its restart was written")
         logger.info("execution %s restarted from step %r by %s (was %s)", eid, name, by, execution.status)
         run.execution = reopened
@@ -378,7 +368,7 @@ class Admission:
         if index is not None and flow.accepts_version(execution.version):
             run.execution = execution.upgraded(flow, index)
             return run
-        await call_io(run.offload, self.handover.cannot_continue, run.task, flow, execution.to_doc())
+        await run.io.blocking(self.handover.cannot_continue, run.task, flow, execution.to_doc())
         message = (
             f"flow {flow.flow_id!r} changed since this execution started (steps renamed, added or reordered; "
             f"version {execution.version!r} -> {flow.version!r}): refused. Declare a compatible version to allow it"

@@ -7,24 +7,15 @@ written); this module makes the call and turns its refusals into the errors the 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from plaita.errors import ConfigError, LeaseLostError, PlaitaError
-from plaita.flows.batch import CallBatcher, send
 from plaita.flows.execution import Execution
+from plaita.flows.io import ExecutionIO
 from plaita.flows.validate import StepOutputError, output_error
-from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
+from plaita.store.executions import Staged, StagedWriteRefused
 from plaita.store.staged import MAX_SECONDS
 from plaita.tasks import Task
-
-
-async def call_io(offload: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """A blocking Redis call: on a thread when running on the caller's loop, else directly."""
-    if offload:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
 
 
 class CancelledMeanwhile(PlaitaError):
@@ -37,31 +28,27 @@ class Checkpointer:
     on, StepOutputError when a staged write Redis would refuse, CancelledMeanwhile when a
     ``completed`` one is refused because of a cancel (in all three nothing was written)."""
 
-    def __init__(self, store: ExecutionStore, *, retention_s: int, batcher: CallBatcher | None = None) -> None:
+    def __init__(self, *, retention_s: int) -> None:
         if not 0 <= retention_s <= MAX_SECONDS:  # EXPIRE must not fail after the state is written
             raise ConfigError(f"retention_s must be between 0 (keep forever) and {MAX_SECONDS} s, got {retention_s}")
-        self.store = store
         self.retention_s = retention_s
-        #: Sends the checkpoints of executions on the caller's loop together (None: one by one).
-        self.batcher = batcher
 
     async def write(
         self,
+        io: ExecutionIO,
         task: Task,
         document: str,
         *,
         status: str,
         now_s: float,
-        offload: bool,
         staged: Sequence[Staged] = (),
         deadline_s: float | None = None,
         step: str | None = None,
     ) -> bool:
         """Write ``document`` under the task's lease; True when a cancel is requested."""
         try:
-            call = self.store.checkpoint_call(
-                task.execution_id,
-                task.fencing_token,
+            ok, cancel = await io.checkpoint(
+                task,
                 document,
                 status=status,
                 now_s=now_s,
@@ -69,7 +56,6 @@ class Checkpointer:
                 retention_s=self.retention_s,
                 staged=staged,
             )
-            ok, cancel = await send(call, offload=offload, batcher=self.batcher)
         except StagedWriteRefused as exc:
             raise StepOutputError("StagedWriteRefused", f"step {step!r}: {exc}; nothing was written") from None
         if not ok and cancel:

@@ -41,9 +41,10 @@ from plaita.flows import model
 from plaita.flows.admit import Run
 from plaita.flows.context import Spawn
 from plaita.flows.execution import BadExecution, Execution
+from plaita.flows.io import ExecutionIO
 from plaita.flows.tracing import current_traceparent
 from plaita.store.executions import TERMINAL, ExecutionStore, UnreadableExecution
-from plaita.store.fanout import close_spawn, done_count, enqueue_tasks, mark_done, request_cancels
+from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def cancel_descendants(store: ExecutionStore, doc: dict[str, Any]) -> int:
         ids = [eid for d in level for eid in _waited_on(d)][: MAX_CANCELLED_DESCENDANTS - reached]
         if not ids:
             break
-        request_cancels(store.client, store.ks, ids)
+        store.request_cancels(ids)
         docs = store.read_many(ids)
         suspended = [
             (e, d) for e, d in zip(ids, docs, strict=True) if isinstance(d, dict) and d.get("status") == "suspended"
@@ -109,7 +110,7 @@ def cancel_descendants(store: ExecutionStore, doc: dict[str, Any]) -> int:
         bodies = [
             model.resume_body(e, "cancel", flow_id=d.get("flow_id"), tenant_id=store.ks.tenant) for e, d in suspended
         ]
-        enqueue_tasks(store.client, store.ks, bodies)
+        store.enqueue_tasks(bodies)
         reached += len(ids)
         level = [d for _, d in suspended]
     return reached
@@ -126,67 +127,65 @@ def end_task(doc: dict[str, Any], *, tenant_id: str | None = None) -> dict[str, 
 
 
 class Children:
-    """Spawns, joins and cancels children on ``store`` (every call blocking: run it via call_io)."""
-
-    def __init__(self, store: ExecutionStore) -> None:
-        self.store = store
-        #: Children are executions of their parent's tenant (every task of theirs says so).
-        self.tenant = store.ks.tenant
+    """Spawns, joins and cancels children through the runner's door (``ExecutionIO``); holds no state."""
 
     # -- fan-out -----------------------------------------------------------------------
-    def spawn(self, run: Run, step: str, spawn: Spawn, suspended: Execution) -> Execution:
+    async def spawn(self, io: ExecutionIO, run: Run, step: str, spawn: Spawn, suspended: Execution) -> Execution:
         """The execution the spawning step checkpoints: ``suspended`` waiting on its children, or
         already resumed with their outcomes when every one has ended (a re-run step)."""
-        parent = run.task.execution_id
+        parent, task = run.task.execution_id, run.task
         joins = dict(suspended.extra.get(JOINS_FIELD) or {})
         prefix = f"{parent}:{step}:{int(joins.get(step, 0))}"
         ids = child_ids(prefix, len(spawn.params))
-        docs = self.store.read_many(ids)
+        docs = await io.read_many(task, ids)
         outcomes = [_outcome(e, d) for e, d in zip(ids, docs, strict=True)]
         if all(o is not None for o in outcomes):
-            return self._joined(suspended, step, prefix, outcomes, prefix)
+            return await self._joined(io, task, suspended, step, prefix, outcomes, prefix)
         link = {"id": parent, "flow_id": run.flow.flow_id, "prefix": prefix, "count": len(ids)}
         bodies = []
         traceparent = current_traceparent()  # the spawning step's span: each child joins its trace
+        tenant = io.tenant(task)  # children are executions of their parent's tenant
         for i, (eid, doc) in enumerate(zip(ids, docs, strict=True)):
             if doc is None:  # an existing child has (had) its task: starting it again is a no-op
                 # A child inherits the parent's deadline: it is cancelled past it too.
                 body = model.start_body(
-                    spawn.flow_id, spawn.params[i], eid, deadline_at=suspended.deadline_at, tenant_id=self.tenant
+                    spawn.flow_id, spawn.params[i], eid, deadline_at=suspended.deadline_at, tenant_id=tenant
                 )
                 if traceparent is not None:
                     body[model.TRACEPARENT] = traceparent
                 bodies.append({**body, PARENT_FIELD: {**link, "index": i}})
-        enqueue_tasks(self.store.client, self.store.ks, bodies)
+        await io.enqueue(task, bodies)
         waiting = {"flow_id": spawn.flow_id, "prefix": prefix, "count": len(ids)}
         logger.info("execution %s: step %r started %d children (%s:*)", parent, step, len(bodies), prefix)
         return replace(suspended, suspension={**(suspended.suspension or {}), "children": waiting})
 
-    def _joined(self, ex: Execution, step: str, prefix: str, outcomes: list[Any], resume_id: str) -> Execution:
+    async def _joined(
+        self, io: ExecutionIO, task: Task, ex: Execution, step: str, prefix: str, outcomes: list[Any], resume_id: str
+    ) -> Execution:
         """``ex`` (suspended on children) running again, the outcomes its step will see; the
         step's join count moves on, so a later spawn of the same step names new children. Its
         done set is closed first: were the checkpoint lost, the join is redone from the
         children's own documents, never from the set."""
-        close_spawn(self.store.client, self.store.ks, ex.execution_id, prefix)
+        await io.close_spawn(task, ex.execution_id, prefix)
         joins = dict(ex.extra.get(JOINS_FIELD) or {})
         joins[step] = int(joins.get(step, 0)) + 1
         resumed = replace(ex, extra={**ex.extra, JOINS_FIELD: joins})
         return resumed.resumed(model.CHILD_RESUME, outcomes, resume_id)
 
-    def settled(self, run: Run) -> Execution | None:
+    async def settled(self, io: ExecutionIO, run: Run) -> Execution | None:
         """Right after the checkpoint that suspended ``run`` on its children: the joined
         execution when every child ended meanwhile (their last notification found the lease
         taken and would wait for a reclaim), else None."""
         waiting = (run.execution.suspension or {}).get("children")
         if not isinstance(waiting, dict):
             return None
-        count = done_count(self.store.client, self.store.ks, run.task.execution_id, str(waiting["prefix"]))
+        count = await io.children_done(run.task, run.task.execution_id, str(waiting["prefix"]))
         if count < int(waiting["count"]) and count != -1:
             return None
-        return self._join(run.execution, waiting, str(waiting["prefix"]))
+        return await self._join(io, run.task, run.execution, waiting, str(waiting["prefix"]))
 
     # -- fan-in (the parent's task) ----------------------------------------------------------
-    def noted(self, run: Run) -> Run | None:
+    async def noted(self, io: ExecutionIO, run: Run) -> Run | None:
         """A ``child`` resume of ``run``'s execution (sent by the child whose end completed the
         set): joined (``run.execution`` running again) or a no-op."""
         ex, body = run.execution, run.task.body
@@ -198,40 +197,42 @@ class Children:
         if ex.status != "suspended" or not isinstance(waiting, dict) or data.get("prefix") != waiting.get("prefix"):
             logger.info("execution %s: child notification %s not awaited; ignored", ex.execution_id, body)
             return None
-        joined = self._join(ex, waiting, str(body.get("resume_id") or waiting["prefix"]))
+        joined = await self._join(io, run.task, ex, waiting, str(body.get("resume_id") or waiting["prefix"]))
         if joined is None:
             return None
         run.execution = joined
         return run
 
-    def _join(self, ex: Execution, waiting: dict[str, Any], resume_id: str) -> Execution | None:
+    async def _join(
+        self, io: ExecutionIO, task: Task, ex: Execution, waiting: dict[str, Any], resume_id: str
+    ) -> Execution | None:
         """``ex`` running again with its children's outcomes, or None while one has not ended
         (GETs of each child, no transaction: an ended child stays ended)."""
         ids = child_ids(str(waiting["prefix"]), int(waiting["count"]))
-        outcomes = [_outcome(e, d) for e, d in zip(ids, self.store.read_many(ids), strict=True)]
+        outcomes = [_outcome(e, d) for e, d in zip(ids, await io.read_many(task, ids), strict=True)]
         missing = [i for i, o in enumerate(outcomes) if o is None]
         if missing:
             logger.warning("execution %s: children %s not ended yet; still waiting", ex.execution_id, missing[:10])
             return None
         step = str((ex.suspension or {}).get("step") or ex.step)
         logger.info("execution %s: %d children joined", ex.execution_id, len(ids))
-        return self._joined(ex, step, str(waiting["prefix"]), outcomes, resume_id)
+        return await self._joined(io, task, ex, step, str(waiting["prefix"]), outcomes, resume_id)
 
     # -- after an execution ended ------------------------------------------------------------
-    def ended(self, ex: Execution) -> None:
+    async def ended(self, io: ExecutionIO, task: Task, ex: Execution) -> None:
         """After ``ex``'s terminal checkpoint: tell its parent; cancel its children if it was
         cancelled while waiting on them."""
-        self.notify_parent(ex)
+        await self.notify_parent(io, task, ex)
         waiting = (ex.suspension or {}).get("children")
         if ex.status == "cancelled" and isinstance(waiting, dict):
-            self._cancel_children(ex, waiting)
+            await self._cancel_children(io, task, ex, waiting)
 
-    def notify_parent(self, ex: Execution) -> None:
+    async def notify_parent(self, io: ExecutionIO, task: Task, ex: Execution) -> None:
         link = ex.extra.get(PARENT_FIELD)
         if not ex.terminal or not isinstance(link, dict) or not link.get("id") or not link.get("prefix"):
             return
         parent, prefix = str(link["id"]), str(link["prefix"])
-        ended = mark_done(self.store.client, self.store.ks, parent, prefix, int(link.get("index") or 0))
+        ended = await io.mark_child_done(task, parent, prefix, int(link.get("index") or 0))
         if ended < int(link.get("count") or 0):
             return  # not the last (the one that completes the set wakes the parent), or joined already
         body = model.resume_body(
@@ -240,27 +241,28 @@ class Children:
             flow_id=link.get("flow_id"),
             data={"prefix": prefix},
             resume_id=f"children:{prefix}",
-            tenant_id=self.tenant,
+            tenant_id=io.tenant(task),
         )
-        enqueue_tasks(self.store.client, self.store.ks, [body])
+        await io.enqueue(task, [body])
 
-    def _cancel_children(self, ex: Execution, waiting: dict[str, Any]) -> None:
+    async def _cancel_children(self, io: ExecutionIO, task: Task, ex: Execution, waiting: dict[str, Any]) -> None:
         ids = child_ids(str(waiting["prefix"]), int(waiting["count"]))
-        request_cancels(self.store.client, self.store.ks, ids)
-        docs = self.store.read_many(ids)
+        await io.request_cancels(task, ids)
+        docs = await io.read_many(task, ids)
+        tenant = io.tenant(task)
         bodies = [
-            model.resume_body(eid, "cancel", flow_id=doc.get("flow_id"), tenant_id=self.tenant)
+            model.resume_body(eid, "cancel", flow_id=doc.get("flow_id"), tenant_id=tenant)
             for eid, doc in zip(ids, docs, strict=True)
             if isinstance(doc, dict) and doc.get("status") == "suspended"
         ]
-        enqueue_tasks(self.store.client, self.store.ks, bodies)
+        await io.enqueue(task, bodies)
         logger.info("execution %s cancelled: cancel requested for its %d children", ex.execution_id, len(ids))
 
-    def redelivered(self, execution_id: str) -> None:
-        """A task of ``execution_id`` was a no-op: if it has ended, do again what follows its end
+    async def redelivered(self, io: ExecutionIO, task: Task) -> None:
+        """A task of its execution was a no-op: if it has ended, do again what follows its end
         (its worker may have died between the terminal checkpoint and the notification)."""
         try:
-            doc = self.store.get(execution_id)
+            doc = await io.get(task, task.execution_id)
         except UnreadableExecution:
             return
         if doc is None or doc.get("status") not in TERMINAL:
@@ -271,4 +273,4 @@ class Children:
             ended = Execution.decode(doc)
         except BadExecution:  # left for an operator, as admission leaves it
             return
-        self.ended(ended)
+        await self.ended(io, task, ended)

@@ -14,9 +14,12 @@ runs steps while the execution is running.
 One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
 its outcome means (``_succeeded`` here; ``_suspended``, ``_sleep``, ``_failed`` in
 ``plaita.flows.waits``), and ``_commit`` it: seal it (the ``error`` execution replaces one that
-cannot be written), write it (``checkpoint``; on the caller's loop batched with the other
-executions' calls, ``plaita.flows.batch``), make it the run's, then tell the observers and,
+cannot be written), write it (``checkpoint``), make it the run's, then tell the observers and,
 when it ended the execution, the flow's hooks.
+
+Every call to execution state goes through one door, ``ExecutionIO`` (``plaita.flows.io``):
+the runner holds two, one per mode (a handler thread's, the event loop's), chosen once here;
+how a call travels is the adapter's business (``plaita.store.execution_io``).
 """
 
 from __future__ import annotations
@@ -31,11 +34,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
-from plaita.errors import LeaseLostError, StepCancelled
+from plaita.errors import ConfigError, LeaseLostError, StepCancelled
 from plaita.flows import inbox, model
-from plaita.flows.admit import Run
-from plaita.flows.batch import CallBatcher
-from plaita.flows.checkpoint import CancelledMeanwhile, call_io, sealed
+from plaita.flows.admit import Admission, Run
+from plaita.flows.checkpoint import CancelledMeanwhile, Checkpointer, sealed
 from plaita.flows.children import Children, needs_ending
 from plaita.flows.context import Resume, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
@@ -43,8 +45,8 @@ from plaita.flows.events import publisher
 from plaita.flows.execution import Execution, error_doc
 from plaita.flows.handover import Handover, fleet_entry
 from plaita.flows.invoke import invoke
+from plaita.flows.io import ExecutionIO
 from plaita.flows.limits import FlowLimits
-from plaita.flows.scopes import Scope, ScopeParts, TenantScopes
 from plaita.flows.stepcall import StepCaller
 from plaita.flows.throttle import Throttle
 from plaita.flows.tracing import TaskTrace, Tracing, joined
@@ -52,9 +54,8 @@ from plaita.flows.validate import StepOutputError
 from plaita.flows.waits import StepWaits
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
-from plaita.store.calls import batchable
+from plaita.store.execution_io import StoreIO
 from plaita.store.executions import ExecutionStore, Staged
-from plaita.store.flow_limits import FlowLimitStore
 from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)  # plaita.flows.waits logs under this name too
@@ -68,7 +69,9 @@ class FlowRunner(StepWaits, Throttle):
 
     Called from a handler thread it runs ``async def`` steps on a per-thread event loop;
     ``await runner.run_async(task)`` runs on the caller's loop, with sync steps and Redis calls
-    moved to threads so the loop is never blocked.
+    moved off it so the loop is never blocked. ``store`` may be an ``ExecutionIO`` instead of an
+    ``ExecutionStore`` (``plaita.flows.memory_io.MemoryIO``: the engine's decisions recorded,
+    no server), used in both modes.
     """
 
     crash_verdicts = True  #: a task's ``crash_verdict`` ends its execution (``StepWaits._crashed``)
@@ -76,7 +79,7 @@ class FlowRunner(StepWaits, Throttle):
     def __init__(
         self,
         flows: FlowRegistry | Iterable[Flow],
-        store: ExecutionStore,
+        store: ExecutionStore | ExecutionIO,
         *,
         retention_s: int = model.DEFAULT_RETENTION_S,
         max_state_bytes: int = model.DEFAULT_MAX_STATE_BYTES,
@@ -90,48 +93,53 @@ class FlowRunner(StepWaits, Throttle):
         steps: StepCaller | None = None,
     ) -> None:
         self.flows = flows if isinstance(flows, FlowRegistry) else FlowRegistry(flows)
-        self.store = store
+        self._store = store if isinstance(store, ExecutionStore) else None
+        #: The door in each mode: ``runner(task)`` on a handler thread, ``run_async`` on the loop.
+        self._io_here: ExecutionIO = StoreIO(store, here=True) if isinstance(store, ExecutionStore) else store
+        self._io_loop: ExecutionIO = StoreIO(store, here=False) if isinstance(store, ExecutionStore) else store
         self.max_state_bytes = max_state_bytes
         self._observers: list[ExecutionObserver] = [] if observer is None else [observer]
         self._rng = rng or random.Random()
         self._clock = clock
         #: Where step functions run (threads, or ``--pool process`` children) and their time limits.
         self.steps = steps or StepCaller()
-        self._watch = CancelWatch(store, poll_s=cancel_poll_s)
-        #: On the caller's loop (``run_async``) creates and checkpoints go out in batches.
-        self._batcher = CallBatcher() if batchable(store.client) else None
+        self._watch = CancelWatch(self._io_here.cancel_flags, poll_s=cancel_poll_s)
         #: Spans of tasks and steps: ``tracer_provider`` (OpenTelemetry), else the global one, if any.
         self._tracing = Tracing(tracer_provider)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
-        self.handover = Handover(store.client, store.ks.queue)
-        #: The default tenant's parts; another tenant's (``_scope``) are made on its first task.
-        parts = ScopeParts(
-            self.flows, self.handover, max_state_bytes, retention_s, clock, self._batcher, version_wait_s
+        self.handover = Handover(self._io_here.fleet(), self._io_here.queue)
+        self._children = Children()
+        self._admission = Admission(
+            self.flows,
+            self.handover,
+            max_state_bytes=max_state_bytes,
+            clock=clock,
+            retention_s=retention_s,
+            version_wait_s=version_wait_s,
+            on_child=self._children.noted,
         )
-        self._scopes = TenantScopes(store, parts)
-        default = self._scopes.default
-        self._admission, self._checkpoints, self._children = default.admission, default.checkpoints, default.children
+        self._checkpoints = Checkpointer(retention_s=retention_s)
         #: Flow limits (``max_concurrent``, start rates); slots live as long as leases.
-        self._limits = FlowLimits(FlowLimitStore(store.client, store.ks), self.flows, ttl_s=slot_ttl_s, rng=self._rng)
+        self._limits = FlowLimits(self._io_here.limit_store(), self.flows, ttl_s=slot_ttl_s, rng=self._rng)
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
         #: Tasks in ``run_async`` now (on the caller's loop).
         self._running = 0
 
-    def _scope(self, task: Task) -> Scope:
-        """The parts working on ``task``'s tenant's store (its body's ``tenant_id``)."""
-        return self._scopes.of(task)
-
-    def _children_for(self, task: Task) -> Children:
-        return self._scope(task).children
+    @property
+    def store(self) -> ExecutionStore:
+        """The store this runner was built on (none for a runner on an ``ExecutionIO``)."""
+        if self._store is None:
+            raise ConfigError("this flow runner runs on an ExecutionIO, not on a store")
+        return self._store
 
     # -- entry points --------------------------------------------------------------------
     def __call__(self, task: Task) -> None:
         # In thread mode nothing in the runner suspends (Redis calls block, async steps run to
         # completion on this thread's loop in _call), so the coroutine is driven by hand: no
         # event loop is running while a sync step runs, and it may call asyncio.run itself.
-        coro = self._handle(task, offload=False)
+        coro = self._handle(task, self._io_here, on_loop=False)
         try:
             coro.send(None)
         except StopIteration:
@@ -150,7 +158,7 @@ class FlowRunner(StepWaits, Throttle):
     async def run_async(self, task: Task) -> None:
         self._running += 1
         try:
-            await self._handle(task, offload=True)
+            await self._handle(task, self._io_loop, on_loop=True)
         finally:
             self._running -= 1
 
@@ -168,7 +176,7 @@ class FlowRunner(StepWaits, Throttle):
                 continue
             flow = self.flows.get(task.body.get("flow_id"))
             if flow is not None and not self._limits.limited(flow, start=True):
-                self._scope(task).admission.create_ahead(task, flow)
+                self._admission.create_ahead(self._io_loop, task, flow)
 
     def add_observer(self, observer: ExecutionObserver) -> None:
         """Tell ``observer`` too about executions and steps (metrics); before the first task runs.
@@ -183,8 +191,8 @@ class FlowRunner(StepWaits, Throttle):
         """Stop the cancel watcher and close the per-thread loops (call once no task runs)."""
         self._watch.stop()
         self._limits.close()
-        if self._batcher is not None:
-            self._batcher.stop()
+        self._io_loop.close()
+        self._io_here.close()
         with self._loops_lock:
             loops, self._loops = self._loops, []
         for loop in loops:
@@ -192,36 +200,36 @@ class FlowRunner(StepWaits, Throttle):
                 loop.close()
 
     # -- one task --------------------------------------------------------------------------
-    async def _handle(self, task: Task, *, offload: bool) -> None:
+    async def _handle(self, task: Task, io: ExecutionIO, *, on_loop: bool) -> None:
         tracer = self._tracing.active()
         if tracer is None:  # tracing off: one check, nothing else (bench/tracing.py)
-            await self._limited(task, offload, None)
+            await self._limited(task, io, on_loop, None)
             return
-        trace = TaskTrace(tracer, task, self.store.ks.queue)
+        trace = TaskTrace(tracer, task, io.queue)
         try:
-            run = await self._limited(task, offload, trace)
+            run = await self._limited(task, io, on_loop, trace)
         except BaseException as exc:
             trace.close(exc)
             raise
         trace.outcome = run.execution.status if run is not None else "noop"
         trace.close()
 
-    async def _limited(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
+    async def _limited(self, task: Task, io: ExecutionIO, on_loop: bool, trace: TaskTrace | None) -> Run | None:
         try:
-            return await self._admitted(task, offload, trace)
+            return await self._admitted(task, io, on_loop, trace)
         finally:  # the flow slot it took (if any), whatever happened: suspended, ended, failed
             if self._limits.holds(task):  # no thread hop for the tasks of unlimited flows
-                await call_io(offload, self._limits.leave, task)
+                await io.blocking(self._limits.leave, task)
 
-    async def _admitted(self, task: Task, offload: bool, trace: TaskTrace | None) -> Run | None:
+    async def _admitted(self, task: Task, io: ExecutionIO, on_loop: bool, trace: TaskTrace | None) -> Run | None:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None
-        if start_flow is not None and not await self._enter(start_flow, task, offload, start=True):
+        if start_flow is not None and not await self._enter(start_flow, task, io, start=True):
             return None  # a start waits for its flow's limits before it creates anything: parked
-        scope = self._scope(task)
-        run = await scope.admission.admit(task, offload)
+        run = await self._admission.admit(task, io)
         if run is None:  # a child that ended may not have told its parent yet (a crash)
-            await call_io(offload, scope.children.redelivered, task.execution_id)
+            await self._children.redelivered(io, task)
             return None
+        run.on_loop = on_loop
         run.trace, run.execution = trace, joined(trace, run.execution, run.flow.flow_id, task.body)
         flow_id = run.flow.flow_id
         if run.created:
@@ -232,7 +240,7 @@ class FlowRunner(StepWaits, Throttle):
             await self._commit(run, run.ending)
             return run
         if start_flow is None:  # a resume with work to do
-            await self._enter(run.flow, task, offload, start=False)
+            await self._enter(run.flow, task, io, start=False)
         self._tell("run_began", flow_id)
         try:
             await self._advance(run)
@@ -272,7 +280,7 @@ class FlowRunner(StepWaits, Throttle):
         started_s, began_s = self._clock(), time.monotonic()
         self._watch.add(ctx, run.task)
         try:
-            attempt = await self.steps.call(step, ctx, offload=run.offload, thread_loop=self._thread_loop)
+            attempt = await self.steps.call(step, ctx, on_loop=run.on_loop, thread_loop=self._thread_loop)
         finally:
             self._watch.remove(ctx)
         if isinstance(attempt.raised, StepCancelled):  # its child was killed for a cancel: no failure
@@ -306,8 +314,8 @@ class FlowRunner(StepWaits, Throttle):
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
             deadline_at=ex.deadline_at,
-            publisher=publisher(self.store.of(run.task), run.task, step.name, self._clock),
-            slot_tag=self.store.ks.slot_tag(run.task.execution_id),
+            publisher=publisher(run.io.events(run.task), run.task, step.name, self._clock),
+            slot_tag=run.io.slot_tag(run.task.execution_id),
         )
 
     async def _succeeded(self, run: Run, step: Step, ctx: StepContext, value: Any, started_s: float) -> None:
@@ -357,12 +365,12 @@ class FlowRunner(StepWaits, Throttle):
             # The keeper finds a suspension past the whole execution's deadline by the same index.
             deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
         try:
-            cancel = await self._scope(run.task).checkpoints.write(
+            cancel = await self._checkpoints.write(
+                run.io,
                 run.task,
                 text,
                 status=written.status,
                 now_s=written.updated_at,
-                offload=run.offload,
                 staged=staged or (),
                 deadline_s=deadline_s,
                 step=name,
@@ -385,11 +393,11 @@ class FlowRunner(StepWaits, Throttle):
         if not run.execution.terminal:
             return
         if needs_ending(run.execution):  # no thread hop for an execution with no parent nor children
-            await call_io(run.offload, self._scope(run.task).children.ended, run.execution)
+            await self._children.ended(run.io, run.task, run.execution)
         for hook in run.flow.hooks_for(run.execution.status):
             # Called like a step (any BaseException comes back as a value): a hook's bug must not
             # fail a task whose execution is already over.
-            attempt = await invoke(hook, run.execution, offload=run.offload, thread_loop=self._thread_loop)
+            attempt = await invoke(hook, run.execution, on_loop=run.on_loop, thread_loop=self._thread_loop)
             if attempt.raised is not None:
                 logger.error(
                     "execution %s: %s hook %s raised; ignored",

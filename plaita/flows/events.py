@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.errors import LeaseLostError
+from plaita.flows.io import EventWriter
 from plaita.flows.validate import dumps, json_problem
-from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
 #: Most distinct names one execution publishes (a later new name is refused; an existing one
@@ -45,7 +45,7 @@ def record_json(name: Any, value: Any, step: str, now_s: float) -> str:
     return dumps({"value": value, "at": now_s, "step": step})
 
 
-def publisher(store: ExecutionStore, task: Task, step: str, clock: Callable[[], float] = time.time) -> Publisher:
+def publisher(store: EventWriter, task: Task, step: str, clock: Callable[[], float] = time.time) -> Publisher:
     """What ``ctx.publish`` of ``step`` calls: one fenced write under the task's lease."""
 
     def publish(name: str, value: Any) -> None:
@@ -56,7 +56,7 @@ def publisher(store: ExecutionStore, task: Task, step: str, clock: Callable[[], 
         if code == -1:
             raise ValueError(f"event {name!r}: execution {task.execution_id} already has {MAX_EVENTS} named events")
         if code == -2:
-            key = store.ks.events_key(task.execution_id)
+            key = store.events_key(task.execution_id)
             raise ValueError(f"event {name!r}: {key} holds another type than a hash")
 
     return publish

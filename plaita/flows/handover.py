@@ -31,8 +31,7 @@ from typing import Any, NoReturn
 
 from plaita.errors import NotForThisWorker
 from plaita.flows.definition import Flow
-from plaita.store import fleet
-from plaita.store.client import Client
+from plaita.flows.io import Fleet
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -104,9 +103,9 @@ class Handover:
     """Finds live workers of this queue that can run a task, and hands tasks over to them."""
 
     def __init__(
-        self, client: Client, queue: str, *, group: str | None = None, clock: Callable[[], float] = time.monotonic
+        self, fleet: Fleet, queue: str, *, group: str | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.client = client
+        self.fleet = fleet
         self.queue = queue
         self.group = group
         self._clock = clock
@@ -120,7 +119,7 @@ class Handover:
             if self._cached is not None and now - self._cached[0] < FLEET_CACHE_S:
                 return self._cached[1]
         out: list[tuple[str, dict[str, Any]]] = []
-        for w in fleet.list_workers(self.client):
+        for w in self.fleet.workers():
             if w.get("stream") != self.queue or w.get("status") not in READING_STATUSES:
                 continue
             if self.group is not None and w.get("group") != self.group:
@@ -167,7 +166,7 @@ class Handover:
 
     def _hand_over(self, task: Task, what: str, takers: list[str]) -> NoReturn:
         name = task_name(task)
-        n = fleet.count_handover(self.client, name, HANDOVER_WINDOW_S)
+        n = self.fleet.count_handover(name, HANDOVER_WINDOW_S)
         reason = f"{what}; left for {', '.join(sorted(set(takers))[:3])}"
         if n > HANDOVER_LIMIT:
             logger.warning(

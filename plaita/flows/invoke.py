@@ -89,11 +89,11 @@ async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
 
 
 async def invoke(
-    fn: Callable[[Any], Any], ctx: Any, *, offload: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
+    fn: Callable[[Any], Any], ctx: Any, *, on_loop: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
 ) -> Attempt:
-    """Run step ``fn`` once. ``offload``: on the caller's loop, sync steps on a thread; otherwise
+    """Run step ``fn`` once. ``on_loop``: on the caller's loop, sync steps on a thread; otherwise
     on this thread, an ``async def`` step on ``thread_loop()`` (no loop runs here)."""
-    if not offload:
+    if not on_loop:
         return run_here(fn, ctx, thread_loop)
     if inspect.iscoroutinefunction(fn):
         attempt = call(fn, ctx)

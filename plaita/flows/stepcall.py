@@ -79,18 +79,18 @@ class StepCaller:
         return step.time_limit_s if step.time_limit_s is not None else self.time_limit_s
 
     async def call(
-        self, step: Step, ctx: StepContext, *, offload: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
+        self, step: Step, ctx: StepContext, *, on_loop: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
     ) -> Attempt:
         """Run ``step`` once with ``ctx``; whatever it raised comes back in the ``Attempt``."""
         limit_s = self.limit_of(step)
         if self.pool is None:
             began_s = time.monotonic()
-            attempt = await invoke(step.fn, ctx, offload=offload, thread_loop=thread_loop)
+            attempt = await invoke(step.fn, ctx, on_loop=on_loop, thread_loop=thread_loop)
             return _soft_limit(attempt, limit_s, time.monotonic() - began_s)
         job = StepJob(step.fn, {name: getattr(ctx, name) for name in _FIELDS} | {"slot_tag": ctx.slot_tag})
         serve = functools.partial(_serve, ctx)
         try:
-            if offload:  # on the runner's loop: the loop waits for the child's pipe itself
+            if on_loop:  # on the runner's loop: the loop waits for the child's pipe itself
                 result = await self.pool.run_async(job, cancel=ctx.cancel, time_limit_s=limit_s, on_request=serve)
             else:
                 result = self.pool.run(job, cancel=ctx.cancel, time_limit_s=limit_s, on_request=serve)

@@ -12,36 +12,34 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.errors import BadTaskError, NotForThisWorker
-from plaita.flows.checkpoint import call_io
 from plaita.flows.definition import Flow
+from plaita.flows.io import ExecutionIO
 from plaita.flows.limits import FlowLimits
 from plaita.flows.validate import task_deadline
-from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
 
 class Throttle:
     """The runner's limit check (mixed into ``FlowRunner``)."""
 
-    store: ExecutionStore
     _limits: FlowLimits
     _clock: Callable[[], float]
 
     def _tell(self, name: str, *args: Any) -> None:
         raise NotImplementedError
 
-    async def _enter(self, flow: Flow, task: Task, offload: bool, *, start: bool) -> bool:
+    async def _enter(self, flow: Flow, task: Task, io: ExecutionIO, *, start: bool) -> bool:
         """Take the flow's slot: True to run. False: a start parked until a slot is free (its task
         ends here, counted ``parked``). Over a start rate, or a resume over the limit, the task
         goes back to the queue (NotForThisWorker, counted ``throttled``). A start that will end
         ``cancelled`` anyway passes at once."""
         if not self._limits.limited(flow, start=start):
             return True
-        if start and await call_io(offload, self._start_cancelled, task):
-            await call_io(offload, self._limits.forget, flow, task)
+        if start and await self._start_cancelled(io, task):
+            await io.blocking(self._limits.forget, flow, task)
             return True
         try:
-            entered: bool = await call_io(offload, self._limits.enter, flow, task, start=start)
+            entered = await io.blocking(self._limits.enter, flow, task, start=start)
         except NotForThisWorker:
             self._tell("execution_event", flow.flow_id, "throttled")
             raise
@@ -49,7 +47,7 @@ class Throttle:
             self._tell("execution_event", flow.flow_id, "parked")
         return entered
 
-    def _start_cancelled(self, task: Task) -> bool:
+    async def _start_cancelled(self, io: ExecutionIO, task: Task) -> bool:
         """Whether ``task``'s start is past its deadline, or its cancel flag is set (one GET)."""
         try:
             deadline_at = task_deadline(task.body)
@@ -57,4 +55,4 @@ class Throttle:
             return False
         if deadline_at is not None and self._clock() >= deadline_at:
             return True
-        return self.store.of(task).cancel_requested_many([task.execution_id])[0]
+        return await io.cancel_requested(task)

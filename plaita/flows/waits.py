@@ -16,7 +16,6 @@ from typing import Any
 from plaita.errors import BadTaskError, LeaseLostError
 from plaita.flows import inbox
 from plaita.flows.admit import Run
-from plaita.flows.checkpoint import call_io
 from plaita.flows.children import Children
 from plaita.flows.context import Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Step
@@ -24,7 +23,6 @@ from plaita.flows.execution import Execution
 from plaita.flows.failures import describe_exception, error_doc, error_from_exception
 from plaita.flows.validate import StepOutputError
 from plaita.store.executions import Staged
-from plaita.tasks import Task
 
 logger = logging.getLogger("plaita.flows.engine")
 
@@ -38,8 +36,7 @@ class StepWaits:
     _clock: Callable[[], float]
     _rng: random.Random
 
-    def _children_for(self, task: Task) -> Children:
-        raise NotImplementedError
+    _children: Children
 
     async def _commit(
         self,
@@ -64,7 +61,7 @@ class StepWaits:
         deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
         ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s, value.wait_for)
         if isinstance(value, Spawn):  # start its children (plaita.flows.children), then wait on them
-            ex = await call_io(run.offload, self._children_for(run.task).spawn, run, step.name, value, ex)
+            ex = await self._children.spawn(run.io, run, step.name, value, ex)
             if ex.status == "running":  # every child had ended already (a re-run step): joined
                 await self._commit(run, ex, step=step, staged=ctx.staged, output=True)
                 return
@@ -81,7 +78,7 @@ class StepWaits:
         if await self._cancelled_meanwhile(run):
             return
         if isinstance(value, Spawn) and run.execution.status == "suspended":
-            joined = await call_io(run.offload, self._children_for(run.task).settled, run)  # all ended meanwhile?
+            joined = await self._children.settled(run.io, run)  # all ended meanwhile?
             if joined is not None:
                 await self._commit(run, joined)
 
@@ -150,7 +147,7 @@ class StepWaits:
     async def _pause(self, run: Run, delay_s: float) -> None:
         """Wait ``delay_s`` between attempts; LeaseLostError as soon as the lease is lost."""
         cancelled = run.task.cancelled
-        if not run.offload:
+        if not run.on_loop:
             lost = cancelled.wait(delay_s)
         else:
             deadline_s = time.monotonic() + delay_s

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -24,8 +24,9 @@ _TICK_S = 0.1
 class CancelWatch:
     """One daemon thread, started with the first step, polling for the steps that run now."""
 
-    def __init__(self, store: ExecutionStore, *, poll_s: float) -> None:
-        self._store = store
+    def __init__(self, cancel_flags: Callable[[Sequence[Task]], list[bool]], *, poll_s: float) -> None:
+        #: Each task's cancel flag, in one MGET per tenant (``ExecutionIO.cancel_flags``).
+        self._cancel_flags = cancel_flags
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._active: dict[int, tuple[Any, Task, float]] = {}
@@ -77,17 +78,11 @@ class CancelWatch:
             self._poll(long_running)
 
     def _poll(self, running: list[tuple[Any, Task]]) -> None:
-        # One MGET per tenant among them (each tenant's cancel flags are its own keys).
-        by_store: dict[str, tuple[ExecutionStore, list[Any]]] = {}
-        for ctx, task in running:
-            store = self._store.of(task)
-            by_store.setdefault(store.ks.ns, (store, []))[1].append(ctx)
-        for store, contexts in by_store.values():
-            try:
-                flags = store.cancel_requested_many([ctx.execution_id for ctx in contexts])
-            except Exception as exc:  # Redis down: the next checkpoint reports the cancel anyway
-                logger.debug("cancel poll failed: %s: %s", type(exc).__name__, exc)
-                return
-            for ctx, flag in zip(contexts, flags, strict=True):
-                if flag:
-                    ctx.cancel.set()
+        try:
+            flags = self._cancel_flags([task for _, task in running])
+        except Exception as exc:  # Redis down: the next checkpoint reports the cancel anyway
+            logger.debug("cancel poll failed: %s: %s", type(exc).__name__, exc)
+            return
+        for (ctx, _), flag in zip(running, flags, strict=True):
+            if flag:
+                ctx.cancel.set()

@@ -47,6 +47,9 @@ class EventAccess:
         ]
         return int(PUBLISH(self.client, keys, [generation, name, record_json, max_names]))
 
+    def events_key(self, execution_id: str) -> str:
+        return self.ks.events_key(execution_id)
+
     def events(self, execution_id: str) -> dict[str, dict[str, Any]]:
         """Every event of the execution by name (records that are not JSON objects left out;
         a key of the wrong type reads as none)."""

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import redis
 
-from plaita.store import scripts
+from plaita.store import fanout, scripts
 from plaita.store.calls import ScriptCall
 from plaita.store.client import get_many
 from plaita.store.events import EventAccess
@@ -299,6 +299,14 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
 
     def request_cancel(self, execution_id: str) -> None:
         self.client.set(self.ks.cancel_key(execution_id), "1", ex=FLAG_TTL_S)
+
+    def request_cancels(self, execution_ids: Sequence[str]) -> None:
+        """Set the cancel flag of each execution (one pipeline; children, descendants)."""
+        fanout.request_cancels(self.client, self.ks, execution_ids)
+
+    def enqueue_tasks(self, bodies: Sequence[dict[str, Any]]) -> None:
+        """Add a task per body to the stream of its execution's partition (one pipeline)."""
+        fanout.enqueue_tasks(self.client, self.ks, bodies)
 
     def start_queued(self, execution_id: str, stream: str, max_entries: int = MAX_SCANNED_ENTRIES) -> bool | None:
         """Whether a start of this tenant's ``execution_id`` waits in ``stream`` (its partition's

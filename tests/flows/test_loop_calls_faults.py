@@ -22,10 +22,10 @@ import hiredis
 import pytest
 import redis
 
-from plaita.flows.batch import CallBatcher
 from plaita.flows.client import FlowClient
 from plaita.ops.service import start_worker
 from plaita.store import loop_calls
+from plaita.store.batch import CallBatcher
 from plaita.store.calls import ScriptCall
 from plaita.store.executions import ExecutionStore, Staged
 from plaita.store.leases import Lease, LeaseManager
@@ -90,7 +90,7 @@ def test_without_the_socket_attribute_calls_go_through_the_thread_with_one_warni
     async def calls() -> list[Any]:
         return await asyncio.gather(*(batcher.run(step(store, e, gens[e], 1)) for e in eids), return_exceptions=True)
 
-    with caplog.at_level(logging.WARNING, logger="plaita.flows.batch"):
+    with caplog.at_level(logging.WARNING, logger="plaita.store.batch"):
         try:
             outcomes = asyncio.run(calls())
         finally:

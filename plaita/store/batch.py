@@ -116,13 +116,3 @@ def _hand_back(loop: asyncio.AbstractEventLoop, settled: list[tuple[asyncio.Futu
 def _resolve(settled: list[tuple[asyncio.Future[Any], Any]]) -> None:
     for future, outcome in settled:
         resolve(future, outcome)
-
-
-async def send(call: ScriptCall, *, offload: bool, batcher: CallBatcher | None) -> Any:
-    """``call.run()``: right here (thread mode: nothing else runs on this thread), else with
-    ``batcher``, else (no batching on this client: a cluster) on a thread of its own."""
-    if not offload:
-        return call.run()
-    if batcher is None:
-        return await asyncio.to_thread(call.run)
-    return await batcher.run(call)

@@ -14,12 +14,18 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.flows.batch import CallBatcher
+from plaita.store.batch import CallBatcher
 from plaita.store.calls import ScriptCall, batchable, run_calls
 from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.leases import Lease, LeaseManager
 
 pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def client(bclient: redis.Redis) -> redis.Redis:
+    """A client with bytes replies, as the worker's (the name these tests were written with)."""
+    return bclient
 
 
 def created(client: redis.Redis, store: ExecutionStore, eids: list[str]) -> dict[str, int]:
@@ -302,7 +308,7 @@ def test_a_batch_of_more_than_max_batch_calls_answers_every_call(client: redis.R
     was queued past the first 256 (``self._queued = []``), left 43 of 300 awaits unanswered
     for ever (here: the bounded wait fails). The server is paused while the calls queue, so the
     thread finds all 299 queued at once behind the first call."""
-    from plaita.flows import batch as batch_module
+    from plaita.store import batch as batch_module
 
     store = ExecutionStore(client)
     n = batch_module.MAX_BATCH + 44
