@@ -21,7 +21,7 @@ from plaita.flows import inbox, model
 from plaita.flows.definition import Flow, FlowRegistry
 from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover
-from plaita.flows.io import Created, ExecutionIO
+from plaita.flows.io import Created, ExecutionIO, Fleet
 from plaita.flows.queued import QueuedStarts
 from plaita.flows.tracing import TaskTrace
 from plaita.flows.validate import check_wait_name, require_task_json, task_deadline
@@ -98,7 +98,8 @@ class Admission:
     def __init__(
         self,
         flows: FlowRegistry,
-        handover: Handover,
+        fleet: Fleet,
+        queue: str,
         *,
         max_state_bytes: int,
         clock: Callable[[], float],
@@ -106,7 +107,9 @@ class Admission:
         version_wait_s: float = DEFAULT_VERSION_WAIT_S,
         on_child: Callable[[ExecutionIO, Run], Awaitable[Run | None]] | None = None,
     ) -> None:
-        self.flows, self.handover = flows, handover
+        self.flows = flows
+        #: Mixed fleets: who else runs which flows (``group``: the worker's, set by ``ops.service``).
+        self.handover = Handover(fleet, queue)
         self.max_state_bytes = max_state_bytes
         self._clock = clock
         self.retention_s, self.version_wait_s = retention_s, version_wait_s

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.flows import model
-from plaita.flows.children import cancel_descendants
-from plaita.flows.limits import member_of
+from plaita.flows.model import child_ids
 from plaita.store.executions import FLAG_TTL_S, MAX_SCANNED_ENTRIES, TERMINAL, ExecutionStore
 from plaita.store.executions import QUEUED as QUEUED_STATUS
-from plaita.store.flow_limits import FlowLimitStore
+from plaita.store.flow_limits import FlowLimitStore, member_of
 
 #: ``CancelOutcome.outcome``: the cancel is recorded and the execution will end ``cancelled``.
 QUEUED, RUNNING, SUSPENDED, UNSEEN = "queued", "running", "suspended", "unseen"
@@ -117,3 +116,44 @@ def request_cancel(
 
 def _ended(execution_id: str, doc: dict[str, Any]) -> CancelOutcome:
     return CancelOutcome(execution_id, ALREADY_CANCELLED if doc.get("status") == "cancelled" else ENDED, doc)
+
+
+#: Executions one cancel of a suspended parent reaches below it at most (children, theirs, …).
+MAX_CANCELLED_DESCENDANTS = 100_000
+
+
+def _waited_on(doc: dict[str, Any]) -> list[str]:
+    """The ids of the children a suspended ``doc`` waits on ([] for any other document)."""
+    suspension = doc.get("suspension")
+    waiting = suspension.get("children") if isinstance(suspension, dict) else None
+    if doc.get("status") != "suspended" or not isinstance(waiting, dict):
+        return []
+    try:
+        return child_ids(str(waiting["prefix"]), int(waiting["count"]))
+    except (KeyError, TypeError, ValueError):  # not a spawn plaita wrote: nothing to reach
+        return []
+
+
+def cancel_descendants(store: ExecutionStore, doc: dict[str, Any]) -> int:
+    """For a suspended parent being cancelled (``plaita.flows.cancel``), before its own cancel
+    task runs (it may wait behind its children's tasks): set every child's cancel flag, send a
+    ``cancel`` to each suspended one, and the same below each one waiting on children of its own.
+    A running child stops at its next checkpoint, a queued one runs no step. Returns how many
+    executions it reached (at most ``MAX_CANCELLED_DESCENDANTS``)."""
+    level, reached = [doc], 0
+    while level and reached < MAX_CANCELLED_DESCENDANTS:
+        ids = [eid for d in level for eid in _waited_on(d)][: MAX_CANCELLED_DESCENDANTS - reached]
+        if not ids:
+            break
+        store.request_cancels(ids)
+        docs = store.read_many(ids)
+        suspended = [
+            (e, d) for e, d in zip(ids, docs, strict=True) if isinstance(d, dict) and d.get("status") == "suspended"
+        ]
+        bodies = [
+            model.resume_body(e, "cancel", flow_id=d.get("flow_id"), tenant_id=store.ks.tenant) for e, d in suspended
+        ]
+        store.enqueue_tasks(bodies)
+        reached += len(ids)
+        level = [d for _, d in suspended]
+    return reached

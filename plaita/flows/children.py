@@ -42,16 +42,12 @@ from plaita.flows.admit import Run
 from plaita.flows.context import Spawn
 from plaita.flows.execution import BadExecution, Execution
 from plaita.flows.io import ExecutionIO
+from plaita.flows.model import JOINS_FIELD, PARENT_FIELD, child_ids
 from plaita.flows.tracing import current_traceparent
-from plaita.store.executions import TERMINAL, ExecutionStore, UnreadableExecution
+from plaita.store.executions import TERMINAL, UnreadableExecution
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
-
-#: Where the parent's document counts joins per step (``extra``, kept by every version).
-JOINS_FIELD = "children"
-#: Where a child's document names its parent.
-PARENT_FIELD = "parent"
 
 
 def needs_ending(ex: Execution) -> bool:
@@ -59,10 +55,6 @@ def needs_ending(ex: Execution) -> bool:
     to cancel); a superset of what it acts on, so the caller may skip it when False."""
     waiting = (ex.suspension or {}).get("children")
     return isinstance(ex.extra.get(PARENT_FIELD), dict) or (ex.status == "cancelled" and isinstance(waiting, dict))
-
-
-def child_ids(prefix: str, count: int) -> list[str]:
-    return [f"{prefix}:{i}" for i in range(count)]
 
 
 def _outcome(eid: str, doc: dict[str, Any] | None | UnreadableExecution) -> dict[str, Any] | None:
@@ -73,57 +65,6 @@ def _outcome(eid: str, doc: dict[str, Any] | None | UnreadableExecution) -> dict
     results = doc.get("results")
     result = results.get(doc.get("step")) if status == "completed" and isinstance(results, dict) else None
     return {"execution_id": eid, "status": status, "result": result, "error": doc.get("error")}
-
-
-#: Executions one cancel of a suspended parent reaches below it at most (children, theirs, …).
-MAX_CANCELLED_DESCENDANTS = 100_000
-
-
-def _waited_on(doc: dict[str, Any]) -> list[str]:
-    """The ids of the children a suspended ``doc`` waits on ([] for any other document)."""
-    suspension = doc.get("suspension")
-    waiting = suspension.get("children") if isinstance(suspension, dict) else None
-    if doc.get("status") != "suspended" or not isinstance(waiting, dict):
-        return []
-    try:
-        return child_ids(str(waiting["prefix"]), int(waiting["count"]))
-    except (KeyError, TypeError, ValueError):  # not a spawn plaita wrote: nothing to reach
-        return []
-
-
-def cancel_descendants(store: ExecutionStore, doc: dict[str, Any]) -> int:
-    """For a suspended parent being cancelled (``plaita.flows.cancel``), before its own cancel
-    task runs (it may wait behind its children's tasks): set every child's cancel flag, send a
-    ``cancel`` to each suspended one, and the same below each one waiting on children of its own.
-    A running child stops at its next checkpoint, a queued one runs no step. Returns how many
-    executions it reached (at most ``MAX_CANCELLED_DESCENDANTS``)."""
-    level, reached = [doc], 0
-    while level and reached < MAX_CANCELLED_DESCENDANTS:
-        ids = [eid for d in level for eid in _waited_on(d)][: MAX_CANCELLED_DESCENDANTS - reached]
-        if not ids:
-            break
-        store.request_cancels(ids)
-        docs = store.read_many(ids)
-        suspended = [
-            (e, d) for e, d in zip(ids, docs, strict=True) if isinstance(d, dict) and d.get("status") == "suspended"
-        ]
-        bodies = [
-            model.resume_body(e, "cancel", flow_id=d.get("flow_id"), tenant_id=store.ks.tenant) for e, d in suspended
-        ]
-        store.enqueue_tasks(bodies)
-        reached += len(ids)
-        level = [d for _, d in suspended]
-    return reached
-
-
-def end_task(doc: dict[str, Any], *, tenant_id: str | None = None) -> dict[str, Any] | None:
-    """For a child that ended outside any worker (the keeper's ``Orphaned``): a resume of it,
-    a no-op once delivered, whose worker then does what follows its end (``redelivered``: it
-    tells the parent). None for an execution that has no parent."""
-    link, eid = doc.get(PARENT_FIELD), str(doc.get("execution_id"))
-    if not isinstance(link, dict) or not link.get("id"):
-        return None
-    return model.resume_body(eid, "continue", flow_id=doc.get("flow_id"), resume_id=f"ended:{eid}", tenant_id=tenant_id)
 
 
 class Children:

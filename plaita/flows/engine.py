@@ -8,14 +8,13 @@ execution next starts at step k.
 
 One task, in this file's order: ``plaita.flows.admit`` turns it into a ``Run`` (or a no-op:
 every task is safe to deliver twice); a flow with fleet-wide limits first takes one of its slots
-(``plaita.flows.throttle``, ``plaita.flows.limits``: a start before admission, a resume after,
-given back when the task ends; over the limit the task goes back to the queue); ``_advance``
-runs steps while the execution is running.
-One step (``_run_step``): build its ``StepContext``, call it, pick the ``Execution`` transition
-its outcome means (``_succeeded`` here; ``_suspended``, ``_sleep``, ``_failed`` in
-``plaita.flows.waits``), and ``_commit`` it: seal it (the ``error`` execution replaces one that
-cannot be written), write it (``checkpoint``), make it the run's, then tell the observers and,
-when it ended the execution, the flow's hooks.
+(``plaita.flows.limits``: a start before admission, a resume after, given back when the task
+ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
+execution is running. One step (``_run_step``): build its ``StepContext``, call it, pick the
+``Execution`` transition its outcome means (``_succeeded``; a suspension, a sleep, a failed
+attempt: ``_suspended``, ``_sleep``, ``_failed``), and ``_commit`` it: seal it (the ``error``
+execution replaces one that cannot be written), write it (``checkpoint``), make it the run's,
+then tell the observers and, when it ended the execution, the flow's hooks.
 
 Every call to execution state goes through one door, ``ExecutionIO`` (``plaita.flows.io``):
 the runner holds two, one per mode (a handler thread's, the event loop's), chosen once here;
@@ -34,37 +33,37 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
-from plaita.errors import ConfigError, LeaseLostError, StepCancelled
+from plaita.errors import BadTaskError, ConfigError, LeaseLostError, NotForThisWorker, StepCancelled
 from plaita.flows import inbox, model
 from plaita.flows.admit import Admission, Run
 from plaita.flows.checkpoint import CancelledMeanwhile, Checkpointer, sealed
 from plaita.flows.children import Children, needs_ending
-from plaita.flows.context import Resume, StepContext, Suspend
+from plaita.flows.context import Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.events import publisher
-from plaita.flows.execution import Execution, error_doc
-from plaita.flows.handover import Handover, fleet_entry
-from plaita.flows.invoke import invoke
+from plaita.flows.execution import Execution
+from plaita.flows.failures import describe_exception, error_doc, error_from_exception
 from plaita.flows.io import ExecutionIO
 from plaita.flows.limits import FlowLimits
 from plaita.flows.stepcall import StepCaller
-from plaita.flows.throttle import Throttle
 from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.flows.validate import StepOutputError
-from plaita.flows.waits import StepWaits
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
 from plaita.store.execution_io import StoreIO
 from plaita.store.executions import ExecutionStore, Staged
 from plaita.tasks import CancelFlag, Task
 
-logger = logging.getLogger(__name__)  # plaita.flows.waits logs under this name too
+logger = logging.getLogger(__name__)
+
+#: The ``error.type`` of an execution whose task killed its worker process ``--max-crashes`` times.
+WORKER_CRASHED = "WorkerCrashed"
 
 #: Checkpoint status -> the execution event observers are told (``running`` is no event).
 _STATUS_EVENTS = {"suspended": "suspended", "completed": "completed", "error": "failed", "cancelled": "cancelled"}
 
 
-class FlowRunner(StepWaits, Throttle):
+class FlowRunner:
     """A handler (``runner(task)``) running the flows of ``flows`` on ``store``.
 
     Called from a handler thread it runs ``async def`` steps on a per-thread event loop;
@@ -74,7 +73,7 @@ class FlowRunner(StepWaits, Throttle):
     no server), used in both modes.
     """
 
-    crash_verdicts = True  #: a task's ``crash_verdict`` ends its execution (``StepWaits._crashed``)
+    crash_verdicts = True  #: a task's ``crash_verdict`` ends its execution (``_crashed``)
 
     def __init__(
         self,
@@ -106,12 +105,11 @@ class FlowRunner(StepWaits, Throttle):
         self._watch = CancelWatch(self._io_here.cancel_flags, poll_s=cancel_poll_s)
         #: Spans of tasks and steps: ``tracer_provider`` (OpenTelemetry), else the global one, if any.
         self._tracing = Tracing(tracer_provider)
-        #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
-        self.handover = Handover(self._io_here.fleet(), self._io_here.queue)
         self._children = Children()
         self._admission = Admission(
             self.flows,
-            self.handover,
+            self._io_here.fleet(),
+            self._io_here.queue,
             max_state_bytes=max_state_bytes,
             clock=clock,
             retention_s=retention_s,
@@ -119,8 +117,10 @@ class FlowRunner(StepWaits, Throttle):
             on_child=self._children.noted,
         )
         self._checkpoints = Checkpointer(retention_s=retention_s)
+        #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
+        self.handover = self._admission.handover
         #: Flow limits (``max_concurrent``, start rates); slots live as long as leases.
-        self._limits = FlowLimits(self._io_here.limit_store(), self.flows, ttl_s=slot_ttl_s, rng=self._rng)
+        self._limits = FlowLimits(self._io_here.limit_store(), self.flows, ttl_s=slot_ttl_s, rng=self._rng, clock=clock)
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         self._loops_lock = threading.Lock()
@@ -185,7 +185,7 @@ class FlowRunner(StepWaits, Throttle):
 
     def fleet_entry(self) -> dict[str, Any]:
         """What this runner runs, for the worker's registry entry."""
-        return fleet_entry(self.flows)
+        return self.handover.entry(self.flows)
 
     def close(self) -> None:
         """Stop the cancel watcher and close the per-thread loops (call once no task runs)."""
@@ -334,6 +334,127 @@ class FlowRunner(StepWaits, Throttle):
         done = ex.step_done(step.name, value, ctx.state, following, ctx.attempt, started_s, now_s)
         await self._commit(run, done, step=step, staged=ctx.staged, output=True)
 
+    async def _enter(self, flow: Flow, task: Task, io: ExecutionIO, *, start: bool) -> bool:
+        """Pass ``flow``'s fleet-wide limits (``plaita.flows.limits``): True to run. False: a start
+        parked until a slot is free (its task ends here, counted ``parked``). Over a start rate, or
+        a resume over the limit, the task goes back to the queue (NotForThisWorker, counted
+        ``throttled``)."""
+        if not self._limits.limited(flow, start=start):
+            return True
+        try:
+            entered = await self._limits.passed(io, flow, task, start=start)
+        except NotForThisWorker:
+            self._tell("execution_event", flow.flow_id, "throttled")
+            raise
+        if not entered:
+            self._tell("execution_event", flow.flow_id, "parked")
+        return entered
+
+    # -- what a step that does not simply return leads to ----------------------------------
+    async def _suspended(self, run: Run, step: Step, ctx: StepContext, value: Suspend, started_s: float) -> None:
+        now_s = self._clock()
+        if isinstance(value, Sleep):
+            await self._sleep(run, step, ctx, value, started_s, now_s)
+            return
+        deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
+        ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s, value.wait_for)
+        if isinstance(value, Spawn):  # start its children (plaita.flows.children), then wait on them
+            ex = await self._children.spawn(run.io, run, step.name, value, ex)
+            if ex.status == "running":  # every child had ended already (a re-run step): joined
+                await self._commit(run, ex, step=step, staged=ctx.staged, output=True)
+                return
+        pending = run.pending
+        if pending is not None:  # a resume arrived before this suspension: apply it now
+            await self._commit(run, ex.resumed(*pending, now_s), step=step, staged=ctx.staged, output=True)
+            run.pending = None
+            return
+        taken = inbox.take(ex, value.wait_for, now_s)
+        if taken is not None:  # the resume this wait is for came earlier and was kept: go on at once
+            await self._commit(run, taken, step=step, staged=ctx.staged, output=True)
+            return
+        await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=deadline_s)
+        if await self._cancelled_meanwhile(run):
+            return
+        if isinstance(value, Spawn) and run.execution.status == "suspended":
+            joined = await self._children.settled(run.io, run)  # all ended meanwhile?
+            if joined is not None:
+                await self._commit(run, joined)
+
+    async def _cancelled_meanwhile(self, run: Run) -> bool:
+        """Right after a suspension (or sleep) checkpoint: when a cancel came while its step ran
+        (the checkpoint reported the flag) or the deadline passed, end it ``cancelled`` now (its
+        children too): no cancel task was sent for a running execution, so none would come."""
+        if run.execution.status != "suspended":
+            return False
+        if not (run.cancel or run.execution.past_deadline(self._clock())):
+            return False
+        await self._commit(run, run.execution.cancelled(self._clock()))
+        return True
+
+    async def _sleep(
+        self, run: Run, step: Step, ctx: StepContext, value: Sleep, started_s: float, now_s: float
+    ) -> None:
+        """A durable sleep: a suspension whose deadline (the keeper's ``continue``) runs the next step."""
+        until_s = max(now_s, value.until_s) if value.until_s is not None else now_s + (value.timeout_s or 0.0)
+        index = run.execution.step_index + 1 if ctx.next_step is None else run.flow.index_of(ctx.next_step)
+        if index is None:
+            await self._succeeded(run, step, ctx, None, started_s)  # the unknown step's error, as for a return
+            return
+        following = run.flow.steps[index].name if index < len(run.flow.steps) else None
+        if run.pending is not None:  # a resume that arrived while running does not cut a sleep short
+            logger.info("execution %s: resume %s ignored, the step slept", run.task.execution_id, run.pending[2])
+            run.pending = None
+        ex = run.execution.sleeping(step.name, ctx.state, following, ctx.attempt, started_s, now_s, until_s)
+        await self._commit(run, ex, step=step, staged=ctx.staged, output=True, deadline_s=until_s)
+        await self._cancelled_meanwhile(run)
+
+    async def _failed(self, run: Run, step: Step, attempt: int, exc: BaseException, started_s: float) -> float | None:
+        """Checkpoint a failed attempt: the execution fails (None), or the delay before the retry."""
+        if run.task.cancelled.is_set():
+            raise LeaseLostError(f"lease of execution {run.task.execution_id} lost during step {step.name!r}")
+        now_s, policy, problem = self._clock(), step.retry, describe_exception(exc)
+        where = f"execution {run.task.execution_id}: step {step.name!r}"
+        retryable = isinstance(exc, StepOutputError) or policy.retryable(exc)
+        if not retryable or attempt >= policy.max_attempts:
+            logger.warning("%s failed for good (attempt %d): %s", where, attempt, problem)
+            error = error_from_exception(step.name, exc, attempt)
+            await self._commit(
+                run, run.execution.failed(step.name, attempt, started_s, now_s, problem, error), step=step
+            )
+            return None
+        delay_s = policy.delay_s(attempt, self._rng)
+        logger.info(
+            "%s failed (attempt %d of %d), retry in %.2f s: %s", where, attempt, policy.max_attempts, delay_s, problem
+        )
+        await self._commit(run, run.execution.retrying(step.name, attempt, started_s, now_s, problem), step=step)
+        if run.execution.deadline_at is not None:  # no waiting past the deadline: cancelled then
+            delay_s = max(0.0, min(delay_s, run.execution.deadline_at - self._clock()))
+        return delay_s
+
+    async def _crashed(self, run: Run, reason: str) -> None:
+        """The task killed its worker process ``--max-crashes`` times (``Task.crash_verdict``, set
+        by ``plaita.runtime.suspects``): end its execution ``error`` with the reason, without running
+        the step again, then send the task to the DLQ with it (BadTaskError)."""
+        ex, now_s = run.execution, self._clock()
+        step = ex.step or "?"
+        logger.error("execution %s: step %r %s: execution ends in error", run.task.execution_id, step, reason)
+        error = error_doc(ex.step, WORKER_CRASHED, reason)
+        await self._commit(run, ex.failed(step, ex.attempt + 1, now_s, now_s, reason, error))
+        raise BadTaskError(reason)
+
+    async def _pause(self, run: Run, delay_s: float) -> None:
+        """Wait ``delay_s`` between attempts; LeaseLostError as soon as the lease is lost."""
+        cancelled = run.task.cancelled
+        if not run.on_loop:
+            lost = cancelled.wait(delay_s)
+        else:
+            deadline_s = time.monotonic() + delay_s
+            while not cancelled.is_set() and (left_s := deadline_s - time.monotonic()) > 0:
+                await asyncio.sleep(min(0.1, left_s))
+            lost = cancelled.is_set()
+        if lost:
+            raise LeaseLostError(f"lease of execution {run.task.execution_id} lost while waiting to retry")
+
     # -- the checkpoint and what follows it ------------------------------------------------
     async def _commit(
         self,
@@ -397,7 +518,7 @@ class FlowRunner(StepWaits, Throttle):
         for hook in run.flow.hooks_for(run.execution.status):
             # Called like a step (any BaseException comes back as a value): a hook's bug must not
             # fail a task whose execution is already over.
-            attempt = await invoke(hook, run.execution, on_loop=run.on_loop, thread_loop=self._thread_loop)
+            attempt = await self.steps.hook(hook, run.execution, on_loop=run.on_loop, thread_loop=self._thread_loop)
             if attempt.raised is not None:
                 logger.error(
                     "execution %s: %s hook %s raised; ignored",

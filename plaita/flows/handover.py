@@ -112,6 +112,11 @@ class Handover:
         self._lock = threading.Lock()
         self._cached: tuple[float, list[tuple[str, dict[str, Any]]]] | None = None
 
+    @staticmethod
+    def entry(flows: Iterable[Flow]) -> dict[str, Any]:
+        """What a worker running ``flows`` publishes for the others (``fleet_entry``)."""
+        return fleet_entry(flows)
+
     def published(self) -> list[tuple[str, dict[str, Any]]]:
         """(instance id, flow entry) for every flow a live worker of this queue publishes."""
         now = self._clock()

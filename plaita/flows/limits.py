@@ -23,6 +23,11 @@ under kill -9:
 - promoted and re-added twice (a reservation that expired while its task sat in a long queue):
   the second copy is a duplicate start, idempotent on the execution id: nothing runs twice.
 
+A start whose execution is already cancelled (its cancel flag set while it waited) or past its
+deadline takes no slot and waits for none (``FlowLimits.passed``): it leaves the parked starts, is
+created and ends ``cancelled`` without a step, so a cancel lands on a start waiting for a slot as
+on any other queued start (``plaita.flows.cancel`` puts a parked start back on its stream).
+
 A resume over the limit, and a start over a start rate, is handed back to the queue
 (``NotForThisWorker``: no delivery is charged, it never reaches the DLQ) after a bounded, growing
 wait (or the rate's own wait), with its handler slot free meanwhile. The slots held here are
@@ -35,15 +40,17 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from plaita.errors import BadTaskError, NotForThisWorker
 from plaita.flows.definition import Flow
 from plaita.flows.handover import task_name
+from plaita.flows.io import ExecutionIO
 from plaita.flows.validate import task_deadline
-from plaita.store.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, order_of
+from plaita.store.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, member_of, order_of
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -73,10 +80,17 @@ class FlowLimits:
     and sweeps the parked starts of ``flows`` (those with ``max_concurrent``)."""
 
     def __init__(
-        self, store: FlowLimitStore, flows: Iterable[Flow] = (), *, ttl_s: float, rng: random.Random | None = None
+        self,
+        store: FlowLimitStore,
+        flows: Iterable[Flow] = (),
+        *,
+        ttl_s: float,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        self._clock = clock
         #: Flows whose parked starts this runner sweeps, and how many wait in each (last sweep).
         self._parking = [f for f in flows if f.max_concurrent is not None]
         self.waiting: dict[str, int] = {}
@@ -97,6 +111,25 @@ class FlowLimits:
     def limited(flow: Flow, *, start: bool) -> bool:
         """True when a task of ``flow`` (a start, or not) has a limit to pass."""
         return flow.max_concurrent is not None or (start and flow.limits_starts)
+
+    async def passed(self, io: ExecutionIO, flow: Flow, task: Task, *, start: bool) -> bool:
+        """The runner's check, through its door: True to run, False for a start parked (its task
+        ends here). NotForThisWorker over a start rate, or for a resume over the limit. A start
+        that will end ``cancelled`` anyway passes at once, leaving the parked starts."""
+        if start and await self._start_cancelled(io, task):
+            await io.blocking(self.forget, flow, task)
+            return True
+        return await io.blocking(self.enter, flow, task, start=start)
+
+    async def _start_cancelled(self, io: ExecutionIO, task: Task) -> bool:
+        """Whether ``task``'s start is past its deadline, or its cancel flag is set (one GET)."""
+        try:
+            deadline_at = task_deadline(task.body)
+        except BadTaskError:  # its admission reports it (the DLQ)
+            return False
+        if deadline_at is not None and self._clock() >= deadline_at:
+            return True
+        return await io.cancel_requested(task)
 
     def holds(self, task: Task) -> bool:
         """True while ``task`` holds a slot (``leave`` gives it back)."""
@@ -248,10 +281,6 @@ class FlowLimits:
         self._stop.set()
 
 
-#: Joins a tenant and an execution id in a slot's member name (tenant ids never hold it).
-_SEP = "\x1f"
-
-
 def _deadline(task: Task) -> float | None:
     """The start's ``deadline_at`` (a bad one is its admission's to report: none here)."""
     try:
@@ -266,10 +295,3 @@ def slot_member(task: Task) -> str:
     another (a tenant id starts with a letter or digit and has no control character, so the two
     forms cannot meet; a default-tenant id holding the separator is itself prefixed with it)."""
     return member_of(task.tenant_id, task.execution_id)
-
-
-def member_of(tenant_id: str, execution_id: str) -> str:
-    """``slot_member`` of tenant ``tenant_id``'s (``""``: the default tenant's) ``execution_id``."""
-    if tenant_id:
-        return f"{tenant_id}{_SEP}{execution_id}"
-    return _SEP + execution_id if _SEP in execution_id else execution_id

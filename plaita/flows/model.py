@@ -99,3 +99,23 @@ def restart_body(
     if from_step is not None:
         body["from_step"] = from_step
     return body
+
+
+#: Where the parent's document counts joins per step (``extra``, kept by every version).
+JOINS_FIELD = "children"
+#: Where a child's document names its parent.
+PARENT_FIELD = "parent"
+
+
+def child_ids(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}:{i}" for i in range(count)]
+
+
+def end_task(doc: dict[str, Any], *, tenant_id: str | None = None) -> dict[str, Any] | None:
+    """For a child that ended outside any worker (the keeper's ``Orphaned``): a resume of it,
+    a no-op once delivered, whose worker then does what follows its end (``redelivered``: it
+    tells the parent). None for an execution that has no parent."""
+    link, eid = doc.get(PARENT_FIELD), str(doc.get("execution_id"))
+    if not isinstance(link, dict) or not link.get("id"):
+        return None
+    return resume_body(eid, "continue", flow_id=doc.get("flow_id"), resume_id=f"ended:{eid}", tenant_id=tenant_id)

@@ -99,6 +99,18 @@ class StepCaller:
         ctx.state, ctx.next_step, ctx.staged = result.state, result.next_step, list(result.staged)
         return Attempt(result.value)
 
+    async def hook(
+        self,
+        fn: Callable[[Any], Any],
+        execution: Any,
+        *,
+        on_loop: bool,
+        thread_loop: Callable[[], asyncio.AbstractEventLoop],
+    ) -> Attempt:
+        """Call a flow's hook with ``execution`` here, like a step: any BaseException comes back
+        in the ``Attempt`` (a hook's bug must not fail a task whose execution is already over)."""
+        return await invoke(fn, execution, on_loop=on_loop, thread_loop=thread_loop)
+
 
 def _soft_limit(attempt: Attempt, limit_s: float | None, took_s: float) -> Attempt:
     """On a thread: a step that returned after its limit has failed that attempt anyway."""

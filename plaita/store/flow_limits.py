@@ -250,3 +250,14 @@ def order_of(message_id: str) -> float:
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
+
+
+#: Joins a tenant and an execution id in a slot's member name (tenant ids never hold it).
+_SEP = "\x1f"
+
+
+def member_of(tenant_id: str, execution_id: str) -> str:
+    """``slot_member`` of tenant ``tenant_id``'s (``""``: the default tenant's) ``execution_id``."""
+    if tenant_id:
+        return f"{tenant_id}{_SEP}{execution_id}"
+    return _SEP + execution_id if _SEP in execution_id else execution_id
