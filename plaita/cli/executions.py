@@ -146,7 +146,7 @@ def run_executions(args: argparse.Namespace) -> int:
         if not isinstance(params, dict):
             raise ConfigError("--input must be a JSON object")
         if args.deadline_s is not None:
-            from plaita.flows.validate import check_deadline_s
+            from plaita.flows.model.validate import check_deadline_s
 
             try:
                 check_deadline_s(args.deadline_s)

@@ -21,8 +21,8 @@ from plaita.config import DEFAULT_REDIS_URL, Settings, validate_webhook_url
 from plaita.errors import ConfigError
 
 if TYPE_CHECKING:
-    from plaita.flows.definition import Flow
     from plaita.flows.keeper import Keeper, KeeperSettings
+    from plaita.flows.model.definition import Flow
     from plaita.ops.keeper_metrics import KeeperMetrics
     from plaita.ops.metrics import HealthServer
 
@@ -84,8 +84,8 @@ def add_parser(
 
 
 def run_keeper(args: argparse.Namespace) -> int:
-    from plaita.flows.definition import load_flows
     from plaita.flows.keeper import Keeper
+    from plaita.flows.model.definition import load_flows
     from plaita.flows.scheduler import Scheduler
     from plaita.ops.alert_events import keeper_sender, orphan_alert
     from plaita.ops.alerts import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S

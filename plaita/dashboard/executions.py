@@ -15,8 +15,8 @@ from typing import Any
 
 from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.lineage import WAITING_KINDS, waits_as
-from plaita.flows import model
 from plaita.flows.client import ExecutionNotFound, FlowClient
+from plaita.flows.model import bodies as model
 from plaita.store.executions import ALL_STATUSES as STATUSES
 from plaita.store.executions import TERMINAL, ExecutionStore
 

@@ -17,14 +17,15 @@ from typing import Any
 
 from plaita.config import DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, LeaseLostError
-from plaita.flows import inbox, model
-from plaita.flows.definition import Flow, FlowRegistry
-from plaita.flows.execution import BadExecution, Execution, error_doc
 from plaita.flows.handover import Handover
 from plaita.flows.io import Created, ExecutionIO, Fleet
+from plaita.flows.model import bodies as model
+from plaita.flows.model import inbox
+from plaita.flows.model.definition import Flow, FlowRegistry
+from plaita.flows.model.execution import BadExecution, Execution, error_doc
+from plaita.flows.model.validate import check_wait_name, require_task_json, task_deadline
 from plaita.flows.queued import QueuedStarts
 from plaita.flows.tracing import TaskTrace
-from plaita.flows.validate import check_wait_name, require_task_json, task_deadline
 from plaita.store.executions import QUEUED
 from plaita.tasks import Task
 
@@ -282,7 +283,7 @@ class Admission:
     def _resumed(self, run: Run, rtype: str, rid: str, wait_for: str | None) -> Run | None:
         """``run`` with resume ``rid`` applied: now (suspended), at the next suspension (still
         running: its worker died), or as the execution's end (a cancel, or past its deadline).
-        One addressed to a wait the execution is not in is kept for it (``plaita.flows.inbox``)."""
+        One addressed to a wait the execution is not in is kept for it (``plaita.flows.model.inbox``)."""
         body, now_s = run.task.body, self._clock()
         if rtype == "cancel" or run.cancel or run.execution.past_deadline(now_s):
             run.ending = run.execution.cancelled(now_s)

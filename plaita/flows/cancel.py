@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from plaita.flows import model
-from plaita.flows.model import child_ids
+from plaita.flows.model import bodies as model
+from plaita.flows.model.bodies import child_ids
 from plaita.store.executions import FLAG_TTL_S, MAX_SCANNED_ENTRIES, TERMINAL, ExecutionStore
 from plaita.store.executions import QUEUED as QUEUED_STATUS
 from plaita.store.flow_limits import FlowLimitStore, member_of

@@ -1,6 +1,6 @@
 """The fenced checkpoint write: one document, its status and a step's staged writes, all or nothing.
 
-What is written is decided by the execution's transitions (``plaita.flows.execution``) and
+What is written is decided by the execution's transitions (``plaita.flows.model.execution``) and
 sealed here (``sealed``: the document, or the ``error`` one replacing a document that cannot be
 written); this module makes the call and turns its refusals into the errors the engine handles.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from plaita.errors import ConfigError, LeaseLostError, PlaitaError
-from plaita.flows.execution import Execution
 from plaita.flows.io import ExecutionIO
-from plaita.flows.validate import StepOutputError, output_error
+from plaita.flows.model.execution import Execution
+from plaita.flows.model.validate import StepOutputError, output_error
 from plaita.store.executions import Staged, StagedWriteRefused
 from plaita.store.staged import MAX_SECONDS
 from plaita.tasks import Task

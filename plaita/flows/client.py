@@ -19,11 +19,11 @@ from typing import Any
 
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
-from plaita.flows import model
 from plaita.flows.cancel import CancelOutcome, request_cancel
-from plaita.flows.execution import Execution
+from plaita.flows.model import bodies as model
+from plaita.flows.model.execution import Execution
+from plaita.flows.model.validate import check_deadline_s, check_wait_name, require_json
 from plaita.flows.tracing import producing
-from plaita.flows.validate import check_deadline_s, check_wait_name, require_json
 from plaita.store.client import make_client
 from plaita.store.executions import QUEUED, TERMINAL, ExecutionStore
 from plaita.store.partitioned import open_queue
@@ -221,7 +221,7 @@ class FlowClient:
         Pass ``resume_id`` to make a repeated call (say, a webhook delivered twice) a no-op.
         ``wait_for`` addresses an event to the wait of that name (``ctx.suspend(wait_for=...)``):
         only it takes the event, and an event that comes before its wait is kept until the wait
-        runs (``plaita.flows.inbox``). NotResumable when the execution has ended (no wait can
+        runs (``plaita.flows.model.inbox``). NotResumable when the execution has ended (no wait can
         take it any more); ValueError for a bad name or type.
         ExecutionNotFound when there is no execution, or it is still ``queued`` (no worker ran
         its start yet: as before a start was recorded, there is nothing to resume).

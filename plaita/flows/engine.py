@@ -34,20 +34,21 @@ from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, ConfigError, LeaseLostError, NotForThisWorker, StepCancelled
-from plaita.flows import inbox, model
 from plaita.flows.admit import Admission, Run
 from plaita.flows.checkpoint import CancelledMeanwhile, Checkpointer, sealed
 from plaita.flows.children import Children, needs_ending
-from plaita.flows.context import Resume, Sleep, Spawn, StepContext, Suspend
-from plaita.flows.definition import Flow, FlowRegistry, Step
 from plaita.flows.events import publisher
-from plaita.flows.execution import Execution
-from plaita.flows.failures import describe_exception, error_doc, error_from_exception
 from plaita.flows.io import ExecutionIO
 from plaita.flows.limits import FlowLimits
+from plaita.flows.model import bodies as model
+from plaita.flows.model import inbox
+from plaita.flows.model.context import Resume, Sleep, Spawn, StepContext, Suspend
+from plaita.flows.model.definition import Flow, FlowRegistry, Step
+from plaita.flows.model.execution import Execution
+from plaita.flows.model.failures import describe_exception, error_doc, error_from_exception
+from plaita.flows.model.validate import StepOutputError
 from plaita.flows.stepcall import StepCaller
 from plaita.flows.tracing import TaskTrace, Tracing, joined
-from plaita.flows.validate import StepOutputError
 from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
 from plaita.store.execution_io import StoreIO

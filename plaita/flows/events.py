@@ -17,7 +17,7 @@ from typing import Any
 
 from plaita.errors import LeaseLostError
 from plaita.flows.io import EventWriter
-from plaita.flows.validate import dumps, json_problem
+from plaita.flows.model.validate import dumps, json_problem
 from plaita.tasks import Task
 
 #: Most distinct names one execution publishes (a later new name is refused; an existing one

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from plaita.errors import NotForThisWorker
-from plaita.flows.definition import Flow
 from plaita.flows.io import Fleet
+from plaita.flows.model.definition import Flow
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

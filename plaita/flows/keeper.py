@@ -8,7 +8,7 @@
   deadline (``deadline_at``, in the same index) gets a ``cancel`` instead.
 - A running, unleased execution not updated for ``zombie_after_s`` is set to ``error``
   ("orphaned"): retrying it has not helped for that long. A child execution gets a task with
-  it that wakes its parent, as any terminal child does (``plaita.flows.model.end_task``).
+  it that wakes its parent, as any terminal child does (``plaita.flows.model.bodies.end_task``).
 
 Every tenant's executions are kept (the tenants listed in ``plaita:tenants``, after the default
 tenant's); a report names a tenant's execution ``<tenant>/<id>``.
@@ -35,13 +35,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from plaita.flows import model
 from plaita.flows.claims import DeadlineClaims
-from plaita.flows.execution import error_doc
 from plaita.flows.keeper_types import KeeperPass as KeeperPass
 from plaita.flows.keeper_types import KeeperSettings as KeeperSettings
 from plaita.flows.keeper_types import Skips, due_body, label, log_pass
-from plaita.flows.model import end_task
+from plaita.flows.model import bodies as model
+from plaita.flows.model.bodies import end_task
+from plaita.flows.model.execution import error_doc
 from plaita.flows.scheduler import Scheduler
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure

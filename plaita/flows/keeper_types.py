@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plaita.errors import ConfigError
-from plaita.flows import model
-from plaita.flows.validate import epoch_or_none
+from plaita.flows.model import bodies as model
+from plaita.flows.model.validate import epoch_or_none
 
 if TYPE_CHECKING:
     from plaita.store.execution_docs import UnreadableExecution

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.errors import ConfigError
-from plaita.flows.definition import Flow
-from plaita.flows.schedules import Schedule, schedule_of
+from plaita.flows.model.definition import Flow
+from plaita.flows.model.schedules import Schedule, schedule_of
 from plaita.store.keeper_store import UnreadableIndex
 from plaita.store.schedule_records import ScheduleRecords
 

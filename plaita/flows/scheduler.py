@@ -15,7 +15,7 @@ The schedules a pass runs are its own flows' and every fresh one recorded for th
 (``plaita.flows.schedule_records``). Each is isolated: one that cannot be stepped, a record that
 cannot be read back, a schedule key of another type is skipped (one error line per schedule and
 process, counted in ``SchedulePass.corrupt``) and the others run; only a Redis failure ends the
-pass. See ``plaita.flows.schedules`` for the missed-ticks policies.
+pass. See ``plaita.flows.model.schedules`` for the missed-ticks policies.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plaita.flows.client import FlowClient
-from plaita.flows.definition import Flow
+from plaita.flows.model.definition import Flow
+from plaita.flows.model.schedules import Plan, Schedule, execution_id_of
 from plaita.flows.schedule_records import (
     RECORD_TTL_S,
     FleetSchedules,
@@ -36,7 +37,6 @@ from plaita.flows.schedule_records import (
     read_record,
     scheduled_flows,
 )
-from plaita.flows.schedules import Plan, Schedule, execution_id_of
 from plaita.store.errors import is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution
 from plaita.store.keeper_store import UnreadableIndex

@@ -33,7 +33,7 @@ from plaita.tasks import TENANT_ID
 
 #: The statuses whose index lists the executions to move (``plaita.store.executions.STATUSES``).
 STATUSES = ("queued", "running", "suspended", "completed", "error", "cancelled")
-#: The document field of a child's link to its parent (``plaita.flows.model.PARENT_FIELD``).
+#: The document field of a child's link to its parent (``plaita.flows.model.bodies.PARENT_FIELD``).
 PARENT_FIELD = "parent"
 #: Index members and SCAN keys asked for per call.
 SCAN_COUNT = 500

@@ -1,4 +1,4 @@
-"""Addressed resumes (issue 31 item 7, ``plaita.flows.inbox``): a resume names the wait it is
+"""Addressed resumes (issue 31 item 7, ``plaita.flows.model.inbox``): a resume names the wait it is
 for; one that comes before its wait is kept in the execution until that wait runs, instead of
 being taken by whatever wait came first. Each test says which part of the promise it guards."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from plaita.errors import BadTaskError
 from plaita.flows.client import NotResumable
-from plaita.flows.inbox import MAX_PARKED
+from plaita.flows.model.inbox import MAX_PARKED
 from tests.flows import waitdefs
 from tests.flows.support import Harness, resume, start
 from tests.flows.test_cli import plaita

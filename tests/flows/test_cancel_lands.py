@@ -16,7 +16,7 @@ import pytest
 
 from plaita.flows.cancel import ALREADY_CANCELLED, ENDED, QUEUED, RUNNING
 from plaita.flows.client import ExecutionNotFound
-from plaita.flows.execution import DEADLINE_EXCEEDED
+from plaita.flows.model.execution import DEADLINE_EXCEEDED
 from plaita.store.flow_limits import TAKEN, FlowLimitStore
 from tests.flows import cancel_flows, flowdefs
 from tests.flows.support import Harness, ledgers, start

@@ -16,7 +16,7 @@ import pytest
 
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRunner, NonRetryableError, StepContext
-from plaita.flows.execution import Execution
+from plaita.flows.model.execution import Execution
 from plaita.store.executions import ExecutionStore
 from tests.flows.support import Harness, harness, resume, start
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows import model
-from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.model import bodies as model
+from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import keeper_lease_key

@@ -23,8 +23,8 @@ import redis
 
 from plaita.config import Settings
 from plaita.flows import Flow, FlowRunner, StepContext
-from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import KEEPER_LEASE_KEY

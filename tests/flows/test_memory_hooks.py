@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from plaita.flows import Flow, StepContext
-from plaita.flows.execution import Execution
+from plaita.flows.model.execution import Execution
 from tests.flows.memory import memory_runner, start
 
 CALLED: list[tuple[str, str, str]] = []

@@ -4,7 +4,7 @@ at a step, written before the step runs, and known by its resume id."""
 from __future__ import annotations
 
 from plaita.flows import Flow, StepContext
-from plaita.flows.model import restart_body
+from plaita.flows.model.bodies import restart_body
 from tests.flows.memory import memory_runner, start
 
 BROKEN: set[str] = set()

@@ -4,7 +4,7 @@ end in ``error`` when the policy says so."""
 from __future__ import annotations
 
 from plaita.flows import Flow, StepContext
-from plaita.flows.definition import NonRetryableError
+from plaita.flows.model.definition import NonRetryableError
 from tests.flows.memory import memory_runner, start
 
 ATTEMPTS: dict[str, int] = {}

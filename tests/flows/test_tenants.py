@@ -16,9 +16,9 @@ import redis
 from plaita.errors import BadTaskError
 from plaita.flows import Flow, FlowRunner
 from plaita.flows.client import FlowClient
-from plaita.flows.context import StepContext
-from plaita.flows.execution import Execution
 from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.model.context import StepContext
+from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.fanout import done_key

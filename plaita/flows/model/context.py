@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from plaita.flows.validate import check_timeout_s, check_wait_name
+from plaita.flows.model.validate import check_timeout_s, check_wait_name
 from plaita.store.keyspace import hash_tag
 from plaita.store.staged import MAX_SECONDS, STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.tasks import CancelFlag
@@ -36,7 +36,7 @@ class Suspend:
 
     The same step runs again when the execution is resumed, with ``ctx.resume`` set.
     ``timeout_s`` is None (no timeout) or finite seconds in [0, 10 years]; ``wait_for`` names the
-    resumes this wait takes (``plaita.flows.inbox``); ValueError otherwise.
+    resumes this wait takes (``plaita.flows.model.inbox``); ValueError otherwise.
     """
 
     timeout_s: float | None = None
@@ -155,7 +155,7 @@ class StepContext:
         """The value to return to suspend; past ``timeout_s`` the keeper resumes with ``timeout``.
         With ``wait_for`` only resumes addressed to that name (``FlowClient.resume(...,
         wait_for=...)``) end the wait, and one that came earlier, while the execution was
-        elsewhere, is taken at once (``plaita.flows.inbox``). ValueError unless ``timeout_s`` is
+        elsewhere, is taken at once (``plaita.flows.model.inbox``). ValueError unless ``timeout_s`` is
         None or finite seconds in [0, 10 years] and ``wait_for`` None or a non-empty name."""
         return Suspend(timeout_s, wait_for=wait_for)
 

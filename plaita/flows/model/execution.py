@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from plaita.errors import PlaitaError
-from plaita.flows import model
-from plaita.flows.definition import Flow
-from plaita.flows.failures import TRACEBACK_CHARS as TRACEBACK_CHARS
-from plaita.flows.failures import describe_exception as describe_exception
-from plaita.flows.failures import error_doc as error_doc
-from plaita.flows.failures import error_from_exception as error_from_exception
-from plaita.flows.failures import exception_text as exception_text
-from plaita.flows.failures import history_entry
-from plaita.flows.validate import StepOutputError, dumps, epoch_or_none
+from plaita.flows.model import bodies as model
+from plaita.flows.model.definition import Flow
+from plaita.flows.model.failures import TRACEBACK_CHARS as TRACEBACK_CHARS
+from plaita.flows.model.failures import describe_exception as describe_exception
+from plaita.flows.model.failures import error_doc as error_doc
+from plaita.flows.model.failures import error_from_exception as error_from_exception
+from plaita.flows.model.failures import exception_text as exception_text
+from plaita.flows.model.failures import history_entry
+from plaita.flows.model.validate import StepOutputError, dumps, epoch_or_none
 from plaita.store.executions import ALL_STATUSES, QUEUED, TERMINAL
 
 #: History entries kept per execution (the newest); ``steps_run`` keeps counting.
@@ -77,7 +77,7 @@ class Execution:
     suspensions: int = 0
     #: Whole-execution deadline (epoch seconds): past it the execution is cancelled; None: none.
     deadline_at: float | None = None
-    #: Resumes addressed to a wait the execution was not in yet (``plaita.flows.inbox``).
+    #: Resumes addressed to a wait the execution was not in yet (``plaita.flows.model.inbox``).
     inbox: list[dict[str, Any]] = field(default_factory=list)
     #: What a ``queued`` execution waits for (``{"for": "version", "version", "since", "until"}``:
     #: a worker of the version its start asks for); None: nothing but a worker.

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from plaita.errors import ConfigError, PlaitaError
-from plaita.flows.schedules import Schedule, schedule_of
+from plaita.flows.model.schedules import Schedule, schedule_of
 
 StepFn = Callable[[Any], Any]
-#: A hook: called with the ``Execution`` (plaita.flows.execution) a terminal checkpoint wrote.
+#: A hook: called with the ``Execution`` (plaita.flows.model.execution) a terminal checkpoint wrote.
 Hook = Callable[[Any], Any]
 #: Hook kinds: the terminal status they follow, or ``end`` for any of them.
 HOOK_KINDS = ("completed", "error", "cancelled", "end")

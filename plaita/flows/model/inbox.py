@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from plaita.errors import BadTaskError
-from plaita.flows.execution import APPLIED_RESUMES_LIMIT, Execution
+from plaita.flows.model.execution import APPLIED_RESUMES_LIMIT, Execution
 
 logger = logging.getLogger("plaita.flows.engine")
 

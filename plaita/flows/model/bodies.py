@@ -1,7 +1,7 @@
 """The task bodies that drive executions (start, resume) and the limits a runner applies.
 
 Pure: builds plain dicts, so the engine, the producer API, the keeper and the CLI agree on one
-shape. The execution document itself is ``plaita.flows.execution.Execution``.
+shape. The execution document itself is ``plaita.flows.model.execution.Execution``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 
 from plaita.errors import ConfigError
-from plaita.flows.validate import json_problem
+from plaita.flows.model.validate import json_problem
 
 MISSED_POLICIES = ("skip", "once", "all")
 #: A tick this old when first seen is still on time (a keeper passes every 5 s; a Redis blip
