@@ -1,6 +1,6 @@
 """``ExecutionIO``: the one door through which the flow runner reaches execution state.
 
-The runner (``plaita.flows.engine`` and what it drives: admission, checkpoints, children,
+The runner (``plaita.flows.runner.engine`` and what it drives: admission, checkpoints, children,
 limits, hand-over) asks for what it needs by name: load, create, checkpoint, reopen, read other
 executions, enqueue tasks, mark a child done, publish, and run a blocking helper. It never holds
 a Redis client and never decides how a call travels. Two adapters satisfy this protocol
@@ -38,7 +38,7 @@ Created = tuple[int, str, bool]
 
 
 class EventWriter(Protocol):
-    """Where a step's ``ctx.publish`` writes (``plaita.flows.events``)."""
+    """Where a step's ``ctx.publish`` writes (``plaita.flows.runner.events``)."""
 
     def publish_event(self, execution_id: str, generation: int, name: str, record_json: str, max_names: int) -> int:
         """0 fenced out, -1 too many names, -2 wrong key type, else written."""
@@ -50,7 +50,7 @@ class EventWriter(Protocol):
 
 
 class Fleet(Protocol):
-    """The registry as hand-over reads it (``plaita.flows.handover``)."""
+    """The registry as hand-over reads it (``plaita.flows.runner.handover``)."""
 
     def workers(self) -> list[dict[str, Any]]:
         """Every live worker's registry entry."""
@@ -171,15 +171,15 @@ class ExecutionIO(Protocol):
         ...
 
     def queued(self, task: Task) -> ExecutionStore:
-        """The queued records of ``task``'s tenant (``plaita.flows.queued``)."""
+        """The queued records of ``task``'s tenant (``plaita.flows.runner.queued``)."""
         ...
 
     def limit_store(self) -> FlowLimitStore:
-        """Flow slots, start rates and parked starts (``plaita.flows.limits``)."""
+        """Flow slots, start rates and parked starts (``plaita.flows.runner.limits``)."""
         ...
 
     def fleet(self) -> Fleet:
-        """The registry as hand-over reads it (``plaita.flows.handover``)."""
+        """The registry as hand-over reads it (``plaita.flows.runner.handover``)."""
         ...
 
     def close(self) -> None:

@@ -24,9 +24,9 @@ from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
 from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.runner.stepcall import StepCaller
 from plaita.flows.schedule_records import ScheduleRecorder
 from plaita.flows.scheduler import Scheduler
-from plaita.flows.stepcall import StepCaller
 from plaita.ops.alert_events import orphan_alert
 from plaita.ops.keeper_metrics import KeeperMetrics
 from plaita.ops.operations import Operations, attach_operations

@@ -75,7 +75,7 @@ def test_a_kept_resume_no_wait_took_is_logged_when_the_execution_ends(
     h.run(start("o3", "order"))
     h.run(resume("o3", "event", "x", resume_id="stray", wait_for="refund"))
     h.run(resume("o3", "event", "yes", resume_id="ok-3"))
-    with caplog.at_level(logging.WARNING, logger="plaita.flows.engine"):
+    with caplog.at_level(logging.WARNING, logger="plaita.flows.runner.engine"):
         assert h.run(_payment("o3"))["status"] == "completed"  # type: ignore[index]
     assert any("no wait took its resumes stray (refund)" in r.getMessage() for r in caplog.records)
 

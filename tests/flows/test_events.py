@@ -14,8 +14,8 @@ import pytest
 
 from plaita.errors import LeaseLostError
 from plaita.flows.client import FlowClient
-from plaita.flows.events import MAX_EVENT_BYTES, MAX_EVENTS, publisher
 from plaita.flows.model.context import StepContext
+from plaita.flows.runner.events import MAX_EVENT_BYTES, MAX_EVENTS, publisher
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.keyspace import Keyspace

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plaita.flows.invoke import Attempt, invoke
+from plaita.flows.runner.invoke import Attempt, invoke
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("_var", default="unset")
 

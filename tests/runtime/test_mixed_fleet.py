@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from plaita.flows.client import FlowClient
-from plaita.flows.handover import HANDOVER_LIMIT
+from plaita.flows.runner.handover import HANDOVER_LIMIT
 from plaita.store.client import make_client
 from plaita.store.streams import StreamQueue
 from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_proc

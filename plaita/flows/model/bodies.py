@@ -17,7 +17,7 @@ RESUME_TYPES = frozenset({"continue", "retry", "cancel", "timeout", "event"})
 RESTART = "restart"
 #: What wakes a durable sleep early or at its deadline (``timeout``: an older keeper's wake).
 WAKES = frozenset({"continue", "timeout"})
-#: The resume a child execution sends its parent when it ends (``plaita.flows.children``).
+#: The resume a child execution sends its parent when it ends (``plaita.flows.runner.children``).
 CHILD_RESUME = "child"
 #: A body's W3C trace context (``plaita.flows.tracing``), also the execution document's origin.
 TRACEPARENT = "traceparent"

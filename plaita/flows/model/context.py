@@ -75,7 +75,7 @@ class Sleep(Suspend):
 class Spawn(Suspend):
     """Returned by a step (``return ctx.spawn(flow, [params, ...])``): start one child execution
     of ``flow_id`` per params and suspend until every one is terminal; the step then runs again
-    with ``ctx.children`` set (``plaita.flows.children``)."""
+    with ``ctx.children`` set (``plaita.flows.runner.children``)."""
 
     flow_id: str = ""
     params: tuple[dict[str, Any], ...] = ()

@@ -107,7 +107,7 @@ class Flow:
     hooks: dict[str, list[Hook]] = field(default_factory=dict, repr=False, compare=False)
     #: Started by the keeper on every tick (``Schedule``, or a cron string: UTC, missed ticks skipped).
     schedule: Schedule | str | None = None
-    #: At most this many executions run at once across every worker (``plaita.flows.limits``);
+    #: At most this many executions run at once across every worker (``plaita.flows.runner.limits``);
     #: None = no limit. A suspended execution holds no slot.
     max_concurrent: int | None = None
     #: At most this many starts per second across every worker (a token bucket holding one

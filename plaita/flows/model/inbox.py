@@ -24,7 +24,7 @@ from typing import Any
 from plaita.errors import BadTaskError
 from plaita.flows.model.execution import APPLIED_RESUMES_LIMIT, Execution
 
-logger = logging.getLogger("plaita.flows.engine")
+logger = logging.getLogger("plaita.flows.runner.engine")
 
 #: Parked resumes one execution keeps at most; one more is refused (to the DLQ, with why).
 MAX_PARKED = 32

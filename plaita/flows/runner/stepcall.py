@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.errors import StepTimeLimit
-from plaita.flows.invoke import Attempt, invoke, run_here
 from plaita.flows.model.context import StepContext
 from plaita.flows.model.definition import Step, StepFn
+from plaita.flows.runner.invoke import Attempt, invoke, run_here
 from plaita.runtime.procchild import ChildServices
 from plaita.runtime.procpool import ProcessPool
 from plaita.store.staged import Staged

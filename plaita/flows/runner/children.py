@@ -37,12 +37,12 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from plaita.flows.admit import Run
 from plaita.flows.io import ExecutionIO
 from plaita.flows.model import bodies as model
 from plaita.flows.model.bodies import JOINS_FIELD, PARENT_FIELD, child_ids
 from plaita.flows.model.context import Spawn
 from plaita.flows.model.execution import BadExecution, Execution
+from plaita.flows.runner.admit import Run
 from plaita.flows.tracing import current_traceparent
 from plaita.store.executions import TERMINAL, UnreadableExecution
 from plaita.tasks import Task

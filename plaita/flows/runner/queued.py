@@ -24,8 +24,8 @@ import logging
 from collections.abc import Callable
 
 from plaita.errors import NotForThisWorker
-from plaita.flows.handover import HANDOVER_DELAY_S
 from plaita.flows.model.execution import BadExecution, Execution
+from plaita.flows.runner.handover import HANDOVER_DELAY_S
 from plaita.store.execution_docs import UnreadableExecution
 from plaita.store.executions import QUEUED, ExecutionStore
 from plaita.tasks import Task

@@ -46,10 +46,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from plaita.errors import BadTaskError, NotForThisWorker
-from plaita.flows.handover import task_name
 from plaita.flows.io import ExecutionIO
 from plaita.flows.model.definition import Flow
 from plaita.flows.model.validate import task_deadline
+from plaita.flows.runner.handover import task_name
 from plaita.store.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, member_of, order_of
 from plaita.tasks import Task
 

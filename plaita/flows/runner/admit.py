@@ -3,7 +3,7 @@
 A start creates the execution (or continues one whose worker died mid-run); a resume loads it,
 applies the resume or finds it needs nothing (a duplicate, a stale timeout, a terminal
 execution); either refuses a task no worker of this definition may run (``BadTaskError``, or a
-hand-back to a worker that can: ``plaita.flows.handover``). The result is a ``Run`` for the
+hand-back to a worker that can: ``plaita.flows.runner.handover``). The result is a ``Run`` for the
 engine, or None when the task is a no-op. Every task is safe to deliver twice.
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 
 from plaita.config import DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, LeaseLostError
-from plaita.flows.handover import Handover
 from plaita.flows.io import Created, ExecutionIO, Fleet
 from plaita.flows.model import bodies as model
 from plaita.flows.model import inbox
 from plaita.flows.model.definition import Flow, FlowRegistry
 from plaita.flows.model.execution import BadExecution, Execution, error_doc
 from plaita.flows.model.validate import check_wait_name, require_task_json, task_deadline
-from plaita.flows.queued import QueuedStarts
+from plaita.flows.runner.handover import Handover
+from plaita.flows.runner.queued import QueuedStarts
 from plaita.flows.tracing import TaskTrace
 from plaita.store.executions import QUEUED
 from plaita.tasks import Task
@@ -114,7 +114,7 @@ class Admission:
         self.max_state_bytes = max_state_bytes
         self._clock = clock
         self.retention_s, self.version_wait_s = retention_s, version_wait_s
-        #: Counts a child's ``child`` resume of its parent (``plaita.flows.children``).
+        #: Counts a child's ``child`` resume of its parent (``plaita.flows.runner.children``).
         self.on_child = on_child
         #: Creates sent ahead (``create_ahead``), by delivery: message id and lease generation.
         self._ahead: dict[tuple[str, int], _Ahead] = {}
@@ -268,7 +268,7 @@ class Admission:
         return self._resumed(run, rtype, rid, wait_for)
 
     async def _child(self, run: Run) -> Run | None:
-        """A child's notification (``plaita.flows.children``): counted by ``on_child``."""
+        """A child's notification (``plaita.flows.runner.children``): counted by ``on_child``."""
         if run.execution.terminal:
             return None
         compatible = await self._compatible(run)
@@ -362,7 +362,7 @@ class Admission:
 
     async def _compatible(self, run: Run) -> Run | None:
         """``run`` if its flow definition can continue it (upgraded to a compatible version).
-        Else the task goes to a worker that can (``NotForThisWorker``, see plaita.flows.handover);
+        Else the task goes to a worker that can (``NotForThisWorker``, see plaita.flows.runner.handover);
         only when none can and this worker is not the older one does the execution end in
         ``error`` (``run.ending``)."""
         execution, flow = run.execution, run.flow

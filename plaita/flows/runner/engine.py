@@ -6,9 +6,9 @@ the runner writes one fenced checkpoint (state, step index, status index, staged
 a worker killed during step k leaves the checkpoint of step k-1, and whoever runs the
 execution next starts at step k.
 
-One task, in this file's order: ``plaita.flows.admit`` turns it into a ``Run`` (or a no-op:
+One task, in this file's order: ``plaita.flows.runner.admit`` turns it into a ``Run`` (or a no-op:
 every task is safe to deliver twice); a flow with fleet-wide limits first takes one of its slots
-(``plaita.flows.limits``: a start before admission, a resume after, given back when the task
+(``plaita.flows.runner.limits``: a start before admission, a resume after, given back when the task
 ends; over the limit the task goes back to the queue); ``_advance`` runs steps while the
 execution is running. One step (``_run_step``): build its ``StepContext``, call it, pick the
 ``Execution`` transition its outcome means (``_succeeded``; a suspension, a sleep, a failed
@@ -34,12 +34,7 @@ from typing import Any
 
 from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, ConfigError, LeaseLostError, NotForThisWorker, StepCancelled
-from plaita.flows.admit import Admission, Run
-from plaita.flows.checkpoint import CancelledMeanwhile, Checkpointer, sealed
-from plaita.flows.children import Children, needs_ending
-from plaita.flows.events import publisher
 from plaita.flows.io import ExecutionIO
-from plaita.flows.limits import FlowLimits
 from plaita.flows.model import bodies as model
 from plaita.flows.model import inbox
 from plaita.flows.model.context import Resume, Sleep, Spawn, StepContext, Suspend
@@ -47,9 +42,14 @@ from plaita.flows.model.definition import Flow, FlowRegistry, Step
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.failures import describe_exception, error_doc, error_from_exception
 from plaita.flows.model.validate import StepOutputError
-from plaita.flows.stepcall import StepCaller
+from plaita.flows.runner.admit import Admission, Run
+from plaita.flows.runner.checkpoint import CancelledMeanwhile, Checkpointer, sealed
+from plaita.flows.runner.children import Children, needs_ending
+from plaita.flows.runner.events import publisher
+from plaita.flows.runner.limits import FlowLimits
+from plaita.flows.runner.stepcall import StepCaller
+from plaita.flows.runner.watch import CancelWatch
 from plaita.flows.tracing import TaskTrace, Tracing, joined
-from plaita.flows.watch import CancelWatch
 from plaita.runtime.observer import ExecutionObserver
 from plaita.store.execution_io import StoreIO
 from plaita.store.executions import ExecutionStore, Staged
@@ -288,7 +288,7 @@ class FlowRunner:
             self._step_finished(run, step, "failed", began_s, attempt.raised)
             run.cancel = True  # _advance ends it cancelled (or stops, if it was the lease that went)
             return None
-        if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/invoke.py)
+        if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/runner/invoke.py)
             self._step_finished(run, step, "failed", began_s, attempt.raised)
             return await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
         value = attempt.value
@@ -336,7 +336,7 @@ class FlowRunner:
         await self._commit(run, done, step=step, staged=ctx.staged, output=True)
 
     async def _enter(self, flow: Flow, task: Task, io: ExecutionIO, *, start: bool) -> bool:
-        """Pass ``flow``'s fleet-wide limits (``plaita.flows.limits``): True to run. False: a start
+        """Pass ``flow``'s fleet-wide limits (``plaita.flows.runner.limits``): True to run. False: a start
         parked until a slot is free (its task ends here, counted ``parked``). Over a start rate, or
         a resume over the limit, the task goes back to the queue (NotForThisWorker, counted
         ``throttled``)."""
@@ -359,7 +359,7 @@ class FlowRunner:
             return
         deadline_s = None if value.timeout_s is None else now_s + value.timeout_s
         ex = run.execution.suspended(step.name, ctx.state, ctx.attempt, started_s, now_s, deadline_s, value.wait_for)
-        if isinstance(value, Spawn):  # start its children (plaita.flows.children), then wait on them
+        if isinstance(value, Spawn):  # start its children (plaita.flows.runner.children), then wait on them
             ex = await self._children.spawn(run.io, run, step.name, value, ex)
             if ex.status == "running":  # every child had ended already (a re-run step): joined
                 await self._commit(run, ex, step=step, staged=ctx.staged, output=True)
