@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.schedule_records import ScheduleRecorder
+from plaita.flows.keeper.scheduler import Scheduler
 from plaita.flows.runner.stepcall import StepCaller
-from plaita.flows.schedule_records import ScheduleRecorder
-from plaita.flows.scheduler import Scheduler
 from plaita.ops.alert_events import orphan_alert
 from plaita.ops.keeper_metrics import KeeperMetrics
 from plaita.ops.operations import Operations, attach_operations

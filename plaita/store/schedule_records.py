@@ -1,7 +1,7 @@
 """The schedules a queue's fleet loads, as recorded by each worker and keeper that loads one.
 
 ``plaita:schedules:recorded:{<queue>}`` (hash, one per queue): field the flow id, value the JSON
-record a loader wrote (``plaita.flows.schedule_records`` builds and reads it); the field ``""``
+record a loader wrote (``plaita.flows.keeper.schedule_records`` builds and reads it); the field ``""``
 (never a flow id) is the acting keeper's mark: a hash without it lost its data since that keeper
 wrote it (or no keeper wrote it yet). The queue's name
 is the hash tag, as in the queue's keeper lease (``keeper_lease_key``): on a cluster a queue's

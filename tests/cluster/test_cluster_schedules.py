@@ -12,9 +12,9 @@ import pytest
 
 from plaita.config import Settings
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.schedule_records import ScheduleRecorder
 from plaita.flows.model.schedules import execution_id_of
-from plaita.flows.schedule_records import ScheduleRecorder
 from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import keeper_lease_key
 from plaita.store.partitioned import open_queue

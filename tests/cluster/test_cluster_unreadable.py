@@ -12,7 +12,7 @@ import time
 import pytest
 
 from plaita.config import Settings
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.store.executions import ExecutionStore, UnreadableExecution
 from plaita.store.partitioned import open_queue
 from tests.support.lease_workers import QUEUE

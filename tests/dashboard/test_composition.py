@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from plaita.dashboard.lineage import CHILD_ROWS
-from plaita.flows.scheduler import Scheduler
+from plaita.flows.keeper.scheduler import Scheduler
 from plaita.store.acl import DASHBOARD_READ_ACL_RULES
 from plaita.store.keyspace import DEFAULT
 from plaita.store.schedule_store import SCHEDULES_KEY, schedule_key

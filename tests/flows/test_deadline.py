@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plaita.errors import BadTaskError
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.execution import DEADLINE_EXCEEDED, Execution
 from plaita.store.keyspace import DEFAULT
 from tests.flows import deadline_flows, fanout_flows, flowdefs

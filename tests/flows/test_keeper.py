@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client

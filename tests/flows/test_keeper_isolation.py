@@ -18,8 +18,8 @@ import pytest
 
 from plaita.errors import ConfigError
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
-from plaita.flows.scheduler import Scheduler, schedule_rows
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
 from plaita.store.executions import ExecutionStore
 from plaita.store.keyspace import TENANTS_KEY
 from plaita.store.schedule_store import SCHEDULES_KEY, schedule_key

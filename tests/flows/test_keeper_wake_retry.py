@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import UNCLAIM_DEADLINES

@@ -15,9 +15,9 @@ import redis
 from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.scheduler import Scheduler
 from plaita.flows.model.schedules import execution_id_of
-from plaita.flows.scheduler import Scheduler
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.partitioned import open_queue

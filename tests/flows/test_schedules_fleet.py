@@ -15,10 +15,10 @@ import redis
 
 from plaita.config import Settings
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.schedule_records import ScheduleRecorder, record_of
+from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
 from plaita.flows.model.schedules import execution_id_of
-from plaita.flows.schedule_records import ScheduleRecorder, record_of
-from plaita.flows.scheduler import Scheduler, schedule_rows
 from plaita.ops.service import start_worker
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from plaita.flows.client import FlowClient
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.context import Sleep, StepContext
 from plaita.tasks import CancelFlag
 from tests.flows import flowdefs, sleepdefs

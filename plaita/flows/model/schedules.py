@@ -1,6 +1,6 @@
 """Schedules: a flow declares a cron expression; the keeper starts one execution per tick.
 
-Pure: no Redis (the keeper's pass is ``plaita.flows.scheduler``). ::
+Pure: no Redis (the keeper's pass is ``plaita.flows.keeper.scheduler``). ::
 
     sync = Flow("sync", schedule=Schedule("*/5 * * * *", tz="Europe/Paris", missed="once"))
 

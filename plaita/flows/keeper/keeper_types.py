@@ -1,6 +1,6 @@
 """What a keeper is told (``KeeperSettings``), what one of its passes did (``KeeperPass``,
 logged by ``log_pass``) and the task a due suspension gets (``due_body``); the keeper itself,
-which decides when, is ``plaita.flows.keeper``."""
+which decides when, is ``plaita.flows.keeper.keeper``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from plaita.store.executions import ExecutionStore
     from plaita.store.keeper_store import UnreadableIndex
 
-logger = logging.getLogger("plaita.flows.keeper")  # the keeper's own log, as before the split
+logger = logging.getLogger("plaita.flows.keeper.keeper")  # the keeper's own log, as before the split
 
 #: Unreadable keys remembered (each is logged once); past this the memory starts over.
 MAX_REMEMBERED_BAD = 10_000
@@ -72,7 +72,7 @@ class KeeperPass:
     skipped_scan: bool = False
     #: Durable sleeps past their deadline, woken (``continue``).
     wakes: list[str] = field(default_factory=list)
-    #: Executions started for schedule ticks (plaita.flows.scheduler).
+    #: Executions started for schedule ticks (plaita.flows.keeper.scheduler).
     scheduled: list[str] = field(default_factory=list)
     #: Suspended executions past their whole-execution deadline, cancelled.
     expired: list[str] = field(default_factory=list)

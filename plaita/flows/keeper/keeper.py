@@ -16,7 +16,7 @@ tenant's); a report names a tenant's execution ``<tenant>/<id>``.
 Any number of keepers may run per queue: one acts at a time, holding the queue's keeper lease
 (``plaita:keeper:lease`` for the default queue, ``keeper_lease_key``); a dry run reads only and
 never touches that lease. The acting keeper starts the ticks of every schedule recorded for its
-queue, its own flows' among them (``plaita.flows.scheduler``). A Redis failure never ends the
+queue, its own flows' among them (``plaita.flows.keeper.scheduler``). A Redis failure never ends the
 keeper: it backs off (``BackoffPolicy``) and tries again. Nothing in the data stops a pass: one
 execution key that holds no execution, one tenant's index of another type, one bad schedule is
 skipped, counted and logged once, and the rest of the pass goes on (docs/flows.md, "The keeper").
@@ -35,14 +35,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from plaita.flows.claims import DeadlineClaims
-from plaita.flows.keeper_types import KeeperPass as KeeperPass
-from plaita.flows.keeper_types import KeeperSettings as KeeperSettings
-from plaita.flows.keeper_types import Skips, due_body, label, log_pass
+from plaita.flows.keeper.claims import DeadlineClaims
+from plaita.flows.keeper.keeper_types import KeeperPass as KeeperPass
+from plaita.flows.keeper.keeper_types import KeeperSettings as KeeperSettings
+from plaita.flows.keeper.keeper_types import Skips, due_body, label, log_pass
+from plaita.flows.keeper.scheduler import Scheduler
 from plaita.flows.model import bodies as model
 from plaita.flows.model.bodies import end_task
 from plaita.flows.model.execution import error_doc
-from plaita.flows.scheduler import Scheduler
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids

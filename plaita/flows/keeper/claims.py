@@ -1,5 +1,5 @@
 """The keeper's claimed deadlines: what happens to a due suspension between its claim and its
-wake (``plaita.flows.keeper``).
+wake (``plaita.flows.keeper.keeper``).
 
 The claim (``ExecutionStore.due_deadlines``) holds a due deadline for one keeper lease, so a
 keeper killed before its enqueue leaves it to the keeper that takes over the lease. Afterwards
@@ -15,7 +15,7 @@ import logging
 
 from plaita.store.executions import ExecutionStore
 
-logger = logging.getLogger("plaita.flows.keeper")  # the keeper's own log
+logger = logging.getLogger("plaita.flows.keeper.keeper")  # the keeper's own log
 
 #: Claims remembered for a later take-back at most; past this they wait the hold out instead.
 MAX_UNTAKEN = 10_000

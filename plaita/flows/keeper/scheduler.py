@@ -12,7 +12,7 @@ Correct whatever number of keepers run, with or without the keeper lease:
    them again (rule 1 makes that safe) and only then claims newer ticks.
 
 The schedules a pass runs are its own flows' and every fresh one recorded for the queue
-(``plaita.flows.schedule_records``). Each is isolated: one that cannot be stepped, a record that
+(``plaita.flows.keeper.schedule_records``). Each is isolated: one that cannot be stepped, a record that
 cannot be read back, a schedule key of another type is skipped (one error line per schedule and
 process, counted in ``SchedulePass.corrupt``) and the others run; only a Redis failure ends the
 pass. See ``plaita.flows.model.schedules`` for the missed-ticks policies.
@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plaita.flows.client import FlowClient
-from plaita.flows.model.definition import Flow
-from plaita.flows.model.schedules import Plan, Schedule, execution_id_of
-from plaita.flows.schedule_records import (
+from plaita.flows.keeper.schedule_records import (
     RECORD_TTL_S,
     FleetSchedules,
     Recorded,
     read_record,
     scheduled_flows,
 )
+from plaita.flows.model.definition import Flow
+from plaita.flows.model.schedules import Plan, Schedule, execution_id_of
 from plaita.store.errors import is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution
 from plaita.store.keeper_store import UnreadableIndex
