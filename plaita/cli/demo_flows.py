@@ -129,7 +129,7 @@ class FlowDemo:
 
     # -- setup --------------------------------------------------------------------------
     def start(self, url: str) -> None:
-        from plaita.flows.client import FlowClient
+        from plaita.flows.producer.client import FlowClient
         from plaita.store.streams import StreamQueue
 
         self.url = url

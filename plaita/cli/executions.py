@@ -121,7 +121,7 @@ def _json_arg(text: str | None, what: str) -> Any:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from plaita.flows.client import FlowClient
+    from plaita.flows.producer.client import FlowClient
 
     tls = tls_of(args)
     return FlowClient.from_url(
@@ -168,7 +168,7 @@ def run_executions(args: argparse.Namespace) -> int:
 
 
 def _start(flows: Any, args: argparse.Namespace) -> int:
-    from plaita.flows.client import DuplicateStart
+    from plaita.flows.producer.client import DuplicateStart
 
     params = json.loads(args.input)
     try:

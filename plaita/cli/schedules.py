@@ -35,9 +35,9 @@ def add_parsers(
 
 
 def run_schedules(args: argparse.Namespace) -> int:
-    from plaita.flows.client import FlowClient
     from plaita.flows.keeper.scheduler import schedule_rows
     from plaita.flows.model.definition import load_flows
+    from plaita.flows.producer.client import FlowClient
 
     registry: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # ConfigError: exit 2, one line
     tls = tls_of(args)

@@ -27,7 +27,7 @@ from plaita.dashboard.actions import REPLY_TIMEOUT_S
 from plaita.dashboard.monitor import SAMPLE_EVERY_S, FleetMonitor
 from plaita.dashboard.security import Guard
 from plaita.dashboard.svg import lifecycle_svg, throughput_svg
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import Client, make_client
 from plaita.store.dlq import DeadLetterQueue
 from plaita.store.executions import ExecutionStore

@@ -5,11 +5,11 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 """
 
 from plaita.errors import ChildProcessDied, LeaseLostError, StepCancelled, StepTimeLimit
-from plaita.flows.client import DuplicateStart, FlowClient, WaitTimeout
 from plaita.flows.model.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.model.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.schedules import Schedule
+from plaita.flows.producer.client import DuplicateStart, FlowClient, WaitTimeout
 from plaita.flows.runner.engine import FlowRunner
 
 __all__ = [

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.streams import StreamQueue
 from tests.chaos.loopflows import STEPS

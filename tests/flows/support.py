@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from plaita.flows import FlowRunner
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager

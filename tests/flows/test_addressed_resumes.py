@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from plaita.errors import BadTaskError
-from plaita.flows.client import NotResumable
 from plaita.flows.model.inbox import MAX_PARKED
+from plaita.flows.producer.client import NotResumable
 from tests.flows import waitdefs
 from tests.flows.support import Harness, resume, start
 from tests.flows.test_cli import plaita

@@ -12,9 +12,9 @@ import pytest
 
 from plaita.errors import LeaseLostError
 from plaita.flows import FlowRunner
-from plaita.flows.client import FlowClient
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.execution import Execution
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.flow_limits import FlowLimitStore, limit_keys
 from plaita.store.keyspace import Keyspace

@@ -22,7 +22,7 @@ import hiredis
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import start_worker
 from plaita.store import loop_calls
 from plaita.store.batch import CallBatcher

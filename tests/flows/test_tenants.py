@@ -15,10 +15,10 @@ import redis
 
 from plaita.errors import BadTaskError
 from plaita.flows import Flow, FlowRunner
-from plaita.flows.client import FlowClient
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.context import StepContext
 from plaita.flows.model.execution import Execution
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.fanout import done_key

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plaita.flows import FlowRunner
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.streams import StreamQueue

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import start_worker
 from plaita.store.client import make_client
 from plaita.store.streams import StreamQueue

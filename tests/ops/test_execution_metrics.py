@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.ops.status import read_status_file
 from plaita.store.client import make_client
 from plaita.store.streams import StreamQueue

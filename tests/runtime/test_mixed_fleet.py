@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.flows.runner.handover import HANDOVER_LIMIT
 from plaita.store.client import make_client
 from plaita.store.streams import StreamQueue

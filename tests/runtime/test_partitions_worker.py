@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.flows.client import FlowClient
 from plaita.flows.model.context import StepContext
+from plaita.flows.producer.client import FlowClient
 from plaita.store.partitioned import PartitionedQueue, open_queue
 from plaita.store.stats import is_settled, stream_stats_or_empty
 from plaita.tasks import CancelFlag, Task

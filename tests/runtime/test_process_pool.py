@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.support.poolsteps import LIMIT_S, RUNS_KEY, SAW_CANCEL_KEY
 from tests.support.supervisor import Supervised, supervise
 from tests.support.workers import wait_for

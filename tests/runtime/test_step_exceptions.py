@@ -32,7 +32,7 @@ import redis
 
 from plaita.errors import LeaseLostError
 from plaita.flows import Flow, FlowRunner, RetryPolicy, StepContext
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.runtime.aio_pool import AsyncHandlerPool
 from plaita.runtime.outcomes import DEAD, RETRY, Outcome
 from plaita.runtime.pool import HandlerPool, judge

@@ -27,7 +27,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from plaita.flows.client import FlowClient
 from plaita.flows.keeper.schedule_records import (
     RECORD_TTL_S,
     FleetSchedules,
@@ -37,6 +36,7 @@ from plaita.flows.keeper.schedule_records import (
 )
 from plaita.flows.model.definition import Flow
 from plaita.flows.model.schedules import Plan, Schedule, execution_id_of
+from plaita.flows.producer.client import FlowClient
 from plaita.store.errors import is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution
 from plaita.store.keeper_store import UnreadableIndex

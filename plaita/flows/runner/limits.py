@@ -26,7 +26,7 @@ under kill -9:
 A start whose execution is already cancelled (its cancel flag set while it waited) or past its
 deadline takes no slot and waits for none (``FlowLimits.passed``): it leaves the parked starts, is
 created and ends ``cancelled`` without a step, so a cancel lands on a start waiting for a slot as
-on any other queued start (``plaita.flows.cancel`` puts a parked start back on its stream).
+on any other queued start (``plaita.flows.producer.cancel`` puts a parked start back on its stream).
 
 A resume over the limit, and a start over a start rate, is handed back to the queue
 (``NotForThisWorker``: no delivery is charged, it never reaches the DLQ) after a bounded, growing

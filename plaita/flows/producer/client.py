@@ -19,10 +19,10 @@ from typing import Any
 
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
-from plaita.flows.cancel import CancelOutcome, request_cancel
 from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.validate import check_deadline_s, check_wait_name, require_json
+from plaita.flows.producer.cancel import CancelOutcome, request_cancel
 from plaita.flows.tracing import producing
 from plaita.store.client import make_client
 from plaita.store.executions import QUEUED, TERMINAL, ExecutionStore

@@ -135,7 +135,7 @@ def _waited_on(doc: dict[str, Any]) -> list[str]:
 
 
 def cancel_descendants(store: ExecutionStore, doc: dict[str, Any]) -> int:
-    """For a suspended parent being cancelled (``plaita.flows.cancel``), before its own cancel
+    """For a suspended parent being cancelled (``plaita.flows.producer.cancel``), before its own cancel
     task runs (it may wait behind its children's tasks): set every child's cancel flag, send a
     ``cancel`` to each suspended one, and the same below each one waiting on children of its own.
     A running child stops at its next checkpoint, a queued one runs no step. Returns how many
