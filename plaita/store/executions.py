@@ -120,6 +120,11 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
         #: This tenant is in ``TENANTS_KEY`` (added by the first create of this store).
         self._registered = not keyspace.tenant
 
+    @classmethod
+    def sharing(cls, queue: Any) -> ExecutionStore:
+        """The executions of ``queue``'s keyspace, on its client (a ``StreamQueue``)."""
+        return cls(queue.client, queue.keyspace)
+
     # -- tenants ---------------------------------------------------------------------------
     def for_tenant(self, tenant_id: str | None) -> ExecutionStore:
         """The same client's store of ``tenant_id``'s executions (None, "" or "default": the default

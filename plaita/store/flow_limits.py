@@ -103,6 +103,11 @@ class FlowLimitStore:
         self.client = client
         self.ks = ks
 
+    @classmethod
+    def sharing(cls, store: Any) -> FlowLimitStore:
+        """The flow limits on the client and keyspace of ``store`` (an ``ExecutionStore``)."""
+        return cls(store.client, store.ks)
+
     def acquire(
         self,
         flow_id: str,

@@ -37,6 +37,11 @@ class ScheduleRecords:
         self.client = client
         self.key = records_key(queue)
 
+    @classmethod
+    def sharing(cls, other: Any, queue: str) -> ScheduleRecords:
+        """``queue``'s records on the client of ``other`` (a queue or an execution store)."""
+        return cls(other.client, queue)
+
     def read(self) -> dict[str, str]:
         """Every record, by flow id; UnreadableIndex when the key is not a hash."""
         return self.read_marked()[0]

@@ -49,6 +49,11 @@ class ScheduleStore:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
+    @classmethod
+    def sharing(cls, other: Any) -> ScheduleStore:
+        """The schedules on the client of ``other`` (a queue or an execution store)."""
+        return cls(other.client)
+
     def read(self, flow_id: str) -> dict[str, str]:
         """The schedule's fields ({} when never run); UnreadableSchedule for a key of another type."""
         key = schedule_key(flow_id)

@@ -23,6 +23,7 @@ from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_re
 from plaita.store.errors import error_code
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
+from plaita.store.stream_scan import stream_execution_ids
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, field_name_bytes
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,11 @@ class StreamQueue:
     @property
     def streams(self) -> list[str]:
         return [q.stream for q in self.partition_queues()]
+
+    def execution_ids(self, max_entries: int) -> tuple[set[str], bool]:
+        """The execution ids of every task in this queue's streams, and whether every stream was
+        read within ``max_entries`` entries (``plaita.store.stream_scan``)."""
+        return stream_execution_ids(self.client, self.streams, max_entries)
 
     @classmethod
     def from_settings(

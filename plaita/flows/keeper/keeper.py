@@ -45,7 +45,7 @@ from plaita.flows.model.bodies import end_task
 from plaita.flows.model.execution import error_doc
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
-from plaita.store.executions import ExecutionStore, UnreadableExecution, stream_execution_ids
+from plaita.store.executions import ExecutionStore, UnreadableExecution
 from plaita.store.keeper_store import UnreadableIndex
 from plaita.store.streams import StreamQueue
 
@@ -326,7 +326,7 @@ class Keeper:
         if not unleased or report.skipped_scan:
             return
         if self._in_stream is None:
-            self._in_stream, complete = stream_execution_ids(self.queue.client, self.queue.streams, s.max_stream_scan)
+            self._in_stream, complete = self.queue.execution_ids(s.max_stream_scan)
             if not complete:
                 logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
                 report.skipped_scan = True

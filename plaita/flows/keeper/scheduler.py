@@ -81,9 +81,9 @@ class Scheduler:
         #: The schedules of the flows this keeper loads (it records them for its queue).
         self.schedules = scheduled_flows(flows)
         self.producer = FlowClient(queue, store)
-        self.store = ScheduleStore(queue.client)
+        self.store = ScheduleStore.sharing(queue)
         self.fleet = FleetSchedules(
-            self.schedules, ScheduleRecords(queue.client, queue.keyspace.queue), ttl_s=record_ttl_s
+            self.schedules, ScheduleRecords.sharing(queue, queue.keyspace.queue), ttl_s=record_ttl_s
         )
         self.pending_stale_s = pending_stale_s
         #: The definition last written to each schedule's bookkeeping hash (for listing).
@@ -225,10 +225,10 @@ def schedule_rows(flows: Iterable[Flow], executions: ExecutionStore, now_s: floa
     one recorded for the queue and every one a keeper ran (``plaita:schedules``), with its next
     tick and its newest execution. Reads only. A schedule that cannot be shown is a row with an
     ``error``; only a Redis failure raises."""
-    store = ScheduleStore(executions.client)
+    store = ScheduleStore.sharing(executions)
     defined = dict(scheduled_flows(flows))
     rows: list[dict[str, Any]] = []
-    recorded = _read_or_row(ScheduleRecords(executions.client, executions.ks.queue).read, {}, rows)
+    recorded = _read_or_row(ScheduleRecords.sharing(executions, executions.ks.queue).read, {}, rows)
     known = _read_or_row(store.known, [], rows)
     names = sorted({*defined, *recorded, *known})
     for flow_id, record in zip(names, store.read_many(names), strict=True):

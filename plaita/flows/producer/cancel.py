@@ -82,7 +82,7 @@ def request_cancel(
     queued: bool | None = None
     parked: dict[str, Any] | None = None
     if doc is None or doc.get("status") == QUEUED_STATUS:  # its start may be parked for a slot
-        parked = FlowLimitStore(store.client, store.ks).parked_start(member_of(store.ks.tenant, execution_id))
+        parked = FlowLimitStore.sharing(store).parked_start(member_of(store.ks.tenant, execution_id))
     if doc is None and parked is None:
         queued = store.start_queued(execution_id, stream)
         if queued is False:

@@ -91,7 +91,7 @@ class FlowClient:
         """``tenant_id``: every call is about that tenant's executions (None: the default tenant's);
         ValueError for an invalid one (``plaita.tasks.TENANT_ID``)."""
         self.queue = queue
-        store = store if store is not None else ExecutionStore(queue.client, queue.keyspace)
+        store = store if store is not None else ExecutionStore.sharing(queue)
         self.store = store.for_tenant(tenant_id)
         #: The tenant of this client's executions ("" = the default tenant).
         self.tenant_id = self.store.ks.tenant
