@@ -16,7 +16,8 @@ walk had already left. Two counts are printed:
   dropped, and the stays on either side of it are one. This is the walk a reader follows.
 
 Also printed: how many sibling modules ``engine.py`` imports (modules of its own package) and
-every ``offload`` left in ``plaita/`` outside the store adapter.
+how many times ``offload`` is still written in ``plaita/flows/`` (the runner's old mode flag;
+how calls travel is ``plaita/store/execution_io.py``'s choice now).
 
     python -m bench.step_walk [--root DIR] [--show]
 
@@ -143,12 +144,11 @@ def _engine_siblings(root: Path) -> list[str]:
 
 
 def _offloads(root: Path) -> list[str]:
+    """Every mention of ``offload`` in ``plaita/flows/`` (the runner's mode flag lived there)."""
     hits = []
-    for path in sorted(root.joinpath("plaita").rglob("*.py")):
-        if path.name == "execution_io.py":
-            continue
+    for path in sorted(root.joinpath("plaita", "flows").rglob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"\boffload\b", line):
+            if re.search(r"offload", line, re.IGNORECASE):
                 hits.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
     return hits
 
@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     c_stays, c_files, c_returns = _count(fresh)
     print(f"calls: {c_stays} stays in {c_files} files, {c_returns} returns (calls only, resumptions left out)")
     print(f"engine imports {len(siblings)} siblings: {', '.join(siblings)}")
-    print(f"offload outside the store adapter: {len(offloads)}")
+    print(f"offload in plaita/flows: {len(offloads)}")
+    for hit in offloads if args.show else []:
+        print("  " + hit)
     if args.show:
         merged: list[str] = []
         for name in path:

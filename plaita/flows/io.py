@@ -10,7 +10,7 @@ structurally (no import runs upwards):
   runner mode and that choice fixes how every call travels: here, on the caller's thread (a
   handler thread: nothing else runs there), or from the runner's event loop (script calls
   pipelined on the loop's own connection or by one thread, ``plaita.store.batch``; any other
-  call on an offload thread).
+  call on a thread of the loop's executor).
 - ``plaita.flows.memory_io.MemoryIO``: no server and no Redis semantics, only the engine's
   decisions recorded (what was written after a step, a suspension, a retry, a spawn), for unit
   tests of those decisions. Every Redis behaviour is tested on real servers through ``StoreIO``.
