@@ -23,13 +23,13 @@ from plaita.errors import PlaitaError
 from plaita.ops import fleetcheck
 from plaita.store import fleet
 from plaita.store.client import Client, is_cluster, make_client
-from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import list_workers, send_command
 from plaita.store.flow_limits import waiting_starts
 from plaita.store.keyspace import Keyspace
-from plaita.store.partitioned import open_queue
 from plaita.store.stats import execution_counts, stray_streams, stream_stats_or_empty
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.dlq import DeadLetterQueue
+from plaita.store.streams.partitioned import open_queue
+from plaita.store.streams.queue import StreamQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0

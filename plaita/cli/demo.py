@@ -56,7 +56,7 @@ from plaita.store.fleet import registry_key
 from plaita.store.keyspace import DEFAULT
 from plaita.store.server import PrivateRedis, RedisServerError
 from plaita.store.stats import is_settled
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 
 class Demo:

@@ -130,7 +130,7 @@ class FlowDemo:
     # -- setup --------------------------------------------------------------------------
     def start(self, url: str) -> None:
         from plaita.flows.producer.client import FlowClient
-        from plaita.store.streams import StreamQueue
+        from plaita.store.streams.queue import StreamQueue
 
         self.url = url
         self.client = make_client(url, socket_timeout_s=CLIENT_TIMEOUT_S)

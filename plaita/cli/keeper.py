@@ -92,7 +92,7 @@ def run_keeper(args: argparse.Namespace) -> int:
     from plaita.ops.service import KEEPER_SOCKET_TIMEOUT_S
     from plaita.store.client import make_client
     from plaita.store.executions import ExecutionStore
-    from plaita.store.partitioned import open_queue
+    from plaita.store.streams.partitioned import open_queue
 
     url = args.redis_url or DEFAULT_REDIS_URL
     queue_settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))

@@ -16,7 +16,7 @@ from typing import Any
 from plaita.errors import PlaitaError
 from plaita.store import fleet
 from plaita.store.client import Client
-from plaita.store.dlq import DeadLetterQueue
+from plaita.store.streams.dlq import DeadLetterQueue
 
 #: Seconds the dashboard waits for workers' answers to a control command.
 REPLY_TIMEOUT_S = 3.0

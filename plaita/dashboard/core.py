@@ -29,10 +29,10 @@ from plaita.dashboard.security import Guard
 from plaita.dashboard.svg import lifecycle_svg, throughput_svg
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import Client, make_client
-from plaita.store.dlq import DeadLetterQueue
 from plaita.store.executions import ExecutionStore
-from plaita.store.partitioned import open_queue
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.dlq import DeadLetterQueue
+from plaita.store.streams.partitioned import open_queue
+from plaita.store.streams.queue import StreamQueue
 
 HERE = Path(__file__).resolve().parent
 #: Socket timeout of the sampler's client: an outage shows within about this long.

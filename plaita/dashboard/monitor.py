@@ -22,7 +22,7 @@ from plaita.store.errors import cause, is_redis_failure
 from plaita.store.fleet import list_workers
 from plaita.store.flow_limits import waiting_starts
 from plaita.store.stats import execution_counts, stream_stats_or_empty
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from plaita.runtime.procpool import ProcessPool
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
-from plaita.store.partitioned import keyspace_of, open_queue
 from plaita.store.schedule_records import ScheduleRecords
+from plaita.store.streams.partitioned import keyspace_of, open_queue
 
 if TYPE_CHECKING:
     from plaita.runtime.pool import Handler

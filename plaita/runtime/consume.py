@@ -20,8 +20,8 @@ from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.suspects import Suspects
 from plaita.store.crashes import CrashStrikes
-from plaita.store.entries import Entry
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.entries import Entry
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import redis
 
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, close_clone
-from plaita.store.entries import as_text
 from plaita.store.errors import error_code
 from plaita.store.keyspace import Keyspace
+from plaita.store.streams.entries import as_text
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from plaita.store.keyspace import (
 from plaita.store.queued import QUEUED, Enqueued, QueuedAccess
 from plaita.store.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
 from plaita.store.staged import plan as plan_staged
-from plaita.store.stream_scan import start_queued, stream_execution_ids
+from plaita.store.streams.stream_scan import start_queued, stream_execution_ids
 from plaita.tasks import TENANT_ID, Task
 
 __all__ = [

@@ -33,9 +33,9 @@ import redis
 from redis.client import Pipeline
 
 from plaita.store import scripts
-from plaita.store.entries import as_text
 from plaita.store.fanout import enqueue_tasks
 from plaita.store.keyspace import Keyspace
+from plaita.store.streams.entries import as_text
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import pytest
 
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.chaos.loopflows import STEPS
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, QUEUE, WorkerProc, wait_for, worker_proc
 from tests.support.proxy import FaultProxy

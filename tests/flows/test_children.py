@@ -18,7 +18,7 @@ from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
-from plaita.store.partitioned import keyspace_of, open_queue
+from plaita.store.streams.partitioned import keyspace_of, open_queue
 from plaita.tasks import Task
 from tests.flows import fanout_flows, flowdefs
 from tests.flows.support import ledgers

@@ -20,7 +20,7 @@ from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import keeper_lease_key
 from plaita.store.leases import Lease
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, ledgers, start
 from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_env, worker_proc

@@ -29,8 +29,8 @@ from plaita.store.client import make_client
 from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import KEEPER_LEASE_KEY
 from plaita.store.leases import Lease, LeaseManager
-from plaita.store.partitioned import keyspace_of, open_queue
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.partitioned import keyspace_of, open_queue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, resume, start
 from tests.support.lease_workers import QUEUE

@@ -25,7 +25,7 @@ from plaita.store.executions import ExecutionStore
 from plaita.store.keeper_store import KEEPER_LEASE_KEY, keeper_lease_key
 from plaita.store.keyspace import DEFAULT, hash_tag
 from plaita.store.schedule_records import ScheduleRecords, records_key
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows.test_schedules import T0
 from tests.support.lease_workers import QUEUE, wait_for
 

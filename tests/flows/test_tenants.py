@@ -24,7 +24,7 @@ from plaita.store.executions import ExecutionStore
 from plaita.store.fanout import done_key
 from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, hash_tag, tenant_prefix
 from plaita.store.leases import Lease
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import CancelFlag, Task, validate_body
 from tests.flows import flowdefs
 from tests.flows.support import Harness, dlq, harness, resume, start

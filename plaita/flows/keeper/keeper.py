@@ -47,7 +47,7 @@ from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
 from plaita.store.executions import ExecutionStore, UnreadableExecution
 from plaita.store.keeper_store import UnreadableIndex
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from plaita.store.executions import ExecutionStore, UnreadableExecution
 from plaita.store.keeper_store import UnreadableIndex
 from plaita.store.schedule_records import ScheduleRecords
 from plaita.store.schedule_store import ScheduleStore, UnreadableSchedule, schedule_key
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

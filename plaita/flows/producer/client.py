@@ -26,8 +26,8 @@ from plaita.flows.producer.cancel import CancelOutcome, request_cancel
 from plaita.flows.tracing import producing
 from plaita.store.client import make_client
 from plaita.store.executions import QUEUED, TERMINAL, ExecutionStore
-from plaita.store.partitioned import open_queue
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.partitioned import open_queue
+from plaita.store.streams.queue import StreamQueue
 
 #: Polling interval of ``wait`` (bounded: the wait has a timeout).
 WAIT_POLL_S = 0.05

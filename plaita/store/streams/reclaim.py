@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import redis
 
 from plaita.store import scripts
-from plaita.store.entries import Entry, as_text
 from plaita.store.keyspace import key_id_bytes, tenant_prefix
+from plaita.store.streams.entries import Entry, as_text
 from plaita.tasks import decode_fields
 
 _SCAN_CLAIMABLE = scripts.script("scan_claimable")

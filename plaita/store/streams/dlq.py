@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from plaita.envelope import original_fields
-from plaita.store.entries import as_text
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.entries import as_text
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 

@@ -22,9 +22,9 @@ import redis
 
 from plaita.config import Settings
 from plaita.store.client import clients_for, interrupt
-from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, parse_read
 from plaita.store.keyspace import Keyspace, hash_tag
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.entries import DeadLetter, Entry, ReplicationLagError, parse_read
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import encode_body
 
 #: Shortest BLOCK of one partition's read while all are empty.

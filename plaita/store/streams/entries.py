@@ -1,5 +1,5 @@
 """What a stream read yields, and what the DLQ is asked to keep: the data types of
-``plaita.store.streams``, and the parsing of raw XREADGROUP replies."""
+``plaita.store.streams.queue``, and the parsing of raw XREADGROUP replies."""
 
 from __future__ import annotations
 

@@ -17,13 +17,22 @@ from redis.client import Pipeline
 
 from plaita.config import Settings
 from plaita.envelope import build_envelope
-from plaita.store import reclaim, scripts
+from plaita.store import scripts
 from plaita.store.client import bounded_clone, clients_for, close_clone, interrupt, node_client
-from plaita.store.entries import DeadLetter, Entry, ReplicationLagError, _raw_reply, as_text, parse_read, raw_fields
 from plaita.store.errors import error_code
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
-from plaita.store.stream_scan import stream_execution_ids
+from plaita.store.streams import reclaim
+from plaita.store.streams.entries import (
+    DeadLetter,
+    Entry,
+    ReplicationLagError,
+    _raw_reply,
+    as_text,
+    parse_read,
+    raw_fields,
+)
+from plaita.store.streams.stream_scan import stream_execution_ids
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, field_name_bytes
 
 logger = logging.getLogger(__name__)
@@ -108,7 +117,7 @@ class StreamQueue:
 
     def execution_ids(self, max_entries: int) -> tuple[set[str], bool]:
         """The execution ids of every task in this queue's streams, and whether every stream was
-        read within ``max_entries`` entries (``plaita.store.stream_scan``)."""
+        read within ``max_entries`` entries (``plaita.store.streams.stream_scan``)."""
         return stream_execution_ids(self.client, self.streams, max_entries)
 
     @classmethod
@@ -270,7 +279,7 @@ class StreamQueue:
         self, cursor: str, min_idle_ms: int, count: int, *, dead_ms: int = 0
     ) -> tuple[str, list[Entry], int]:
         """One bounded reclaim step: claim entries idle > ``min_idle_ms`` whose lease is absent,
-        at most ``count`` of live consumers (``plaita.store.reclaim``)."""
+        at most ``count`` of live consumers (``plaita.store.streams.reclaim``)."""
         return reclaim.claim_unleased(self, cursor, min_idle_ms, count, dead_ms=dead_ms)
 
     def renew_pending(self, ids: list[str]) -> list[str]:
