@@ -17,7 +17,7 @@ walk had already left. Two counts are printed:
 
 Also printed: how many sibling modules ``engine.py`` imports (modules of its own package) and
 how many times ``offload`` is still written in ``plaita/flows/`` (the runner's old mode flag;
-how calls travel is ``plaita/store/execution_io.py``'s choice now).
+how calls travel is ``plaita/store/executions/execution_io.py``'s choice now).
 
     python -m bench.step_walk [--root DIR] [--show]
 
@@ -40,7 +40,7 @@ def _walk(root: Path) -> list[tuple[str, bool]]:
     """(file, leaf) per stay of the traced run, in order."""
     from plaita.flows import Flow, FlowRunner
     from plaita.store.client import make_client
-    from plaita.store.executions import ExecutionStore
+    from plaita.store.executions.store import ExecutionStore
     from plaita.store.leases import LeaseManager
     from plaita.tasks import Task
     from tests.support.redis_server import RedisServer

@@ -23,8 +23,8 @@ from plaita.errors import PlaitaError
 from plaita.ops import fleetcheck
 from plaita.store import fleet
 from plaita.store.client import Client, is_cluster, make_client
+from plaita.store.executions.flow_limits import waiting_starts
 from plaita.store.fleet import list_workers, send_command
-from plaita.store.flow_limits import waiting_starts
 from plaita.store.keyspace import Keyspace
 from plaita.store.stats import execution_counts, stray_streams, stream_stats_or_empty
 from plaita.store.streams.dlq import DeadLetterQueue

@@ -289,7 +289,7 @@ class FlowDemo:
         self.client = None
 
     def _delete_keys(self) -> None:
-        from plaita.store.executions import ALL_STATUSES, DEADLINES_KEY
+        from plaita.store.executions.store import ALL_STATUSES, DEADLINES_KEY
         from plaita.store.fleet import registry_key
         from plaita.store.keyspace import DEFAULT
 

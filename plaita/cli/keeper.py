@@ -91,7 +91,7 @@ def run_keeper(args: argparse.Namespace) -> int:
     from plaita.ops.alerts import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S
     from plaita.ops.service import KEEPER_SOCKET_TIMEOUT_S
     from plaita.store.client import make_client
-    from plaita.store.executions import ExecutionStore
+    from plaita.store.executions.store import ExecutionStore
     from plaita.store.streams.partitioned import open_queue
 
     url = args.redis_url or DEFAULT_REDIS_URL

@@ -29,7 +29,7 @@ from plaita.dashboard.security import Guard
 from plaita.dashboard.svg import lifecycle_svg, throughput_svg
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import Client, make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.streams.dlq import DeadLetterQueue
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue

@@ -17,8 +17,8 @@ from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.lineage import WAITING_KINDS, waits_as
 from plaita.flows.model import bodies as model
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient
-from plaita.store.executions import ALL_STATUSES as STATUSES
-from plaita.store.executions import TERMINAL, ExecutionStore
+from plaita.store.executions.store import ALL_STATUSES as STATUSES
+from plaita.store.executions.store import TERMINAL, ExecutionStore
 
 #: Executions listed on one page at most.
 LIST_ROWS = 200

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plaita.flows.keeper.scheduler import schedule_rows
-from plaita.store.executions import ExecutionStore, UnreadableExecution
+from plaita.store.executions.store import ExecutionStore, UnreadableExecution
 
 #: Children listed per page.
 CHILD_ROWS = 50

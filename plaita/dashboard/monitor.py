@@ -19,8 +19,8 @@ from typing import Any
 
 from plaita.dashboard.probe import MAX_PROBED, probe, probe_address
 from plaita.store.errors import cause, is_redis_failure
+from plaita.store.executions.flow_limits import waiting_starts
 from plaita.store.fleet import list_workers
-from plaita.store.flow_limits import waiting_starts
 from plaita.store.stats import execution_counts, stream_stats_or_empty
 from plaita.store.streams.queue import StreamQueue
 

@@ -6,10 +6,10 @@ executions, enqueue tasks, mark a child done, publish, and run a blocking helper
 a Redis client and never decides how a call travels. Two adapters satisfy this protocol
 structurally (no import runs upwards):
 
-- ``plaita.store.execution_io.StoreIO``: Redis, through ``ExecutionStore``. It is built once per
+- ``plaita.store.executions.execution_io.StoreIO``: Redis, through ``ExecutionStore``. It is built once per
   runner mode and that choice fixes how every call travels: here, on the caller's thread (a
   handler thread: nothing else runs there), or from the runner's event loop (script calls
-  pipelined on the loop's own connection or by one thread, ``plaita.store.batch``; any other
+  pipelined on the loop's own connection or by one thread, ``plaita.store.executions.batch``; any other
   call on a thread of the loop's executor).
 - ``plaita.flows.memory_io.MemoryIO``: no server and no Redis semantics, only the engine's
   decisions recorded (what was written after a step, a suspension, a retry, a spawn), for unit
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from plaita.tasks import Task
 
 if TYPE_CHECKING:
-    from plaita.store.executions import ExecutionStore, Staged, UnreadableExecution
-    from plaita.store.flow_limits import FlowLimitStore
+    from plaita.store.executions.flow_limits import FlowLimitStore
+    from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ order, what the runner asked for: every create, checkpoint and reopen (``writes`
 document, deadline, staged writes), every task it enqueued (``enqueued``), every cancel flag it
 set, every event a step published. Tests of the engine's decisions (what is written after a
 step, a suspension, a retry, a spawn) run on it without a server; every Redis behaviour is
-tested on real servers through ``plaita.store.execution_io.StoreIO``.
+tested on real servers through ``plaita.store.executions.execution_io.StoreIO``.
 
 What it cannot decide it refuses (``ConfigError``): flow limits and a queued start's version
 wait need the real adapter.
@@ -24,8 +24,8 @@ from plaita.errors import ConfigError
 from plaita.tasks import Task
 
 if TYPE_CHECKING:
-    from plaita.store.executions import ExecutionStore, Staged, UnreadableExecution
-    from plaita.store.flow_limits import FlowLimitStore
+    from plaita.store.executions.flow_limits import FlowLimitStore
+    from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
 
 T = TypeVar("T")
 
@@ -53,7 +53,9 @@ class _NeedsServer:
         self._what = what
 
     def __getattr__(self, name: str) -> Any:
-        raise ConfigError(f"{self._what} need a real server: test them through plaita.store.execution_io.StoreIO")
+        raise ConfigError(
+            f"{self._what} need a real server: test them through plaita.store.executions.execution_io.StoreIO"
+        )
 
 
 @dataclass

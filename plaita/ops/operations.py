@@ -27,8 +27,8 @@ from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.flow_limits import waiting_starts
+from plaita.store.executions.flow_limits import waiting_starts
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.stats import stream_stats
 from plaita.store.streams.entries import DeadLetter
 

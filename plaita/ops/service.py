@@ -35,8 +35,8 @@ from plaita.runtime.prochandler import ProcessHandler
 from plaita.runtime.procpool import ProcessPool
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.schedule_records import ScheduleRecords
+from plaita.store.executions.schedule_records import ScheduleRecords
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.streams.partitioned import keyspace_of, open_queue
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from plaita.runtime.reclaim import Reclaimer
 from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.suspects import Suspects
-from plaita.store.crashes import CrashStrikes
+from plaita.store.executions.crashes import CrashStrikes
 from plaita.store.streams.entries import Entry
 from plaita.store.streams.queue import StreamQueue
 

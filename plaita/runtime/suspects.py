@@ -35,7 +35,7 @@ import time
 from plaita.config import Settings
 from plaita.fsm import Lifecycle
 from plaita.runtime.intake import Intake
-from plaita.store.crashes import CrashStrikes
+from plaita.store.executions.crashes import CrashStrikes
 from plaita.store.streams.entries import Entry
 from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import Task

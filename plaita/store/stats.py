@@ -10,7 +10,7 @@ from typing import Any
 import redis
 
 from plaita.store.client import is_cluster
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import Keyspace
 from plaita.store.streams.entries import as_text
 from plaita.store.streams.queue import StreamQueue

@@ -1,4 +1,4 @@
-"""Chaos tier for the flow runner's loop connection (``plaita.store.loop_calls``): a flow
+"""Chaos tier for the flow runner's loop connection (``plaita.store.executions.loop_calls``): a flow
 worker (``--flows tests.chaos.loopflows``: ``async def`` and sync steps) with executions in
 flight rides out a SIGSTOP past its socket timeout, kill -9 of Redis with a restart (with its
 data: the scripts are gone, NOSCRIPT), a blackhole and connection resets through the proxy.

@@ -13,7 +13,7 @@ import pytest
 
 from plaita.config import Settings
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
-from plaita.store.executions import ExecutionStore, UnreadableExecution
+from plaita.store.executions.store import ExecutionStore, UnreadableExecution
 from plaita.store.streams.partitioned import open_queue
 from tests.support.lease_workers import QUEUE
 from tests.support.redis_cluster import ClusterServers

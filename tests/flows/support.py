@@ -13,7 +13,7 @@ import redis
 from plaita.flows import FlowRunner
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
 from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import Task

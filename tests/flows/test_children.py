@@ -16,7 +16,7 @@ from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
 from plaita.store.streams.partitioned import keyspace_of, open_queue
 from plaita.tasks import Task

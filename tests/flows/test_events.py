@@ -17,7 +17,7 @@ from plaita.flows.model.context import StepContext
 from plaita.flows.producer.client import FlowClient
 from plaita.flows.runner.events import MAX_EVENT_BYTES, MAX_EVENTS, publisher
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import Keyspace
 from plaita.store.leases import Lease
 from plaita.tasks import CancelFlag, Task

@@ -17,7 +17,7 @@ import pytest
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRunner, NonRetryableError, StepContext
 from plaita.flows.model.execution import Execution
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from tests.flows.support import Harness, harness, resume, start
 
 pytestmark = pytest.mark.redis

@@ -17,8 +17,8 @@ from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.keeper_store import keeper_lease_key
+from plaita.store.executions.keeper_store import keeper_lease_key
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease
 from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs

@@ -26,8 +26,8 @@ from plaita.flows import Flow, FlowRunner, StepContext
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.keeper_store import KEEPER_LEASE_KEY
+from plaita.store.executions.keeper_store import KEEPER_LEASE_KEY
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
 from plaita.store.streams.partitioned import keyspace_of, open_queue
 from plaita.store.streams.queue import StreamQueue

@@ -12,7 +12,7 @@ import redis
 from plaita.errors import ConfigError, NotForThisWorker
 from plaita.flows import Flow, StepContext
 from plaita.flows.runner.limits import WAIT_MAX_S
-from plaita.store.flow_limits import FULL, RATE_LIMITED, TAKEN, FlowLimitStore, limit_keys
+from plaita.store.executions.flow_limits import FULL, RATE_LIMITED, TAKEN, FlowLimitStore, limit_keys
 from plaita.store.keyspace import DEFAULT, Keyspace, hash_tag
 from tests.flows.support import Harness, start
 from tests.support.lease_workers import wait_for

@@ -12,7 +12,7 @@ import pytest
 
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.flow_limits import FlowLimitStore, limit_keys
+from plaita.store.executions.flow_limits import FlowLimitStore, limit_keys
 from plaita.store.keyspace import Keyspace
 from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs

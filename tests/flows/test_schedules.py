@@ -19,8 +19,8 @@ from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.keeper.scheduler import Scheduler
 from plaita.flows.model.schedules import execution_id_of
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.schedule_store import ScheduleStore, schedule_key
+from plaita.store.executions.schedule_store import ScheduleStore, schedule_key
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 from tests.support.lease_workers import QUEUE

@@ -20,8 +20,8 @@ from plaita.flows.model.context import StepContext
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.fanout import done_key
+from plaita.store.executions.fanout import done_key
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, hash_tag, tenant_prefix
 from plaita.store.leases import Lease
 from plaita.store.streams.queue import StreamQueue

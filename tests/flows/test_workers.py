@@ -10,7 +10,7 @@ import pytest
 from plaita.flows import FlowRunner
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import dlq, ledgers

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.store.batch import CallBatcher
 from plaita.store.calls import ScriptCall, batchable, run_calls
-from plaita.store.executions import ExecutionStore, Staged, StagedWriteRefused
+from plaita.store.executions.batch import CallBatcher
+from plaita.store.executions.store import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.leases import Lease, LeaseManager
 
 pytestmark = pytest.mark.redis
@@ -85,7 +85,7 @@ def test_noscript_resends_only_the_refused_calls(client: redis.Redis) -> None:
     assert client.get("app:ns:count") == str(len(eids)).encode()
 
 
-#: The batcher's two ways: its I/O thread, and the loop's own connection (plaita.store.loop_calls).
+#: The batcher's two ways: its I/O thread, and the loop's own connection (plaita.store.executions.loop_calls).
 WAYS = pytest.mark.parametrize("loop_connection", [False, True], ids=["thread", "loop"])
 
 

@@ -1,4 +1,4 @@
-"""``StoreIO``, the runner's door on Redis (``plaita.store.execution_io``), on a real server: the
+"""``StoreIO``, the runner's door on Redis (``plaita.store.executions.execution_io``), on a real server: the
 mode chosen once decides where every call runs, and the door's replies are the scripts' (a
 fenced write refused, a completion refused for a cancel, an existing execution returned)."""
 
@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from plaita.store.execution_io import StoreIO
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.execution_io import StoreIO
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
 from plaita.tasks import Task
 

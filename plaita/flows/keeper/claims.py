@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 
 logger = logging.getLogger("plaita.flows.keeper.keeper")  # the keeper's own log
 

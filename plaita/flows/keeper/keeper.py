@@ -45,8 +45,8 @@ from plaita.flows.model.bodies import end_task
 from plaita.flows.model.execution import error_doc
 from plaita.fsm import BackoffPolicy, ErrorKind
 from plaita.store.errors import classify, is_redis_failure
-from plaita.store.executions import ExecutionStore, UnreadableExecution
-from plaita.store.keeper_store import UnreadableIndex
+from plaita.store.executions.keeper_store import UnreadableIndex
+from plaita.store.executions.store import ExecutionStore, UnreadableExecution
 from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)

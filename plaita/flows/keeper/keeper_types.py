@@ -13,9 +13,9 @@ from plaita.flows.model import bodies as model
 from plaita.flows.model.validate import epoch_or_none
 
 if TYPE_CHECKING:
-    from plaita.store.execution_docs import UnreadableExecution
-    from plaita.store.executions import ExecutionStore
-    from plaita.store.keeper_store import UnreadableIndex
+    from plaita.store.executions.execution_docs import UnreadableExecution
+    from plaita.store.executions.keeper_store import UnreadableIndex
+    from plaita.store.executions.store import ExecutionStore
 
 logger = logging.getLogger("plaita.flows.keeper.keeper")  # the keeper's own log, as before the split
 

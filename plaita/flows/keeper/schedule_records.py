@@ -33,8 +33,8 @@ from typing import Any
 from plaita.errors import ConfigError
 from plaita.flows.model.definition import Flow
 from plaita.flows.model.schedules import Schedule, schedule_of
-from plaita.store.keeper_store import UnreadableIndex
-from plaita.store.schedule_records import ScheduleRecords
+from plaita.store.executions.keeper_store import UnreadableIndex
+from plaita.store.executions.schedule_records import ScheduleRecords
 
 logger = logging.getLogger(__name__)
 

@@ -38,10 +38,10 @@ from plaita.flows.model.definition import Flow
 from plaita.flows.model.schedules import Plan, Schedule, execution_id_of
 from plaita.flows.producer.client import FlowClient
 from plaita.store.errors import is_redis_failure
-from plaita.store.executions import ExecutionStore, UnreadableExecution
-from plaita.store.keeper_store import UnreadableIndex
-from plaita.store.schedule_records import ScheduleRecords
-from plaita.store.schedule_store import ScheduleStore, UnreadableSchedule, schedule_key
+from plaita.store.executions.keeper_store import UnreadableIndex
+from plaita.store.executions.schedule_records import ScheduleRecords
+from plaita.store.executions.schedule_store import ScheduleStore, UnreadableSchedule, schedule_key
+from plaita.store.executions.store import ExecutionStore, UnreadableExecution
 from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)

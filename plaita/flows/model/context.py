@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plaita.flows.model.validate import check_timeout_s, check_wait_name
+from plaita.store.executions.staged import MAX_SECONDS, STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.store.keyspace import hash_tag
-from plaita.store.staged import MAX_SECONDS, STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.tasks import CancelFlag
 
 #: Staged writes may not touch execution bookkeeping: the checkpoint owns those keys.

@@ -26,7 +26,7 @@ from plaita.flows.model.failures import error_from_exception as error_from_excep
 from plaita.flows.model.failures import exception_text as exception_text
 from plaita.flows.model.failures import history_entry
 from plaita.flows.model.validate import StepOutputError, dumps, epoch_or_none
-from plaita.store.executions import ALL_STATUSES, QUEUED, TERMINAL
+from plaita.store.executions.store import ALL_STATUSES, QUEUED, TERMINAL
 
 #: History entries kept per execution (the newest); ``steps_run`` keeps counting.
 HISTORY_LIMIT = 200

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from plaita.errors import BadTaskError, PlaitaError
-from plaita.store.staged import MAX_SECONDS
+from plaita.store.executions.staged import MAX_SECONDS
 
 
 class StepOutputError(PlaitaError):

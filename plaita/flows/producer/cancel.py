@@ -22,9 +22,9 @@ from typing import Any
 
 from plaita.flows.model import bodies as model
 from plaita.flows.model.bodies import child_ids
-from plaita.store.executions import FLAG_TTL_S, MAX_SCANNED_ENTRIES, TERMINAL, ExecutionStore
-from plaita.store.executions import QUEUED as QUEUED_STATUS
-from plaita.store.flow_limits import FlowLimitStore, member_of
+from plaita.store.executions.flow_limits import FlowLimitStore, member_of
+from plaita.store.executions.store import FLAG_TTL_S, MAX_SCANNED_ENTRIES, TERMINAL, ExecutionStore
+from plaita.store.executions.store import QUEUED as QUEUED_STATUS
 
 #: ``CancelOutcome.outcome``: the cancel is recorded and the execution will end ``cancelled``.
 QUEUED, RUNNING, SUSPENDED, UNSEEN = "queued", "running", "suspended", "unseen"

@@ -25,7 +25,7 @@ from plaita.flows.model.validate import check_deadline_s, check_wait_name, requi
 from plaita.flows.producer.cancel import CancelOutcome, request_cancel
 from plaita.flows.tracing import producing
 from plaita.store.client import make_client
-from plaita.store.executions import QUEUED, TERMINAL, ExecutionStore
+from plaita.store.executions.store import QUEUED, TERMINAL, ExecutionStore
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 

@@ -26,7 +26,7 @@ from plaita.flows.model.validate import check_wait_name, require_task_json, task
 from plaita.flows.runner.handover import Handover
 from plaita.flows.runner.queued import QueuedStarts
 from plaita.flows.tracing import TaskTrace
-from plaita.store.executions import QUEUED
+from plaita.store.executions.store import QUEUED
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

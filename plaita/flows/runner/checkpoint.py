@@ -13,8 +13,8 @@ from plaita.errors import ConfigError, LeaseLostError, PlaitaError
 from plaita.flows.io import ExecutionIO
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.validate import StepOutputError, output_error
-from plaita.store.executions import Staged, StagedWriteRefused
-from plaita.store.staged import MAX_SECONDS
+from plaita.store.executions.staged import MAX_SECONDS
+from plaita.store.executions.store import Staged, StagedWriteRefused
 from plaita.tasks import Task
 
 

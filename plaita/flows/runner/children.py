@@ -44,7 +44,7 @@ from plaita.flows.model.context import Spawn
 from plaita.flows.model.execution import BadExecution, Execution
 from plaita.flows.runner.admit import Run
 from plaita.flows.tracing import current_traceparent
-from plaita.store.executions import TERMINAL, UnreadableExecution
+from plaita.store.executions.store import TERMINAL, UnreadableExecution
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

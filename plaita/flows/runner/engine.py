@@ -18,7 +18,7 @@ then tell the observers and, when it ended the execution, the flow's hooks.
 
 Every call to execution state goes through one door, ``ExecutionIO`` (``plaita.flows.io``):
 the runner holds two, one per mode (a handler thread's, the event loop's), chosen once here;
-how a call travels is the adapter's business (``plaita.store.execution_io``).
+how a call travels is the adapter's business (``plaita.store.executions.execution_io``).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from plaita.flows.runner.stepcall import StepCaller
 from plaita.flows.runner.watch import CancelWatch
 from plaita.flows.tracing import TaskTrace, Tracing, joined
 from plaita.runtime.observer import ExecutionObserver
-from plaita.store.execution_io import StoreIO
-from plaita.store.executions import ExecutionStore, Staged
+from plaita.store.executions.execution_io import StoreIO
+from plaita.store.executions.store import ExecutionStore, Staged
 from plaita.tasks import CancelFlag, Task
 
 logger = logging.getLogger(__name__)

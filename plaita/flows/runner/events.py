@@ -2,7 +2,7 @@
 that producers read at once (``FlowClient.events``, ``plaita executions show``), without waiting
 for the step's checkpoint.
 
-A publish is one fenced script call (``plaita.store.events``): written at once, refused once the
+A publish is one fenced script call (``plaita.store.executions.events``): written at once, refused once the
 worker lost the execution's lease. The last value per name wins. Values are strict JSON, each at
 most ``MAX_EVENT_BYTES`` encoded, at most ``MAX_EVENTS`` names per execution, so a step in a loop
 cannot grow the hash without bound. Not part of the checkpoint: a step that fails after

@@ -1,6 +1,6 @@
 """Fleet-wide limits of a flow: ``Flow(max_concurrent=N, max_starts_per_s=R, rate_limit=(N, period_s))``.
 
-A task of a limited flow takes a slot (``plaita.store.flow_limits``: one atomic script over the
+A task of a limited flow takes a slot (``plaita.store.executions.flow_limits``: one atomic script over the
 flow's own keys) before its first step runs and gives it back when its handler returns: the
 execution suspended, ended, failed a delivery or lost its lease. A start is checked before its
 execution is created, and a start also passes the flow's start rates; a resume is checked once
@@ -50,7 +50,7 @@ from plaita.flows.io import ExecutionIO
 from plaita.flows.model.definition import Flow
 from plaita.flows.model.validate import task_deadline
 from plaita.flows.runner.handover import task_name
-from plaita.store.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, member_of, order_of
+from plaita.store.executions.flow_limits import FULL, PARKED, TAKEN, Admit, FlowLimitStore, member_of, order_of
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

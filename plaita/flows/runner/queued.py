@@ -1,7 +1,7 @@
 """What a worker does to a start it holds but does not run: the producer's ``queued`` record.
 
 Two cases, both under the start's lease (the record is rewritten by a fenced script, and only while
-it is still ``queued``: ``plaita.store.queued``):
+it is still ``queued``: ``plaita.store.executions.queued``):
 
 * **Waiting for a version.** A start asking for a flow version no live worker runs is not
   dead-lettered at once: during a deploy the worker that runs it may register a minute later. It is
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from plaita.errors import NotForThisWorker
 from plaita.flows.model.execution import BadExecution, Execution
 from plaita.flows.runner.handover import HANDOVER_DELAY_S
-from plaita.store.execution_docs import UnreadableExecution
-from plaita.store.executions import QUEUED, ExecutionStore
+from plaita.store.executions.execution_docs import UnreadableExecution
+from plaita.store.executions.store import QUEUED, ExecutionStore
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

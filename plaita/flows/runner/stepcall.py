@@ -28,7 +28,7 @@ from plaita.flows.model.definition import Step, StepFn
 from plaita.flows.runner.invoke import Attempt, invoke, run_here
 from plaita.runtime.procchild import ChildServices
 from plaita.runtime.procpool import ProcessPool
-from plaita.store.staged import Staged
+from plaita.store.executions.staged import Staged
 
 #: The context fields that cross into a child as they are (the rest are live or recorded).
 _FIELDS = ("execution_id", "flow_id", "step", "params", "state", "results", "resume", "attempt", "deadline_at")

@@ -19,7 +19,7 @@ import redis
 from plaita.errors import PlaitaError
 from plaita.store import scripts
 from plaita.store.client import interrupt
-from plaita.store.execution_docs import checked, is_wrongtype, reply_text
+from plaita.store.executions.execution_docs import checked, is_wrongtype, reply_text
 from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, key_id
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 

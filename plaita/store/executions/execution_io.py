@@ -5,7 +5,7 @@ Built once per runner mode, and that choice fixes how every call travels:
 - ``here=True`` (the runner called as ``runner(task)`` on a handler thread): every call runs on
   the caller's thread, to its end; nothing else runs there, and no event loop does.
 - ``here=False`` (``await runner.run_async(task)`` on the worker's event loop): a script call
-  (create, checkpoint) goes to a ``CallBatcher`` (``plaita.store.batch``: the loop's own
+  (create, checkpoint) goes to a ``CallBatcher`` (``plaita.store.executions.batch``: the loop's own
   connection, or one thread pipelining the calls of every execution), or, on a cluster client
   whose pipeline would split them by slot, to an offload thread of its own; any other call
   (reads, enqueues, a blocking helper of the runner) goes to an offload thread
@@ -20,12 +20,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from plaita.store import fanout
-from plaita.store.batch import CallBatcher
 from plaita.store.calls import ScriptCall, batchable
-from plaita.store.executions import ExecutionStore, Staged, UnreadableExecution
+from plaita.store.executions import fanout
+from plaita.store.executions.batch import CallBatcher
+from plaita.store.executions.flow_limits import FlowLimitStore
+from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
 from plaita.store.fleet import FleetView
-from plaita.store.flow_limits import FlowLimitStore
 from plaita.tasks import Task
 
 T = TypeVar("T")

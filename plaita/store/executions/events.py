@@ -15,7 +15,7 @@ from typing import Any, cast
 import redis
 
 from plaita.store import scripts
-from plaita.store.execution_docs import is_wrongtype, reply_text
+from plaita.store.executions.execution_docs import is_wrongtype, reply_text
 from plaita.store.keyspace import Keyspace
 
 PUBLISH = scripts.script("publish_event")

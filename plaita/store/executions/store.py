@@ -5,9 +5,9 @@ Keys (the names existing deployments and tools read; they do not change):
 
 - ``plaita:execution:{id}``: the execution's state, one JSON string.
 - ``plaita:execution:cancel:{id}``: cancel intent (any value), 7 days.
-- ``plaita:execution:events:{id}``: what its steps published (``plaita.store.events``).
+- ``plaita:execution:events:{id}``: what its steps published (``plaita.store.executions.events``).
 - ``plaita:start-dedup:{key}``: the execution id a dedup key started, 7 days (set by the
-  producer's start, ``plaita.store.queued``, or by the worker's create for an older producer).
+  producer's start, ``plaita.store.executions.queued``, or by the worker's create for an older producer).
 - ``plaita:executions:status:{status}``: one sorted set per status, member = execution id,
   score = last update (epoch seconds), so listing by status needs neither KEYS nor SCAN.
 - ``plaita:executions:deadlines``: suspended executions with a deadline, scored by it.
@@ -29,12 +29,16 @@ from typing import Any, cast
 
 import redis
 
-from plaita.store import fanout, scripts
+from plaita.store import scripts
 from plaita.store.calls import ScriptCall
 from plaita.store.client import get_many
-from plaita.store.events import EventAccess
-from plaita.store.execution_docs import UnreadableExecution, checked, reply_text
-from plaita.store.keeper_store import KeeperAccess
+from plaita.store.executions import fanout
+from plaita.store.executions.events import EventAccess
+from plaita.store.executions.execution_docs import UnreadableExecution, checked, reply_text
+from plaita.store.executions.keeper_store import KeeperAccess
+from plaita.store.executions.queued import QUEUED, Enqueued, QueuedAccess
+from plaita.store.executions.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
+from plaita.store.executions.staged import plan as plan_staged
 from plaita.store.keyspace import (
     CANCEL_PREFIX,
     DEADLINES_KEY,
@@ -45,9 +49,6 @@ from plaita.store.keyspace import (
     TENANTS_KEY,
     Keyspace,
 )
-from plaita.store.queued import QUEUED, Enqueued, QueuedAccess
-from plaita.store.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
-from plaita.store.staged import plan as plan_staged
 from plaita.store.streams.stream_scan import start_queued, stream_execution_ids
 from plaita.tasks import TENANT_ID, Task
 
@@ -71,7 +72,7 @@ __all__ = [
 #: Statuses a checkpoint writes, in the order the checkpoint script receives their index keys.
 STATUSES = ("running", "suspended", "completed", "error", "cancelled")
 #: Every status a document holds: also ``queued``, a start recorded by its producer that no worker
-#: took over yet (only the start path writes it: ``plaita.store.queued``).
+#: took over yet (only the start path writes it: ``plaita.store.executions.queued``).
 ALL_STATUSES = (QUEUED, *STATUSES)
 TERMINAL = frozenset({"completed", "error", "cancelled"})
 #: Cancel flags and dedup keys outlive any execution that could still use them.

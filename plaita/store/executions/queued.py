@@ -21,9 +21,9 @@ from typing import Any, cast
 import redis
 
 from plaita.store import scripts
-from plaita.store.execution_docs import reply_text
+from plaita.store.executions.execution_docs import reply_text
+from plaita.store.executions.staged import ExecutionKeyError
 from plaita.store.keyspace import TENANTS_KEY, Keyspace
-from plaita.store.staged import ExecutionKeyError
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: The status of a start recorded by its producer and not yet taken over by a worker.

@@ -33,7 +33,7 @@ import redis
 from redis.client import Pipeline
 
 from plaita.store import scripts
-from plaita.store.fanout import enqueue_tasks
+from plaita.store.executions.fanout import enqueue_tasks
 from plaita.store.keyspace import Keyspace
 from plaita.store.streams.entries import as_text
 

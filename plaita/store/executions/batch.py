@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from plaita.store.calls import ScriptCall, run_calls
-from plaita.store.loop_calls import LoopCalls, LoopUnsupported, resolve, servable
+from plaita.store.executions.loop_calls import LoopCalls, LoopUnsupported, resolve, servable
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ _Queued = tuple[ScriptCall, asyncio.Future[Any], asyncio.AbstractEventLoop]
 class CallBatcher:
     """One daemon thread (started with the first call) sending queued calls in batches; the
     calls of a client a loop connection can serve go over that instead (``loop_connection``,
-    ``plaita.store.loop_calls``: no thread hand-offs, batches pipelined)."""
+    ``plaita.store.executions.loop_calls``: no thread hand-offs, batches pipelined)."""
 
     def __init__(self, *, loop_connection: bool = True) -> None:
         self._loop_calls = LoopCalls() if loop_connection else None

@@ -16,8 +16,8 @@ from typing import Any, cast
 import redis
 
 from plaita.store import scripts
-from plaita.store.execution_docs import reply_text
-from plaita.store.keeper_store import index_of
+from plaita.store.executions.execution_docs import reply_text
+from plaita.store.executions.keeper_store import index_of
 
 RECORDS_PREFIX = "plaita:schedules:recorded:"
 #: The field a keeper sets beside the records (flow ids are never empty).

@@ -21,8 +21,8 @@ import redis
 
 from plaita.errors import PlaitaError
 from plaita.store import scripts
-from plaita.store.execution_docs import is_wrongtype, reply_text
-from plaita.store.keeper_store import UnreadableIndex, index_of
+from plaita.store.executions.execution_docs import is_wrongtype, reply_text
+from plaita.store.executions.keeper_store import UnreadableIndex, index_of
 
 SCHEDULE_PREFIX = "plaita:schedule:"
 SCHEDULES_KEY = "plaita:schedules"
