@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from bench.common import Progress, WorkerProcess, body, cpu_seconds, exit_on_sigterm, fields
 from bench.report import machine
 from plaita.config import Settings
-from plaita.store.partitioned import open_queue
 from plaita.store.stats import is_settled
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.partitioned import open_queue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.redis_cluster import ClusterServers
 from tests.support.redis_server import RedisServer
 

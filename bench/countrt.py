@@ -1,7 +1,7 @@
 """``python -m bench.countrt <module> args…``: run ``<module>`` (e.g. ``plaita``) counting its
 Redis round trips: every ``send_packed_command`` of redis-py is one request written to a socket
 (a pipeline is one), as is every write of a flow runner's loop connection
-(``plaita.store.loop_calls``); the count goes to ``$PLAITA_BENCH_RT_FILE`` every 20 ms and at
+(``plaita.store.executions.loop_calls``); the count goes to ``$PLAITA_BENCH_RT_FILE`` every 20 ms and at
 exit."""
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def _flusher(path: Path) -> None:
 
 
 def _count_loop_writes() -> None:
-    """A loop connection's write (``plaita.store.loop_calls``) is one request too; a tree
+    """A loop connection's write (``plaita.store.executions.loop_calls``) is one request too; a tree
     without that module (an older baseline) has none to count."""
     try:
-        from plaita.store import loop_calls
+        from plaita.store.executions import loop_calls
     except ImportError:
         return
     original = loop_calls._Connection._write

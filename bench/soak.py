@@ -32,7 +32,7 @@ from bench.common import client_for, exit_on_sigterm
 from bench.soak_flows import CHILDREN, HISTORY_KEY, STAGED_PREFIX
 from bench.soak_keepers import Keepers
 from bench.soak_nemesis import Nemesis, Supervisor, schedule
-from plaita.flows import model
+from plaita.flows.model import bodies as model
 from plaita.store.keyspace import DEFAULT
 from tests.support.redis_server import RedisServer
 

@@ -27,8 +27,8 @@ from plaita.runtime.observer import Observers
 from plaita.runtime.outcomes import OutcomeRouter
 from plaita.runtime.pool import HandlerPool
 from plaita.runtime.settler import Settler
-from plaita.store.entries import parse_read
 from plaita.store.keyspace import DEFAULT
+from plaita.store.streams.entries import parse_read
 from plaita.tasks import Task
 
 

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         Suspend,
         load_flows,
     )
-    from plaita.flows.client import DuplicateStart, ExecutionNotFound, FlowClient, WaitTimeout
+    from plaita.flows.producer.client import DuplicateStart, ExecutionNotFound, FlowClient, WaitTimeout
     from plaita.ops.service import WorkerService, build_worker, run_worker, start_worker
     from plaita.tasks import Task
 
@@ -77,7 +77,9 @@ _LAZY: dict[str, str] = {
         ),
         "plaita.flows",
     ),
-    **dict.fromkeys(("DuplicateStart", "ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.client"),
+    **dict.fromkeys(
+        ("DuplicateStart", "ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.producer.client"
+    ),
     **dict.fromkeys(("WorkerService", "build_worker", "run_worker", "start_worker"), "plaita.ops.service"),
 }
 

@@ -6,7 +6,7 @@ needed): no attribute access ``X.client``, ``X.read_client`` or ``X.owner``, and
 object hands out its connection (``StreamQueue.client`` / ``.read_client`` / ``.owner``,
 ``ExecutionStore.client``, ``DeadLetterQueue.client``, ...); whoever reads one holds the keys
 instead of a door, and calls Redis past store/. The one exception is a submodule named ``client``
-reached through an imported module (``http.client.HTTPException``, ``plaita.flows.client``):
+reached through an imported module (``http.client.HTTPException``, ``plaita.flows.producer.client``):
 the base of the attribute is then a name bound by ``import``, not an object.
 
 Code above store/ asks store/ for what it needs instead: ``FleetAccess`` (the registry, the
@@ -102,8 +102,8 @@ def test_the_check_covers_the_layers_above_store() -> None:
         ("c = getattr(store, 'client')", [(1, "getattr(store, 'client')")]),
         ("make().client.close()", [(1, "make().client")]),
         ("import http.client\nerr = http.client.HTTPException", []),
-        ("import plaita.flows.client as fc\nfc.FlowClient", []),
-        ("from plaita.flows.client import FlowClient\nflow_client = FlowClient", []),
+        ("import plaita.flows.producer.client as fc\nfc.FlowClient", []),
+        ("from plaita.flows.producer.client import FlowClient\nflow_client = FlowClient", []),
         ("queue.client_name", []),
     ],
 )

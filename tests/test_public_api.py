@@ -99,7 +99,7 @@ def test_import_plaita_loads_no_redis_and_no_layer_until_a_name_is_used() -> Non
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('redis', 'plaita'))\n"
         "assert loaded == ['plaita', 'plaita.errors', 'plaita.version'], loaded\n"
         "plaita.FlowClient\n"
-        "assert 'redis' in sys.modules and 'plaita.flows.client' in sys.modules\n"
+        "assert 'redis' in sys.modules and 'plaita.flows.producer.client' in sys.modules\n"
         "from plaita import *\n"
         "assert run_worker is plaita.run_worker\n"
     )

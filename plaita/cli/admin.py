@@ -22,7 +22,8 @@ from plaita.errors import PlaitaError
 from plaita.ops.fleet_admin import Admin, AdminTarget, FleetCommandError, open_admin
 
 if TYPE_CHECKING:
-    from plaita.store.dlq import DeadLetterQueue
+    from plaita.store.streams.dlq import DeadLetterQueue
+from plaita.store.streams.dlq import DeadLetterQueue
 
 #: Seconds ``plaita status INSTANCE`` waits for the worker's answer.
 STATUS_REPLY_TIMEOUT_S = 5.0

@@ -37,9 +37,9 @@ def run_enqueue(args: argparse.Namespace) -> int:
     from plaita.errors import BadTaskError
     from plaita.flows.tracing import parse_traceparent, producing
     from plaita.store.client import make_client
-    from plaita.store.entries import ReplicationLagError
     from plaita.store.errors import is_redis_failure
-    from plaita.store.partitioned import open_queue
+    from plaita.store.streams.entries import ReplicationLagError
+    from plaita.store.streams.partitioned import open_queue
     from plaita.tasks import validate_body
 
     url = args.redis_url or DEFAULT_REDIS_URL

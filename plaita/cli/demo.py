@@ -57,7 +57,7 @@ from plaita.store.keyspace import DEFAULT
 from plaita.store.queue_access import ping
 from plaita.store.server import PrivateRedis, RedisServerError
 from plaita.store.stats import is_settled
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 
 class Demo:

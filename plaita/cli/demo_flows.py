@@ -28,7 +28,7 @@ from plaita.store.errors import is_redis_failure
 from plaita.store.queue_access import remove_members
 
 if TYPE_CHECKING:
-    from plaita.store.streams import StreamQueue
+    from plaita.store.streams.queue import StreamQueue
 
 #: Environment variable naming the step-run log.
 FLOW_LOG_ENV = "PLAITA_DEMO_FLOW_LOG"
@@ -134,8 +134,8 @@ class FlowDemo:
 
     # -- setup --------------------------------------------------------------------------
     def start(self, url: str) -> None:
-        from plaita.flows.client import FlowClient
-        from plaita.store.streams import StreamQueue
+        from plaita.flows.producer.client import FlowClient
+        from plaita.store.streams.queue import StreamQueue
 
         self.url = url
         client = make_client(url, socket_timeout_s=CLIENT_TIMEOUT_S)
@@ -294,7 +294,7 @@ class FlowDemo:
         self.queue = None
 
     def _delete_keys(self) -> None:
-        from plaita.store.executions import ALL_STATUSES, DEADLINES_KEY
+        from plaita.store.executions.store import ALL_STATUSES, DEADLINES_KEY
         from plaita.store.fleet import registry_key
         from plaita.store.keyspace import DEFAULT
 

@@ -17,7 +17,7 @@ from plaita.store.server import PrivateRedis, stop_process
 from plaita.tasks import Task
 
 if TYPE_CHECKING:
-    from plaita.store.streams import StreamQueue
+    from plaita.store.streams.queue import StreamQueue
 
 #: Environment variable naming the file ``demo_handler`` appends one line per execution to.
 DEMO_LOG_ENV = "PLAITA_DEMO_LOG"

@@ -126,7 +126,7 @@ def _json_arg(text: str | None, what: str) -> Any:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from plaita.flows.client import FlowClient
+    from plaita.flows.producer.client import FlowClient
 
     tls = tls_of(args)
     return FlowClient.from_url(
@@ -151,7 +151,7 @@ def run_executions(args: argparse.Namespace) -> int:
         if not isinstance(params, dict):
             raise ConfigError("--input must be a JSON object")
         if args.deadline_s is not None:
-            from plaita.flows.validate import check_deadline_s
+            from plaita.flows.model.validate import check_deadline_s
 
             try:
                 check_deadline_s(args.deadline_s)
@@ -175,7 +175,7 @@ def run_executions(args: argparse.Namespace) -> int:
 
 
 def _start(flows: Any, args: argparse.Namespace) -> int:
-    from plaita.flows.client import DuplicateStart
+    from plaita.flows.producer.client import DuplicateStart
 
     params = json.loads(args.input)
     try:

@@ -21,8 +21,8 @@ from plaita.config import DEFAULT_REDIS_URL, Settings, validate_webhook_url
 from plaita.errors import ConfigError
 
 if TYPE_CHECKING:
-    from plaita.flows.definition import Flow
-    from plaita.flows.keeper import Keeper, KeeperSettings
+    from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+    from plaita.flows.model.definition import Flow
     from plaita.ops.keeper_metrics import KeeperMetrics
     from plaita.ops.metrics import HealthServer
 
@@ -84,15 +84,15 @@ def add_parser(
 
 
 def run_keeper(args: argparse.Namespace) -> int:
-    from plaita.flows.definition import load_flows
-    from plaita.flows.keeper import Keeper
-    from plaita.flows.scheduler import Scheduler
+    from plaita.flows.keeper.keeper import Keeper
+    from plaita.flows.keeper.scheduler import Scheduler
+    from plaita.flows.model.definition import load_flows
     from plaita.ops.alert_events import keeper_sender, orphan_alert
     from plaita.ops.alerts import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S
     from plaita.ops.service import KEEPER_SOCKET_TIMEOUT_S
     from plaita.store.client import make_client
-    from plaita.store.executions import ExecutionStore
-    from plaita.store.partitioned import open_queue
+    from plaita.store.executions.store import ExecutionStore
+    from plaita.store.streams.partitioned import open_queue
 
     url = args.redis_url or DEFAULT_REDIS_URL
     queue_settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
@@ -148,7 +148,7 @@ def _serve_metrics(args: argparse.Namespace, keeper: Keeper) -> tuple[KeeperMetr
 
 def _keeper_settings(args: argparse.Namespace) -> KeeperSettings:
     """The keeper's flags as settings; a bad combination is a ConfigError (exit 2, one line)."""
-    from plaita.flows.keeper import KeeperSettings
+    from plaita.flows.keeper.keeper import KeeperSettings
 
     try:
         return KeeperSettings(

@@ -44,7 +44,7 @@ def add_parsers(
 def run_migrate(args: argparse.Namespace) -> int:
     from plaita.store.client import make_client
     from plaita.store.migrate_ids import migrate_ids
-    from plaita.store.partitioned import keyspace_of
+    from plaita.store.streams.partitioned import keyspace_of
 
     url = args.redis_url or DEFAULT_REDIS_URL
     settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))

@@ -18,7 +18,7 @@ from plaita.cli.options import WithParents, tls_of
 from plaita.config import DEFAULT_REDIS_URL
 
 if TYPE_CHECKING:
-    from plaita.flows.definition import Flow
+    from plaita.flows.model.definition import Flow
 
 
 def add_parsers(
@@ -35,9 +35,9 @@ def add_parsers(
 
 
 def run_schedules(args: argparse.Namespace) -> int:
-    from plaita.flows.client import FlowClient
-    from plaita.flows.definition import load_flows
-    from plaita.flows.scheduler import schedule_rows
+    from plaita.flows.keeper.scheduler import schedule_rows
+    from plaita.flows.model.definition import load_flows
+    from plaita.flows.producer.client import FlowClient
 
     registry: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # ConfigError: exit 2, one line
     tls = tls_of(args)
@@ -63,7 +63,7 @@ def run_schedules(args: argparse.Namespace) -> int:
 
 
 def _table(rows: list[dict[str, Any]]) -> None:
-    from plaita.flows.schedules import utc_text
+    from plaita.flows.model.schedules import utc_text
 
     print(f"{'FLOW':16} {'CRON':16} {'TZ':16} {'MISSED':6} {'NEXT TICK (UTC)':20} LAST EXECUTION")
     for r in rows:

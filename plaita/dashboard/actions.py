@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.errors import PlaitaError
-from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import REPLY_PREFIX
 from plaita.store.fleet_access import FleetAccess
+from plaita.store.streams.dlq import DeadLetterQueue
 
 #: Seconds the dashboard waits for workers' answers to a control command.
 REPLY_TIMEOUT_S = 3.0

@@ -27,13 +27,13 @@ from plaita.dashboard.actions import REPLY_TIMEOUT_S
 from plaita.dashboard.monitor import SAMPLE_EVERY_S, FleetMonitor
 from plaita.dashboard.security import Guard
 from plaita.dashboard.svg import lifecycle_svg, throughput_svg
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import Client, make_client
-from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet_access import FleetAccess
-from plaita.store.partitioned import open_queue
 from plaita.store.queue_access import executions_of
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.dlq import DeadLetterQueue
+from plaita.store.streams.partitioned import open_queue
+from plaita.store.streams.queue import StreamQueue
 
 HERE = Path(__file__).resolve().parent
 #: Socket timeout of the sampler's client: an outage shows within about this long.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.dashboard.actions import STREAM_ID, ActionError, Outcome, requeue
-from plaita.store.dlq import DeadLetterQueue, DlqScan
+from plaita.store.streams.dlq import DeadLetterQueue, DlqScan
 
 #: Matching dead letters listed on one page (and requeued by one "requeue all matching").
 PAGE_ROWS = 100

@@ -15,10 +15,10 @@ from typing import Any
 
 from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.lineage import WAITING_KINDS, waits_as
-from plaita.flows import model
-from plaita.flows.client import ExecutionNotFound, FlowClient
-from plaita.store.executions import ALL_STATUSES as STATUSES
-from plaita.store.executions import TERMINAL, ExecutionStore
+from plaita.flows.model import bodies as model
+from plaita.flows.producer.client import ExecutionNotFound, FlowClient
+from plaita.store.executions.store import ALL_STATUSES as STATUSES
+from plaita.store.executions.store import TERMINAL, ExecutionStore
 
 #: Executions listed on one page at most.
 LIST_ROWS = 200
@@ -105,7 +105,7 @@ def pretty(value: Any) -> str:
 
 
 def cancel(flows: FlowClient, execution_id: str) -> Outcome:
-    """Cancel it (``plaita.flows.cancel``): queued, running or suspended, it ends ``cancelled``."""
+    """Cancel it (``plaita.flows.producer.cancel``): queued, running or suspended, it ends ``cancelled``."""
     if not valid_id(execution_id):
         raise ActionError("not an execution id")
     try:

@@ -22,7 +22,7 @@ from plaita.store.errors import cause, is_redis_failure
 from plaita.store.fleet_access import FleetAccess
 from plaita.store.queue_access import execution_counts_of, waiting_starts_of
 from plaita.store.stats import stream_stats_or_empty
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.core import Dashboard
 from plaita.dashboard.security import SESSION_COOKIE, Forbidden
 from plaita.store.errors import is_redis_failure
-from plaita.store.executions import UnreadableExecution
+from plaita.store.executions.store import UnreadableExecution
 
 T = TypeVar("T")
 

@@ -2,17 +2,23 @@
 
 Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --flows MODULE``
 (the handler is a ``FlowRunner``); start and steer them with ``FlowClient``.
+
+The package is in wings (docs/architecture.md): ``model`` (definitions and the execution
+document), ``runner`` (the worker handler), ``keeper`` (deadlines, orphans, schedules) and
+``producer`` (``FlowClient``, cancel); ``io`` is the runner's one door to execution state.
 """
 
 from plaita.errors import ChildProcessDied, LeaseLostError, StepCancelled, StepTimeLimit
-from plaita.flows.client import DuplicateStart, FlowClient, WaitTimeout
-from plaita.flows.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
-from plaita.flows.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
-from plaita.flows.engine import FlowRunner
-from plaita.flows.execution import Execution
-from plaita.flows.schedules import Schedule
+from plaita.flows.model.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
+from plaita.flows.model.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
+from plaita.flows.model.execution import Execution
+from plaita.flows.model.schedules import Schedule
+from plaita.flows.producer.cancel import CancelOutcome
+from plaita.flows.producer.client import DuplicateStart, FlowClient, WaitTimeout
+from plaita.flows.runner.engine import FlowRunner
 
 __all__ = [
+    "CancelOutcome",
     "Child",
     "ChildProcessDied",
     "DuplicateStart",

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from plaita.errors import BadTaskError, LeaseLostError, NotForThisWorker
-from plaita.flows import model
-from plaita.flows.execution import Execution
+from plaita.flows.model import bodies as model
+from plaita.flows.model.execution import Execution
 from plaita.tasks import Task
 from plaita.version import __version__
 

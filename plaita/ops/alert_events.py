@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from plaita.ops.alerts import AlertSender, CountHook
 from plaita.runtime.outage import Outage
-from plaita.store.entries import DeadLetter
+from plaita.store.streams.entries import DeadLetter
 
 if TYPE_CHECKING:
     from plaita.runtime.worker import Worker

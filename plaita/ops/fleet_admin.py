@@ -18,14 +18,14 @@ from plaita.config import Settings, TlsFiles
 from plaita.errors import PlaitaError
 from plaita.ops import fleetcheck
 from plaita.store.client import make_client
-from plaita.store.dlq import DeadLetterQueue
 from plaita.store.fleet import REPLY_PREFIX
 from plaita.store.fleet_access import FleetAccess
 from plaita.store.keyspace import Keyspace
 from plaita.store.partitioned import open_queue
 from plaita.store.queue_access import execution_counts_of, waiting_starts_of
 from plaita.store.stats import stream_stats_or_empty
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.dlq import DeadLetterQueue
+from plaita.store.streams.queue import StreamQueue
 
 
 class FleetCommandError(PlaitaError):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from plaita.flows.keeper_types import KeeperPass
+from plaita.flows.keeper.keeper_types import KeeperPass
 from plaita.ops.metrics import alert_counters
 
 #: Keeper pass durations, in seconds: 1 ms to 5 min (a full pass reads the stream).

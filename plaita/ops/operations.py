@@ -26,11 +26,11 @@ from plaita.ops.metrics import HealthServer, Metrics
 from plaita.ops.registry import Registry
 from plaita.ops.status import StatusFile
 from plaita.runtime.worker import Worker
-from plaita.store.entries import DeadLetter
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.fleet_access import FleetAccess
 from plaita.store.queue_access import executions_of, waiting_starts_of
 from plaita.store.stats import stream_stats
+from plaita.store.streams.entries import DeadLetter
 
 logger = logging.getLogger(__name__)
 

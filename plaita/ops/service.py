@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
-from plaita.flows.keeper import Keeper, KeeperSettings
-from plaita.flows.schedule_records import ScheduleRecorder
-from plaita.flows.scheduler import Scheduler
-from plaita.flows.stepcall import StepCaller
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.schedule_records import ScheduleRecorder
+from plaita.flows.keeper.scheduler import Scheduler
+from plaita.flows.runner.stepcall import StepCaller
 from plaita.ops.alert_events import orphan_alert
 from plaita.ops.keeper_metrics import KeeperMetrics
 from plaita.ops.operations import Operations, attach_operations
@@ -35,9 +35,9 @@ from plaita.runtime.prochandler import ProcessHandler
 from plaita.runtime.procpool import ProcessPool
 from plaita.runtime.worker import Worker
 from plaita.store.client import Client, make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.partitioned import keyspace_of, open_queue
-from plaita.store.schedule_records import ScheduleRecords
+from plaita.store.executions.schedule_records import ScheduleRecords
+from plaita.store.executions.store import ExecutionStore
+from plaita.store.streams.partitioned import keyspace_of, open_queue
 
 if TYPE_CHECKING:
     from plaita.runtime.pool import Handler

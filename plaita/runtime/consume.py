@@ -19,9 +19,9 @@ from plaita.runtime.reclaim import Reclaimer
 from plaita.runtime.renewer import LeaseRenewer
 from plaita.runtime.settler import Settler
 from plaita.runtime.suspects import Suspects
-from plaita.store.entries import Entry
 from plaita.store.queue_access import crash_strikes_of
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.entries import Entry
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from plaita.runtime.inflight import InFlight, InFlightTable, lease_ref
 from plaita.runtime.outcomes import Outcome
 from plaita.runtime.pool import Pool
 from plaita.runtime.settler import Settler
-from plaita.store.entries import Entry
 from plaita.store.leases import Lease, LeaseManager, PendingAcquire
+from plaita.store.streams.entries import Entry
 from plaita.tasks import Task, parse_entry
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import threading
 from typing import Any, Protocol
 
 from plaita.fsm import ErrorKind, State
-from plaita.store.entries import DeadLetter
+from plaita.store.streams.entries import DeadLetter
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Protocol
 from plaita.runtime.counters import Counters
 from plaita.runtime.inflight import InFlight, InFlightTable
 from plaita.runtime.observer import Observers
-from plaita.store.entries import DeadLetter
+from plaita.store.streams.entries import DeadLetter
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from plaita.config import Settings
 from plaita.runtime.counters import Counters
 from plaita.runtime.intake import Intake
 from plaita.runtime.suspects import Suspects, silent_ms
-from plaita.store.entries import Entry
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.entries import Entry
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from plaita.runtime.inflight import InFlight, InFlightTable, lease_ref
 from plaita.store.leases import LeaseManager
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from plaita.runtime.outcomes import ACK, DEAD, HANDBACK, RETRY, Outcome
-from plaita.store.entries import DeadLetter
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.entries import DeadLetter
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from plaita.runtime.counters import Counters
 from plaita.runtime.inflight import InFlight, InFlightTable
 from plaita.runtime.pool import Pool
 from plaita.runtime.settler import Settler
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

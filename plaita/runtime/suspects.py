@@ -36,9 +36,9 @@ import time
 from plaita.config import Settings
 from plaita.fsm import Lifecycle
 from plaita.runtime.intake import Intake
-from plaita.store.crashes import CrashStrikes
-from plaita.store.entries import Entry
-from plaita.store.streams import StreamQueue
+from plaita.store.executions.crashes import CrashStrikes
+from plaita.store.streams.entries import Entry
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)

@@ -32,9 +32,9 @@ from plaita.runtime.status import worker_status
 from plaita.runtime.stopping import Drainer
 from plaita.store.errors import describe_failure
 from plaita.store.leases import LeaseManager
-from plaita.store.partitioned import open_queue
 from plaita.store.queue_access import leases_of, owner_leases_of
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.partitioned import open_queue
+from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 

@@ -167,3 +167,16 @@ def wait_reply(client: redis.Redis, reply_to: str, timeout_s: float) -> dict[str
 def open_pubsub(client: redis.Redis) -> Any:
     """A pub/sub object that reports subscribe confirmations (the listener waits for them)."""
     return client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+
+
+class FleetView:
+    """The registry as a flow runner's hand-over reads it: live workers, hand-over counts."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+
+    def workers(self) -> list[dict[str, Any]]:
+        return list_workers(self._client)
+
+    def count_handover(self, name: str, window_s: float) -> int:
+        return count_handover(self._client, name, window_s)

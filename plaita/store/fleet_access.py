@@ -18,7 +18,7 @@ from plaita.store.client import Client, is_cluster, make_client
 from plaita.store.keyspace import Keyspace
 from plaita.store.server_facts import ServerFacts, read_servers
 from plaita.store.stats import stray_streams
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 
 class FleetAccess:

@@ -60,10 +60,10 @@ FENCE_PREFIX = "plaita:execution:fence:"
 EXECUTION_PREFIX = "plaita:execution:"
 CANCEL_PREFIX = "plaita:execution:cancel:"
 EVENTS_PREFIX = "plaita:execution:events:"
-#: Crash strikes of an execution (or of a task without one), ``plaita.store.crashes``.
+#: Crash strikes of an execution (or of a task without one), ``plaita.store.executions.crashes``.
 CRASHES_PREFIX = "plaita:execution:crashes:"
 DEDUP_PREFIX = "plaita:start-dedup:"
-#: When a start asking for a version no live worker runs began to wait (``plaita.store.queued``).
+#: When a start asking for a version no live worker runs began to wait (``plaita.store.executions.queued``).
 VERSION_WAIT_PREFIX = "plaita:execution:version-wait:"
 STATUS_PREFIX = "plaita:executions:status:"
 DEADLINES_KEY = "plaita:executions:deadlines"

@@ -24,16 +24,16 @@ from typing import Any, cast
 
 import redis
 
-from plaita.store.execution_docs import reply_text
-from plaita.store.fanout import DONE_PREFIX, done_key
-from plaita.store.keeper_store import KEEPER_RETRY_PREFIX
+from plaita.store.executions.execution_docs import reply_text
+from plaita.store.executions.fanout import DONE_PREFIX, done_key
+from plaita.store.executions.keeper_store import KEEPER_RETRY_PREFIX
 from plaita.store.keyspace import TENANTS_KEY, Keyspace, key_id
 from plaita.store.stats import glob_escape
 from plaita.tasks import TENANT_ID
 
-#: The statuses whose index lists the executions to move (``plaita.store.executions.STATUSES``).
+#: The statuses whose index lists the executions to move (``plaita.store.executions.store.STATUSES``).
 STATUSES = ("queued", "running", "suspended", "completed", "error", "cancelled")
-#: The document field of a child's link to its parent (``plaita.flows.children.PARENT_FIELD``).
+#: The document field of a child's link to its parent (``plaita.flows.model.bodies.PARENT_FIELD``).
 PARENT_FIELD = "parent"
 #: Index members and SCAN keys asked for per call.
 SCAN_COUNT = 500

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from plaita.store.client import delete_keys
-from plaita.store.crashes import CrashStrikes
-from plaita.store.executions import ExecutionStore
-from plaita.store.flow_limits import waiting_starts
+from plaita.store.executions.crashes import CrashStrikes
+from plaita.store.executions.flow_limits import waiting_starts
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import LeaseManager
 from plaita.store.stats import execution_counts
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 
 
 def executions_of(queue: StreamQueue) -> ExecutionStore:

@@ -10,10 +10,10 @@ from typing import Any
 import redis
 
 from plaita.store.client import is_cluster
-from plaita.store.entries import as_text
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import Keyspace
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.entries import as_text
+from plaita.store.streams.queue import StreamQueue
 
 #: Tenants ``execution_counts`` counts at most (one ZCARD per status and partition each); the
 #: rest are only counted, so a deployment with thousands of tenants still answers at once.

@@ -26,7 +26,7 @@ import pytest
 import redis
 
 from plaita.ops.status import read_status_file
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.handlers import read_log
 from tests.support.proxy import FaultProxy
 from tests.support.redis_server import RedisServer

@@ -1,4 +1,4 @@
-"""Chaos tier for the flow runner's loop connection (``plaita.store.loop_calls``): a flow
+"""Chaos tier for the flow runner's loop connection (``plaita.store.executions.loop_calls``): a flow
 worker (``--flows tests.chaos.loopflows``: ``async def`` and sync steps) with executions in
 flight rides out a SIGSTOP past its socket timeout, kill -9 of Redis with a restart (with its
 data: the scripts are gone, NOSCRIPT), a blackhole and connection resets through the proxy.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.chaos.loopflows import STEPS
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, QUEUE, WorkerProc, wait_for, worker_proc
 from tests.support.proxy import FaultProxy

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.handlers import read_log
 from tests.support.redis_server import SERVER_ENV, RedisServer, free_port, redis_server_binary
 from tests.support.workers import wait_for, worker_process

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.flows import cancel_flows, flowdefs
 from tests.flows.support import ledgers
 from tests.flows.test_cli import plaita

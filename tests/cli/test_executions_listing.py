@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.cli.test_executions_cli import ROOT, one_line, put, run
 
 pytestmark = pytest.mark.redis

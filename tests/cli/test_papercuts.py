@@ -15,7 +15,7 @@ from plaita.cli.admin import _cut, _runs
 from plaita.cli.common import redis_failed
 from plaita.cli.main import build_parser
 from plaita.cli.options import settings_from_args
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.cli.test_executions_cli import ROOT, one_line, put, run
 
 pytestmark = pytest.mark.redis

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from plaita.config import Settings
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.keyspace import hash_tag
-from plaita.store.partitioned import open_queue
+from plaita.store.streams.partitioned import open_queue
 from tests.cluster.test_cluster_ops import PARTITIONS, plaita
 from tests.support.lease_workers import QUEUE, worker_proc
 from tests.support.redis_cluster import ClusterServers

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from plaita.config import Settings
-from plaita.flows.client import FlowClient
-from plaita.store.partitioned import open_queue
+from plaita.flows.producer.client import FlowClient
+from plaita.store.streams.partitioned import open_queue
 from tests.support.lease_workers import QUEUE, worker_proc
 from tests.support.redis_cluster import ClusterServers
 from tests.support.workers import ROOT, wait_for

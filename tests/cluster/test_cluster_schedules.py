@@ -12,13 +12,13 @@ import pytest
 
 from plaita.config import Settings
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
-from plaita.flows.schedule_records import ScheduleRecorder
-from plaita.flows.schedules import execution_id_of
-from plaita.store.executions import ExecutionStore
-from plaita.store.keeper_store import keeper_lease_key
-from plaita.store.partitioned import open_queue
-from plaita.store.schedule_records import ScheduleRecords
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.schedule_records import ScheduleRecorder
+from plaita.flows.model.schedules import execution_id_of
+from plaita.store.executions.keeper_store import keeper_lease_key
+from plaita.store.executions.schedule_records import ScheduleRecords
+from plaita.store.executions.store import ExecutionStore
+from plaita.store.streams.partitioned import open_queue
 from tests.flows.test_schedules import T0
 from tests.support.lease_workers import QUEUE
 from tests.support.redis_cluster import ClusterServers

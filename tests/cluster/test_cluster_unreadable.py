@@ -12,9 +12,9 @@ import time
 import pytest
 
 from plaita.config import Settings
-from plaita.flows.keeper import Keeper, KeeperSettings
-from plaita.store.executions import ExecutionStore, UnreadableExecution
-from plaita.store.partitioned import open_queue
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.store.executions.store import ExecutionStore, UnreadableExecution
+from plaita.store.streams.partitioned import open_queue
 from tests.support.lease_workers import QUEUE
 from tests.support.redis_cluster import ClusterServers
 from tests.support.workers import ROOT

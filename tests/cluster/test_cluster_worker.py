@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from plaita.config import Settings
-from plaita.store.partitioned import PartitionedQueue, open_queue
 from plaita.store.stats import is_settled, stream_stats_or_empty
+from plaita.store.streams.partitioned import PartitionedQueue, open_queue
 from tests.support.lease_workers import QUEUE as LEASE_QUEUE
 from tests.support.lease_workers import counter, server_client, worker_proc
 from tests.support.redis_cluster import ClusterServers

@@ -14,11 +14,11 @@ import pytest
 import redis
 
 from plaita.dashboard.lineage import CHILD_ROWS
-from plaita.flows.scheduler import Scheduler
+from plaita.flows.keeper.scheduler import Scheduler
 from plaita.store.acl import DASHBOARD_READ_ACL_RULES
+from plaita.store.executions.schedule_store import SCHEDULES_KEY, schedule_key
 from plaita.store.keyspace import DEFAULT
-from plaita.store.schedule_store import SCHEDULES_KEY, schedule_key
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.dashboard.conftest import MakeDashboard, plant
 from tests.dashboard.test_executions import HOSTILE_FLOW, acl_user
 from tests.flows import fanout_flows, scheduled, sleepdefs

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from plaita.dashboard.dlq_view import PAGE_ROWS, SCAN_ENTRIES
-from plaita.store.dlq import SCAN_CHUNK
+from plaita.store.streams.dlq import SCAN_CHUNK
 from tests.dashboard.conftest import SAME_ORIGIN, MakeDashboard, dead_letter, login
 from tests.support.ops import DLQ, QUEUE
 
@@ -151,8 +151,8 @@ def test_a_partitioned_scan_resumes_across_partitions_without_gaps_or_repeats(re
     """Three DLQ partitions holding the same ids (5-0 in each): a scan of 7 at a time, continued
     from its own last id, visits every entry once, ordered by (id, partition)."""
     from plaita.config import Settings
-    from plaita.store.dlq import DeadLetterQueue
-    from plaita.store.partitioned import open_queue
+    from plaita.store.streams.dlq import DeadLetterQueue
+    from plaita.store.streams.partitioned import open_queue
 
     q = open_queue(Settings(redis_url=redis_url, queue_name=QUEUE, consumer_name="c", partitions=3))
     dlq = DeadLetterQueue(q)

@@ -82,8 +82,8 @@ class TestReadPages:
         self, make_dashboard: MakeDashboard, redis_url: str
     ) -> None:
         from plaita.config import Settings
-        from plaita.store.entries import DeadLetter
-        from plaita.store.partitioned import open_queue
+        from plaita.store.streams.entries import DeadLetter
+        from plaita.store.streams.partitioned import open_queue
 
         q = open_queue(Settings(redis_url=redis_url, queue_name=QUEUE, consumer_name="c", partitions=3))
         q.ensure_group()

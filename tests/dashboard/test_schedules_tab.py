@@ -11,8 +11,8 @@ import time
 import pytest
 import redis
 
-from plaita.store.schedule_records import records_key
-from plaita.store.schedule_store import SCHEDULES_KEY, schedule_key
+from plaita.store.executions.schedule_records import records_key
+from plaita.store.executions.schedule_store import SCHEDULES_KEY, schedule_key
 from tests.dashboard.conftest import MakeDashboard
 from tests.support.ops import QUEUE
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.support.lease_workers import QUEUE
 
 

@@ -11,11 +11,11 @@ from typing import Any
 import redis
 
 from plaita.flows import FlowRunner
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import Task
 from tests.flows import flowdefs
 from tests.support.lease_workers import QUEUE

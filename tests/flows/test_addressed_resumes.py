@@ -1,4 +1,4 @@
-"""Addressed resumes (issue 31 item 7, ``plaita.flows.inbox``): a resume names the wait it is
+"""Addressed resumes (issue 31 item 7, ``plaita.flows.model.inbox``): a resume names the wait it is
 for; one that comes before its wait is kept in the execution until that wait runs, instead of
 being taken by whatever wait came first. Each test says which part of the promise it guards."""
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from plaita.errors import BadTaskError
-from plaita.flows.client import NotResumable
-from plaita.flows.inbox import MAX_PARKED
+from plaita.flows.model.inbox import MAX_PARKED
+from plaita.flows.producer.client import NotResumable
 from tests.flows import waitdefs
 from tests.flows.support import Harness, resume, start
 from tests.flows.test_cli import plaita
@@ -75,7 +75,7 @@ def test_a_kept_resume_no_wait_took_is_logged_when_the_execution_ends(
     h.run(start("o3", "order"))
     h.run(resume("o3", "event", "x", resume_id="stray", wait_for="refund"))
     h.run(resume("o3", "event", "yes", resume_id="ok-3"))
-    with caplog.at_level(logging.WARNING, logger="plaita.flows.engine"):
+    with caplog.at_level(logging.WARNING, logger="plaita.flows.runner.engine"):
         assert h.run(_payment("o3"))["status"] == "completed"  # type: ignore[index]
     assert any("no wait took its resumes stray (refund)" in r.getMessage() for r in caplog.records)
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from plaita.flows.cancel import ALREADY_CANCELLED, ENDED, QUEUED, RUNNING
-from plaita.flows.client import ExecutionNotFound
-from plaita.flows.execution import DEADLINE_EXCEEDED
-from plaita.store.flow_limits import TAKEN, FlowLimitStore
+from plaita.flows.model.execution import DEADLINE_EXCEEDED
+from plaita.flows.producer.cancel import ALREADY_CANCELLED, ENDED, QUEUED, RUNNING
+from plaita.flows.producer.client import ExecutionNotFound
+from plaita.store.executions.flow_limits import TAKEN, FlowLimitStore
 from tests.flows import cancel_flows, flowdefs
 from tests.flows.support import Harness, ledgers, start
 from tests.support.lease_workers import wait_for

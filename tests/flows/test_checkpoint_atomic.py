@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.store.executions import FLAG_TTL_S, STATUSES, ExecutionKeyError, ExecutionStore, Staged, StagedWriteRefused
+from plaita.store.executions.store import (
+    FLAG_TTL_S,
+    STATUSES,
+    ExecutionKeyError,
+    ExecutionStore,
+    Staged,
+    StagedWriteRefused,
+)
 from plaita.store.keyspace import DEADLINES_KEY, DEFAULT
 from plaita.store.leases import Lease, LeaseManager
 

@@ -12,13 +12,13 @@ import pytest
 
 from plaita.errors import LeaseLostError
 from plaita.flows import FlowRunner
-from plaita.flows.client import FlowClient
-from plaita.flows.execution import Execution
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.model.execution import Execution
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
-from plaita.store.partitioned import keyspace_of, open_queue
+from plaita.store.streams.partitioned import keyspace_of, open_queue
 from plaita.tasks import Task
 from tests.flows import fanout_flows, flowdefs
 from tests.flows.support import ledgers
@@ -154,11 +154,11 @@ def test_a_redelivered_spawning_step_starts_no_second_set(redis_url: str, flows:
     real_write = runner._checkpoints.write
     crashes = []
 
-    async def dies_at_the_suspension(task: Task, document: str, **kw: Any) -> bool:
+    async def dies_at_the_suspension(io: Any, task: Task, document: str, **kw: Any) -> bool:
         if kw.get("status") == "suspended" and not crashes:
             crashes.append(1)
             raise LeaseLostError("the worker died here")
-        return await real_write(task, document, **kw)
+        return await real_write(io, task, document, **kw)
 
     runner._checkpoints.write = dies_at_the_suspension  # type: ignore[method-assign]
     try:
@@ -265,7 +265,7 @@ def test_a_child_killed_after_its_end_tells_its_parent_on_redelivery(redis_url: 
         starts = {b["execution_id"]: b for b in (json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE))}
         _run_task(runner, leases, starts[c0], "2-0")
         real_ended = runner._children.ended
-        runner._children.ended = lambda ex: (_ for _ in ()).throw(ConnectionError("killed"))  # type: ignore[method-assign]
+        runner._children.ended = lambda *a: (_ for _ in ()).throw(ConnectionError("killed"))  # type: ignore[method-assign]
         with pytest.raises(ConnectionError):
             _run_task(runner, leases, starts[c1], "3-0")
         runner._children.ended = real_ended  # type: ignore[method-assign]
@@ -304,12 +304,12 @@ def test_children_that_end_before_the_parent_suspends_are_joined_by_the_spawning
     parent = "p-early"
     real_write = runner._checkpoints.write
 
-    async def children_first(task: Task, document: str, **kw: Any) -> bool:
+    async def children_first(io: Any, task: Task, document: str, **kw: Any) -> bool:
         if kw.get("status") == "suspended":
             bodies = [json.loads(f["payload"]) for _, f in flowdefs.client().xrange(QUEUE)]
             for i, b in enumerate(bodies):
                 _run_task(other, leases, b, f"{10 + i}-0")
-        return await real_write(task, document, **kw)
+        return await real_write(io, task, document, **kw)
 
     runner._checkpoints.write = children_first  # type: ignore[method-assign]
     try:
@@ -334,10 +334,10 @@ def test_a_parent_cancelled_while_it_spawns_cancels_the_children_it_started(redi
     parent = "p-cancel-spawn"
     real_write = runner._checkpoints.write
 
-    async def cancelled_meanwhile(task: Task, document: str, **kw: Any) -> bool:
+    async def cancelled_meanwhile(io: Any, task: Task, document: str, **kw: Any) -> bool:
         if kw.get("status") == "suspended":
             store.request_cancel(parent)  # `plaita executions cancel` while the step ran
-        return await real_write(task, document, **kw)
+        return await real_write(io, task, document, **kw)
 
     runner._checkpoints.write = cancelled_meanwhile  # type: ignore[method-assign]
     try:

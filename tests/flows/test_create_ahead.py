@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from plaita.flows import FlowRunner
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import Lease
 from plaita.tasks import Task

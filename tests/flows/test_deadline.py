@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from plaita.errors import BadTaskError
-from plaita.flows.execution import DEADLINE_EXCEEDED, Execution
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.model.execution import DEADLINE_EXCEEDED, Execution
 from plaita.store.keyspace import DEFAULT
 from tests.flows import deadline_flows, fanout_flows, flowdefs
 from tests.flows.support import Harness, ledgers, start

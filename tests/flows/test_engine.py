@@ -12,7 +12,7 @@ import pytest
 
 from plaita.errors import BadTaskError, ConfigError
 from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows
-from plaita.flows.execution import Execution
+from plaita.flows.model.execution import Execution
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import Lease
 from tests.flows import flowdefs

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from plaita.errors import LeaseLostError
-from plaita.flows.client import FlowClient
-from plaita.flows.context import StepContext
-from plaita.flows.events import MAX_EVENT_BYTES, MAX_EVENTS, publisher
+from plaita.flows.model.context import StepContext
+from plaita.flows.producer.client import FlowClient
+from plaita.flows.runner.events import MAX_EVENT_BYTES, MAX_EVENTS, publisher
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import Keyspace
 from plaita.store.leases import Lease
 from plaita.tasks import CancelFlag, Task

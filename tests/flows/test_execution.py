@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 
 from plaita.flows import Flow
-from plaita.flows.checkpoint import sealed
-from plaita.flows.execution import (
+from plaita.flows.model.execution import (
     APPLIED_RESUMES_LIMIT,
     HISTORY_LIMIT,
     BadExecution,
     Execution,
     error_doc,
 )
-from plaita.flows.validate import StepOutputError
+from plaita.flows.model.validate import StepOutputError
+from plaita.flows.runner.checkpoint import sealed
 
 #: The fields of the stored document, as every plaita version has written them (tests, old
 #: executions in Redis, dashboards and jq scripts read these names).

@@ -16,8 +16,8 @@ import pytest
 
 from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRunner, NonRetryableError, StepContext
-from plaita.flows.execution import Execution
-from plaita.store.executions import ExecutionStore
+from plaita.flows.model.execution import Execution
+from plaita.store.executions.store import ExecutionStore
 from tests.flows.support import Harness, harness, resume, start
 
 pytestmark = pytest.mark.redis
@@ -129,7 +129,7 @@ def test_a_hook_that_raises_is_logged_and_fails_nothing(redis_url: str, caplog: 
     with harness(redis_url) as h:
         h.runner.close()
         h.runner = FlowRunner([flows.flow], h.store)
-        with caplog.at_level(logging.ERROR, logger="plaita.flows.engine"):
+        with caplog.at_level(logging.ERROR, logger="plaita.flows.runner.engine"):
             doc = h.run(body("r1"))  # raises nothing
     assert doc is not None and doc["status"] == "completed"
     assert flows.calls == [("complete", "r1", "completed"), ("end", "r1", "completed")], "later hooks still run"

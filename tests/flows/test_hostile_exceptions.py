@@ -11,7 +11,7 @@ import pytest
 
 from plaita.flows import Flow, FlowRunner, RetryPolicy
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
 from plaita.tasks import Task
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plaita.flows.invoke import Attempt, invoke
+from plaita.flows.runner.invoke import Attempt, invoke
 
 _var: contextvars.ContextVar[str] = contextvars.ContextVar("_var", default="unset")
 
@@ -21,7 +21,7 @@ def _no_thread_loop() -> asyncio.AbstractEventLoop:
 
 def run(step: Any) -> Attempt:
     async def main() -> Attempt:
-        return await invoke(step, None, offload=True, thread_loop=_no_thread_loop)
+        return await invoke(step, None, on_loop=True, thread_loop=_no_thread_loop)
 
     return asyncio.run(main())
 
@@ -49,7 +49,7 @@ def test_a_step_that_waits_goes_on_where_it_stopped_in_its_own_context(wait: str
         return before, _var.get()
 
     async def main() -> tuple[Attempt, str]:
-        attempt = await invoke(step, None, offload=True, thread_loop=_no_thread_loop)
+        attempt = await invoke(step, None, on_loop=True, thread_loop=_no_thread_loop)
         return attempt, _var.get()
 
     attempt, caller_sees = asyncio.run(main())
@@ -91,7 +91,7 @@ def test_a_cancel_of_the_runner_reaches_a_waiting_step() -> None:
             raise
 
     async def main() -> Attempt:
-        runner = asyncio.ensure_future(invoke(step, None, offload=True, thread_loop=_no_thread_loop))
+        runner = asyncio.ensure_future(invoke(step, None, on_loop=True, thread_loop=_no_thread_loop))
         for _ in range(10):  # bounded: let the step reach its sleep
             await asyncio.sleep(0)
         runner.cancel()

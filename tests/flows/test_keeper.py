@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows import model
-from plaita.flows.execution import Execution
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.model import bodies as model
+from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.keeper_store import keeper_lease_key
+from plaita.store.executions.keeper_store import keeper_lease_key
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, ledgers, start
 from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_env, worker_proc

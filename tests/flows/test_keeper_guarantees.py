@@ -23,14 +23,14 @@ import redis
 
 from plaita.config import Settings
 from plaita.flows import Flow, FlowRunner, StepContext
-from plaita.flows.execution import Execution
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.keeper_store import KEEPER_LEASE_KEY
+from plaita.store.executions.keeper_store import KEEPER_LEASE_KEY
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
-from plaita.store.partitioned import keyspace_of, open_queue
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.partitioned import keyspace_of, open_queue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import Harness, harness, resume, start
 from tests.support.lease_workers import QUEUE
@@ -116,7 +116,7 @@ def test_dry_run_never_takes_renews_or_waits_for_the_lease(h: Harness) -> None:
 def test_once_fails_when_another_keeper_holds_the_lease(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
     """Reproduction 5: ``keeper --once`` that could not take the lease exited 0 in silence."""
     h.client.set(KEEPER_LEASE_KEY, "keeper:other", px=60_000)
-    caplog.set_level(logging.INFO, logger="plaita.flows.keeper")
+    caplog.set_level(logging.INFO, logger="plaita.flows.keeper.keeper")
     assert Keeper(h.store, h.queue, FAST).run(once=True) == 1
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(lines) == 1 and KEEPER_LEASE_KEY in lines[0] and "keeper:other" in lines[0], lines
@@ -145,7 +145,7 @@ def test_corrupt_keys_in_the_deadlines_index_are_skipped_counted_logged_once(
     other timeouts were enqueued, forever, logged as "Redis failed (JSONDecodeError ...)"."""
     bad = plant_bad_keys(h.client, DEADLINES, 1)
     h.run(start("good", "signup", timeout_s=0))
-    caplog.set_level(logging.DEBUG, logger="plaita.flows.keeper")
+    caplog.set_level(logging.DEBUG, logger="plaita.flows.keeper.keeper")
     clock = Clock()
     k = Keeper(h.store, h.queue, FAST, clock=clock)
     assert k.run(once=True) == 0

@@ -18,11 +18,11 @@ import pytest
 
 from plaita.errors import ConfigError
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
-from plaita.flows.scheduler import Scheduler, schedule_rows
-from plaita.store.executions import ExecutionStore
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
+from plaita.store.executions.schedule_store import SCHEDULES_KEY, schedule_key
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import TENANTS_KEY
-from plaita.store.schedule_store import SCHEDULES_KEY, schedule_key
 from tests.flows.support import Harness, harness, start
 from tests.flows.test_schedules import T0
 from tests.flows.test_tenants import _orphan

@@ -21,12 +21,12 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.keeper_store import UNCLAIM_DEADLINES
-from plaita.store.partitioned import keyspace_of
-from plaita.store.streams import StreamQueue
+from plaita.store.executions.keeper_store import UNCLAIM_DEADLINES
+from plaita.store.executions.store import ExecutionStore
+from plaita.store.streams.partitioned import keyspace_of
+from plaita.store.streams.queue import StreamQueue
 from tests.flows.support import Harness, harness, start
 from tests.support.lease_workers import QUEUE
 from tests.support.workers import wait_for

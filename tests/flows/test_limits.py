@@ -11,8 +11,8 @@ import redis
 
 from plaita.errors import ConfigError, NotForThisWorker
 from plaita.flows import Flow, StepContext
-from plaita.flows.limits import WAIT_MAX_S
-from plaita.store.flow_limits import FULL, RATE_LIMITED, TAKEN, FlowLimitStore, limit_keys
+from plaita.flows.runner.limits import WAIT_MAX_S
+from plaita.store.executions.flow_limits import FULL, RATE_LIMITED, TAKEN, FlowLimitStore, limit_keys
 from plaita.store.keyspace import DEFAULT, Keyspace, hash_tag
 from tests.flows.support import Harness, start
 from tests.support.lease_workers import wait_for
@@ -120,7 +120,7 @@ def test_a_dead_holders_slot_of_the_same_execution_is_taken_over(h: Harness) -> 
 def test_the_same_id_in_another_tenant_is_another_execution_for_the_slots(h: Harness) -> None:
     """Slots are fleet-wide, named per tenant: a slot held for tenant t1's ``g7`` is not the
     default tenant's ``g7`` (no takeover), so that start waits."""
-    from plaita.flows.limits import slot_member
+    from plaita.flows.runner.limits import slot_member
     from plaita.tasks import Task
 
     member = slot_member(Task("1-0", {**start("g7", "gate"), "tenant_id": "t1"}, 1))
@@ -235,7 +235,7 @@ def test_a_holder_that_lost_its_slot_fails_to_renew_it_and_says_so(
     the ttl) must fail to renew, stop renewing and log it. The bugs put in by hand (the token
     check or the expiry check dropped from renew_flow_slots, or the failure not reported by
     ``renew_once``) renewed a slot someone else holds, or lost it without a word."""
-    from plaita.flows.limits import FlowLimits, slot_member
+    from plaita.flows.runner.limits import FlowLimits, slot_member
     from plaita.tasks import Task
 
     fl = FlowLimits(limits(h), ttl_s=30.0)
@@ -252,7 +252,7 @@ def test_a_holder_that_lost_its_slot_fails_to_renew_it_and_says_so(
         else:
             rclient.zadd(slots, {member: server_ms(rclient) - 1000})  # past its expiry, not pruned yet
         score = rclient.zscore(slots, member)
-        with caplog.at_level("WARNING", logger="plaita.flows.limits"):
+        with caplog.at_level("WARNING", logger="plaita.flows.runner.limits"):
             fl.renew_once()
         assert not fl.holds(task)
         assert any("lost1" in r.getMessage() and "expired" in r.getMessage() for r in caplog.records), caplog.text

@@ -14,7 +14,7 @@ import redis
 
 from plaita.errors import ConfigError, NotForThisWorker
 from plaita.flows import Flow, StepContext
-from plaita.store.flow_limits import FULL, PARKED, RATE_LIMITED, TAKEN, FlowLimitStore, flow_keys
+from plaita.store.executions.flow_limits import FULL, PARKED, RATE_LIMITED, TAKEN, FlowLimitStore, flow_keys
 from tests.flows.support import Harness, start
 from tests.support.lease_workers import wait_for
 

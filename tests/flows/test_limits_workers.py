@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.flow_limits import FlowLimitStore, limit_keys
+from plaita.store.executions.flow_limits import FlowLimitStore, limit_keys
 from plaita.store.keyspace import Keyspace
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.limitdefs import gate_key, max_key, order_key, running_key, starts_key
 from tests.flows.support import dlq, ledgers

@@ -1,4 +1,4 @@
-"""The loop connection (``plaita.store.loop_calls``) under faults, on a real private server:
+"""The loop connection (``plaita.store.executions.loop_calls``) under faults, on a real private server:
 redis-py internals gone (it falls back to the thread, once, with a warning), an error reply it
 cannot parse (that call fails, nothing hangs), a connect that outlives ``stop`` or all of its
 callers (its socket is still closed), a Unix socket with an ACL user and a db other than 0,
@@ -22,12 +22,12 @@ import hiredis
 import pytest
 import redis
 
-from plaita.flows.batch import CallBatcher
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import start_worker
-from plaita.store import loop_calls
 from plaita.store.calls import ScriptCall
-from plaita.store.executions import ExecutionStore, Staged
+from plaita.store.executions import loop_calls
+from plaita.store.executions.batch import CallBatcher
+from plaita.store.executions.store import ExecutionStore, Staged
 from plaita.store.leases import Lease, LeaseManager
 from tests.support.lease_workers import QUEUE, settings
 from tests.support.proxy import FaultProxy
@@ -90,7 +90,7 @@ def test_without_the_socket_attribute_calls_go_through_the_thread_with_one_warni
     async def calls() -> list[Any]:
         return await asyncio.gather(*(batcher.run(step(store, e, gens[e], 1)) for e in eids), return_exceptions=True)
 
-    with caplog.at_level(logging.WARNING, logger="plaita.flows.batch"):
+    with caplog.at_level(logging.WARNING, logger="plaita.store.executions.batch"):
         try:
             outcomes = asyncio.run(calls())
         finally:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient, NotRetryable
-from plaita.flows.model import restart_body
+from plaita.flows.model.bodies import restart_body
+from plaita.flows.producer.client import FlowClient, NotRetryable
 from tests.flows import flowdefs, sleepdefs
 from tests.flows.support import Harness, ledgers, resume, start
 from tests.flows.test_sleep import WORKER_ARGS

@@ -8,7 +8,7 @@ import pytest
 
 from plaita.errors import BadTaskError, ConfigError, PlaitaError
 from plaita.flows import NonRetryableError, RetryPolicy
-from plaita.flows.client import ExecutionNotFound, WaitTimeout
+from plaita.flows.producer.client import ExecutionNotFound, WaitTimeout
 
 POLICY = RetryPolicy()
 

@@ -15,14 +15,14 @@ import redis
 from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
-from plaita.flows.scheduler import Scheduler
-from plaita.flows.schedules import execution_id_of
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.scheduler import Scheduler
+from plaita.flows.model.schedules import execution_id_of
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.partitioned import open_queue
-from plaita.store.schedule_store import ScheduleStore, schedule_key
-from plaita.store.streams import StreamQueue
+from plaita.store.executions.schedule_store import ScheduleStore, schedule_key
+from plaita.store.executions.store import ExecutionStore
+from plaita.store.streams.partitioned import open_queue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.lease_workers import QUEUE
 
 #: 2026-12-01 12:00:00 UTC, on every minute and five-minute tick.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from plaita.store.keeper_store import keeper_lease_key
+from plaita.store.executions.keeper_store import keeper_lease_key
 from plaita.store.keyspace import DEFAULT
 from tests.support.lease_workers import QUEUE, ROOT, keeper_proc, wait_for, worker_env, worker_proc
 

@@ -15,17 +15,17 @@ import redis
 
 from plaita.config import Settings
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper import Keeper, KeeperSettings
-from plaita.flows.schedule_records import ScheduleRecorder, record_of
-from plaita.flows.scheduler import Scheduler, schedule_rows
-from plaita.flows.schedules import execution_id_of
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.schedule_records import ScheduleRecorder, record_of
+from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
+from plaita.flows.model.schedules import execution_id_of
 from plaita.ops.service import start_worker
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.keeper_store import KEEPER_LEASE_KEY, keeper_lease_key
+from plaita.store.executions.keeper_store import KEEPER_LEASE_KEY, keeper_lease_key
+from plaita.store.executions.schedule_records import ScheduleRecords, records_key
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import DEFAULT, hash_tag
-from plaita.store.schedule_records import ScheduleRecords, records_key
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows.test_schedules import T0
 from tests.support.lease_workers import QUEUE, wait_for
 

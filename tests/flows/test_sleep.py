@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
-from plaita.flows.context import Sleep, StepContext
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.model.context import Sleep, StepContext
+from plaita.flows.producer.client import FlowClient
 from plaita.tasks import CancelFlag
 from tests.flows import flowdefs, sleepdefs
 from tests.flows.support import Harness, ledgers, resume, start

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from plaita.errors import BadTaskError, NotForThisWorker
-from plaita.flows.client import DuplicateStart, ExecutionNotFound
-from plaita.flows.execution import Execution
+from plaita.flows.model.execution import Execution
+from plaita.flows.producer.client import DuplicateStart, ExecutionNotFound
 from tests.flows.flowdefs import FLOWS
 from tests.flows.support import Harness
 from tests.flows.test_cli import plaita

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.flows import flowdefs
 from tests.flows.support import ledgers
 from tests.support.lease_workers import QUEUE, pending_count, wait_for, worker_proc

@@ -15,16 +15,16 @@ import redis
 
 from plaita.errors import BadTaskError
 from plaita.flows import Flow, FlowRunner
-from plaita.flows.client import FlowClient
-from plaita.flows.context import StepContext
-from plaita.flows.execution import Execution
-from plaita.flows.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.model.context import StepContext
+from plaita.flows.model.execution import Execution
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.fanout import done_key
+from plaita.store.executions.fanout import done_key
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, hash_tag, tenant_prefix
 from plaita.store.leases import Lease
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import CancelFlag, Task, validate_body
 from tests.flows import flowdefs
 from tests.flows.support import Harness, dlq, harness, resume, start

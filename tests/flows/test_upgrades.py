@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.flows import flowdefs
 from tests.flows.support import dlq
 from tests.support.lease_workers import wait_for, worker_proc

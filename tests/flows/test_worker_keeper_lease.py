@@ -16,9 +16,9 @@ from plaita.cli.main import build_parser
 from plaita.cli.options import settings_from_args
 from plaita.config import Settings
 from plaita.errors import ConfigError
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import embedded_keeper_settings
-from plaita.store.keeper_store import keeper_lease_key
+from plaita.store.executions.keeper_store import keeper_lease_key
 from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_proc
 
 pytestmark = pytest.mark.redis

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from plaita.flows import FlowRunner
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.streams import StreamQueue
+from plaita.store.executions.store import ExecutionStore
+from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
 from tests.flows.support import dlq, ledgers
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, QUEUE, inproc_worker, settings, wait_for, worker_proc

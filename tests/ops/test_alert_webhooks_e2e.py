@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import start_worker
 from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.flows.support import harness
 from tests.flows.test_keeper import make_orphan
 from tests.support.lease_workers import QUEUE as LEASE_QUEUE

@@ -17,7 +17,7 @@ from plaita.errors import ConfigError
 from plaita.ops.alert_events import WorkerAlerts
 from plaita.ops.alerts import MAX_BODY_BYTES, SCHEMA_VERSION, AlertSender, encode_event, webhook_label
 from plaita.runtime.outage import Outage
-from plaita.store.entries import DeadLetter
+from plaita.store.streams.entries import DeadLetter
 from tests.support.ops import wait_until
 from tests.support.redis_server import free_port
 from tests.support.webhook import Webhook, webhook

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.ops.status import read_status_file
 from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.ops import QUEUE, REGISTRY_PREFIX, OpsWorker, ops_worker, wait_until
 
 pytestmark = pytest.mark.redis

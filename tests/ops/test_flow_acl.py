@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.flows.client import ExecutionNotFound, FlowClient
-from plaita.flows.definition import load_flows
-from plaita.flows.execution import Execution
+from plaita.flows.model.definition import load_flows
+from plaita.flows.model.execution import Execution
+from plaita.flows.producer.client import ExecutionNotFound, FlowClient
 from plaita.store.acl import FLOW_WORKER_ACL_RULES, PRODUCER_ACL_RULES
 from plaita.store.leases import Lease
 from tests.flows.support import Harness

@@ -13,7 +13,7 @@ import urllib.request
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from plaita.flows.keeper_types import KeeperPass
+from plaita.flows.keeper.keeper_types import KeeperPass
 from plaita.ops.keeper_metrics import KeeperMetrics
 from tests.support.lease_workers import keeper_proc
 from tests.support.ops import QUEUE, parse_metrics, plaita, wait_until

@@ -12,7 +12,7 @@ import redis
 
 from plaita.ops.metrics import Metrics
 from plaita.store.client import make_client
-from plaita.store.flow_limits import PARKED, TAKEN, FlowLimitStore, waiting_starts
+from plaita.store.executions.flow_limits import PARKED, TAKEN, FlowLimitStore, waiting_starts
 from plaita.store.keyspace import Keyspace
 from tests.support.ops import QUEUE, plaita, plaita_json
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.support.crashsteps import EXIT_STATUS, RUNS_KEY
 from tests.support.handlers import read_log
 from tests.support.supervisor import supervise

@@ -11,7 +11,7 @@ import redis
 from plaita.store import scripts
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import LeaseManager
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.lease_workers import (
     GROUP,
     QUEUE,

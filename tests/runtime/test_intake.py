@@ -18,9 +18,9 @@ from plaita.runtime.inflight import InFlightTable
 from plaita.runtime.intake import Intake
 from plaita.runtime.observer import Observers
 from plaita.runtime.outcomes import DEAD, Outcome
-from plaita.store.entries import Entry
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import Lease
+from plaita.store.streams.entries import Entry
 from plaita.tasks import Task
 
 ME = "worker:me@host:1"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
-from plaita.flows.handover import HANDOVER_LIMIT
+from plaita.flows.producer.client import FlowClient
+from plaita.flows.runner.handover import HANDOVER_LIMIT
 from plaita.store.client import make_client
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_proc
 
 pytestmark = pytest.mark.redis

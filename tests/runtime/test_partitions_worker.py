@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.flows.client import FlowClient
-from plaita.flows.context import StepContext
-from plaita.store.partitioned import PartitionedQueue, open_queue
+from plaita.flows.model.context import StepContext
+from plaita.flows.producer.client import FlowClient
 from plaita.store.stats import is_settled, stream_stats_or_empty
+from plaita.store.streams.partitioned import PartitionedQueue, open_queue
 from plaita.tasks import CancelFlag, Task
 from tests.support.workers import ROOT, Recorder, running_worker, wait_for
 
@@ -100,7 +100,7 @@ def test_cli_enqueue_routes_and_status_sums_partitions(redis_url: str, rclient: 
 def test_a_misrouted_task_goes_to_the_dlq_and_a_requeue_routes_it(redis_url: str, rclient: redis.Redis) -> None:
     """A producer that XADDs straight to the wrong partition: the task is dead-lettered with the
     fix in the reason, and `dlq requeue` puts it on its own partition, where it runs."""
-    from plaita.store.dlq import DeadLetterQueue
+    from plaita.store.streams.dlq import DeadLetterQueue
 
     q = producer(redis_url, 3)
     eid = next(e for e in (f"m{i}" for i in range(100)) if q.keyspace.partition_of(e) == 2)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from tests.support.poolsteps import LIMIT_S, RUNS_KEY, SAW_CANCEL_KEY, SAW_LIMIT_KEY
 from tests.support.redis_server import free_port
 from tests.support.supervisor import Supervised, supervise

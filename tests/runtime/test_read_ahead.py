@@ -17,7 +17,7 @@ import redis
 from plaita.runtime.consume import ConsumePhases
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import Lease, PendingAcquire
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.lease_workers import QUEUE, Probe, inproc_worker, pending_count, settings, wait_for
 
 pytestmark = pytest.mark.redis

@@ -15,7 +15,7 @@ import redis
 
 from plaita.fsm import State
 from plaita.runtime.suspects import silent_ms
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import Task
 from tests.support.workers import fast_settings, running_worker, wait_for
 

@@ -16,7 +16,7 @@ import pytest
 from plaita.runtime import settler as settler_module
 from plaita.runtime.outcomes import HANDBACK, RETRY, Outcome
 from plaita.runtime.settler import Phase, Settler
-from plaita.store.entries import DeadLetter
+from plaita.store.streams.entries import DeadLetter
 from tests.support.ops import holds_for, wait_until
 
 

@@ -32,13 +32,13 @@ import redis
 
 from plaita.errors import LeaseLostError
 from plaita.flows import Flow, FlowRunner, RetryPolicy, StepContext
-from plaita.flows.client import FlowClient
+from plaita.flows.producer.client import FlowClient
 from plaita.runtime.aio_pool import AsyncHandlerPool
 from plaita.runtime.outcomes import DEAD, RETRY, Outcome
 from plaita.runtime.pool import HandlerPool, judge
 from plaita.store.client import make_client
-from plaita.store.executions import ExecutionStore
-from plaita.store.streams import StreamQueue
+from plaita.store.executions.store import ExecutionStore
+from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import Task
 from tests.support.lease_workers import GROUP, QUEUE, inproc_worker, settings, wait_for, worker_proc
 from tests.support.redis_server import RedisServer

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from plaita.store.fanout import done_key
-from plaita.store.keeper_store import KEEPER_LEASE_KEY, KEEPER_RETRY_PREFIX
+from plaita.store.executions.fanout import done_key
+from plaita.store.executions.keeper_store import KEEPER_LEASE_KEY, KEEPER_RETRY_PREFIX
 from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, id_of_key, key_id, key_id_bytes
 from plaita.tasks import TENANT_ID
 from tests.flows.support import Harness, start

@@ -13,13 +13,13 @@ import redis
 from redis.crc import key_slot
 
 from plaita.config import ConfigError, Settings
-from plaita.store.dlq import DeadLetterQueue
-from plaita.store.entries import DeadLetter
 from plaita.store.keyspace import DEFAULT, Keyspace, partition_tag
 from plaita.store.leases import LeaseManager
-from plaita.store.partitioned import PartitionedQueue, open_queue
 from plaita.store.stats import is_settled, stream_stats
-from plaita.store.streams import StreamQueue
+from plaita.store.streams.dlq import DeadLetterQueue
+from plaita.store.streams.entries import DeadLetter
+from plaita.store.streams.partitioned import PartitionedQueue, open_queue
+from plaita.store.streams.queue import StreamQueue
 from tests.support.redis_server import free_port
 
 QUEUE = "plaita:test:pq"

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from plaita.store.client import make_client
-from plaita.store.streams import DeadLetter, StreamQueue
+from plaita.store.streams.queue import DeadLetter, StreamQueue
 from tests.support.workers import wait_for
 
 pytestmark = pytest.mark.redis

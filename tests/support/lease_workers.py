@@ -32,7 +32,7 @@ from plaita.config import Settings, is_cluster_url
 from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
 from plaita.store.client import make_client
-from plaita.store.partitioned import open_queue
+from plaita.store.streams.partitioned import open_queue
 from plaita.tasks import Task
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -28,8 +28,8 @@ from plaita.errors import BadTaskError
 from plaita.fsm import State
 from plaita.ops.status import read_status_file
 from plaita.runtime.worker import Worker
-from plaita.store.partitioned import open_queue
 from plaita.store.scripts import SCRIPTS
+from plaita.store.streams.partitioned import open_queue
 from plaita.tasks import Task
 
 ROOT = Path(__file__).resolve().parent.parent.parent

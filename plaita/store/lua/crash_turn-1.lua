@@ -1,4 +1,4 @@
--- A suspect's turn to run alone (plaita.store.crashes): count the crash it was in flight for and
+-- A suspect's turn to run alone (plaita.store.executions.crashes): count the crash it was in flight for and
 -- arm the record for this run, in one call.
 -- KEYS[1]  the task's crash-strike hash (count, armed)
 -- ARGV[1]  the entry's message id

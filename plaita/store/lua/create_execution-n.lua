@@ -1,7 +1,7 @@
 -- Create a flow execution under its lease (fenced like a checkpoint), or report why not. A
 -- start's one round trip: it also returns an existing execution's state and the cancel flag.
 -- All or nothing: every key is checked before the first write. A `queued` document (what a
--- producer records at start: plaita.store.executions.ExecutionStore.enqueue_start) is taken over:
+-- producer records at start: plaita.store.executions.store.ExecutionStore.enqueue_start) is taken over:
 -- replaced by the running one and moved from the queued index to the running one, in this call;
 -- so is one that ended `error` because its start was dead-lettered (a requeued start runs).
 -- KEYS[1]  lease key

@@ -1,0 +1,1 @@
+"""The keeper: deadlines, orphans and schedules, one acting keeper per queue."""

@@ -1,0 +1,293 @@
+"""The keeper's schedule pass: start one execution per due tick of every scheduled flow.
+
+Correct whatever number of keepers run, with or without the keeper lease:
+
+1. A tick's execution id and dedup key are ``schedule:{flow}:{tick_s}`` (``execution_id_of``):
+   the same on every keeper, so a start enqueued twice makes one execution (the second start
+   is a no-op at the worker).
+2. Ticks are claimed by a compare-and-set of the schedule's newest tick (``plaita:schedule:{flow}``):
+   of keepers passing at once one claims a tick, the others see it moved and start nothing.
+3. The claimed ticks stay ``pending`` until their starts are enqueued. A keeper that dies in
+   between leaves them there; a pass that finds them older than ``pending_stale_s`` enqueues
+   them again (rule 1 makes that safe) and only then claims newer ticks.
+
+The schedules a pass runs are its own flows' and every fresh one recorded for the queue
+(``plaita.flows.keeper.schedule_records``). Each is isolated: one that cannot be stepped, a record that
+cannot be read back, a schedule key of another type is skipped (one error line per schedule and
+process, counted in ``SchedulePass.corrupt``) and the others run; only a Redis failure ends the
+pass. See ``plaita.flows.model.schedules`` for the missed-ticks policies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from plaita.flows.keeper.schedule_records import (
+    RECORD_TTL_S,
+    FleetSchedules,
+    Recorded,
+    read_record,
+    scheduled_flows,
+)
+from plaita.flows.model.definition import Flow
+from plaita.flows.model.schedules import Plan, Schedule, execution_id_of
+from plaita.flows.producer.client import FlowClient
+from plaita.store.errors import is_redis_failure
+from plaita.store.executions.keeper_store import UnreadableIndex
+from plaita.store.executions.schedule_records import ScheduleRecords
+from plaita.store.executions.schedule_store import ScheduleStore, UnreadableSchedule, schedule_key
+from plaita.store.executions.store import ExecutionStore, UnreadableExecution
+from plaita.store.streams.queue import StreamQueue
+
+logger = logging.getLogger(__name__)
+
+#: Claimed ticks not confirmed enqueued after this are enqueued again by the next pass (an
+#: enqueue takes milliseconds; a keeper still at it meanwhile only adds no-op duplicates).
+PENDING_STALE_S = 10.0
+
+
+@dataclass
+class SchedulePass:
+    """What one schedule pass started (or, dry run, would start)."""
+
+    #: Execution ids of the ticks started, in order.
+    started: list[str] = field(default_factory=list)
+    #: Due ticks the missed-ticks policy did not start.
+    dropped: int = 0
+    #: Schedules skipped: keys of another type, records unusable, schedules that cannot be stepped.
+    corrupt: list[str] = field(default_factory=list)
+
+
+__all__ = ["SchedulePass", "Scheduler", "schedule_rows", "scheduled_flows"]
+
+
+class Scheduler:
+    """Starts the scheduled flows' ticks on ``queue``; ``run_pass(now_s)`` is one pass."""
+
+    def __init__(
+        self,
+        flows: Iterable[Flow],
+        queue: StreamQueue,
+        *,
+        store: ExecutionStore | None = None,
+        pending_stale_s: float = PENDING_STALE_S,
+        record_ttl_s: float = RECORD_TTL_S,
+    ) -> None:
+        #: The schedules of the flows this keeper loads (it records them for its queue).
+        self.schedules = scheduled_flows(flows)
+        self.producer = FlowClient(queue, store)
+        self.store = ScheduleStore.sharing(queue)
+        self.fleet = FleetSchedules(
+            self.schedules, ScheduleRecords.sharing(queue, queue.keyspace.queue), ttl_s=record_ttl_s
+        )
+        self.pending_stale_s = pending_stale_s
+        #: The definition last written to each schedule's bookkeeping hash (for listing).
+        self._described: dict[str, dict[str, Any]] = {}
+        self._logged_bad: set[tuple[str, str]] = set()
+
+    def run_pass(self, now_s: float, *, dry_run: bool = False) -> SchedulePass:
+        """Every schedule's due ticks; a Redis failure raises (the keeper backs off), any other
+        failure of one schedule skips that one."""
+        report = SchedulePass()
+        schedules, unusable = self.fleet.current(now_s, dry_run=dry_run)
+        for item, why in unusable:
+            self._skip(item, why, report)
+        for flow_id, schedule in schedules:
+            try:
+                self._schedule(flow_id, schedule, now_s, report, dry_run=dry_run)
+            except (UnreadableSchedule, UnreadableIndex) as bad:
+                self._skip(bad.key, f"{bad}; schedule of {flow_id} skipped", report)
+            except Exception as exc:
+                if is_redis_failure(exc):
+                    raise
+                why = f"schedule of {flow_id} ({schedule.cron!r}, tz {schedule.tz}) failed: {type(exc).__name__}: {exc}"
+                self._skip(schedule_key(flow_id), why, report)
+        return report
+
+    def refresh_records(self, now_s: float) -> None:
+        """On standby: record this keeper's own schedules (when due) for the acting keeper."""
+        self.fleet.refresh_own(now_s)
+
+    def _skip(self, item: str, why: str, report: SchedulePass) -> None:
+        """Count it every pass; one error line per schedule (and reason) per process."""
+        report.corrupt.append(item)
+        if (item, why) not in self._logged_bad:
+            self._logged_bad.add((item, why))
+            logger.error("keeper: %s; skipped (left for an operator, logged once)", why)
+
+    def _schedule(self, flow_id: str, schedule: Schedule, now_s: float, report: SchedulePass, *, dry_run: bool) -> None:
+        record = self.store.read(flow_id)
+        definition = schedule.describe()
+        if not dry_run and (self._described.get(flow_id) != definition or not record):
+            self.store.describe(flow_id, definition)  # again after a data loss (the hash is gone)
+            self._described[flow_id] = definition
+        self._one(flow_id, schedule, record, now_s, report, dry_run=dry_run)
+
+    def _one(
+        self,
+        flow_id: str,
+        schedule: Schedule,
+        record: dict[str, str],
+        now_s: float,
+        report: SchedulePass,
+        *,
+        dry_run: bool,
+    ) -> None:
+        pending = record.get("pending")
+        if pending is not None:
+            self._pending_again(flow_id, schedule, record, pending, now_s, report, dry_run=dry_run)
+            return
+        seen = record.get("last_tick_s", "")
+        plan = schedule.plan(int(seen) if seen.isdigit() else None, now_s)
+        if plan.newest_s is None:
+            return
+        if dry_run:
+            report.started += [execution_id_of(flow_id, t) for t in plan.ticks]
+            report.dropped += plan.dropped
+            return
+        at = repr(now_s)
+        body = _pending_text(plan)
+        if not self.store.claim(flow_id, seen, plan.newest_s, body, at):
+            return  # another keeper claimed these ticks first
+        report.dropped += plan.dropped
+        if plan.dropped:
+            logger.info(
+                "keeper: schedule %s: %s%d missed tick(s) not started (missed=%s)",
+                flow_id,
+                "at least " if plan.more else "",
+                plan.dropped,
+                schedule.missed,
+            )
+        if plan.ticks:
+            self._start(flow_id, schedule, plan.ticks, plan.dropped, report)
+            self._confirm(flow_id, plan.ticks, body, at)
+
+    def _pending_again(
+        self,
+        flow_id: str,
+        schedule: Schedule,
+        record: dict[str, str],
+        pending: str,
+        now_s: float,
+        report: SchedulePass,
+        *,
+        dry_run: bool,
+    ) -> None:
+        """Ticks claimed and never confirmed: enqueue them again once the claim is stale (their
+        execution ids are fixed, so a start that did land is not started twice)."""
+        if dry_run or now_s - _float(record.get("pending_at_s")) < self.pending_stale_s:
+            return  # another keeper is enqueuing them now
+        ticks, missed = _pending(pending)
+        logger.warning("keeper: schedule %s: %d claimed tick(s) never confirmed; enqueued again", flow_id, len(ticks))
+        self._start(flow_id, schedule, ticks, missed, report)
+        self._confirm(flow_id, ticks, pending, record.get("pending_at_s", ""))
+
+    def _start(self, flow_id: str, schedule: Schedule, ticks: list[int], missed: int, report: SchedulePass) -> None:
+        for tick in ticks:
+            eid = execution_id_of(flow_id, tick)
+            self.producer.start(flow_id, schedule.tick_params(tick, missed), execution_id=eid, dedup_key=eid)
+            report.started.append(eid)
+
+    def _confirm(self, flow_id: str, ticks: list[int], pending: str, pending_at: str) -> None:
+        newest = max(ticks, default=0)
+        eid = execution_id_of(flow_id, newest) if ticks else ""
+        self.store.confirm(flow_id, pending, pending_at, eid, newest)
+
+
+def _pending_text(plan: Plan) -> str:
+    return json.dumps({"ticks": plan.ticks, "missed": plan.dropped}) if plan.ticks else ""
+
+
+def _pending(text: str) -> tuple[list[int], int]:
+    """The ticks and missed count of a ``pending`` field; nothing for one plaita did not write."""
+    try:
+        doc: Any = json.loads(text)
+        ticks = [int(t) for t in doc["ticks"]]
+        return ticks, int(doc.get("missed", 0))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return [], 0
+
+
+def _float(text: str | None) -> float:
+    try:
+        return float(text) if text is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def schedule_rows(flows: Iterable[Flow], executions: ExecutionStore, now_s: float) -> list[dict[str, Any]]:
+    """One row per schedule (``plaita schedules list``, the dashboard): the given flows', every
+    one recorded for the queue and every one a keeper ran (``plaita:schedules``), with its next
+    tick and its newest execution. Reads only. A schedule that cannot be shown is a row with an
+    ``error``; only a Redis failure raises."""
+    store = ScheduleStore.sharing(executions)
+    defined = dict(scheduled_flows(flows))
+    rows: list[dict[str, Any]] = []
+    recorded = _read_or_row(ScheduleRecords.sharing(executions, executions.ks.queue).read, {}, rows)
+    known = _read_or_row(store.known, [], rows)
+    names = sorted({*defined, *recorded, *known})
+    for flow_id, record in zip(names, store.read_many(names), strict=True):
+        if isinstance(record, UnreadableSchedule):
+            rows.append({"flow": flow_id, "error": str(record)})
+            continue
+        try:
+            rows.append(_row(flow_id, _definition(defined, recorded, flow_id, record), record, executions, now_s))
+        except Exception as exc:
+            if is_redis_failure(exc):
+                raise
+            rows.append({"flow": flow_id, "error": f"schedule unusable: {type(exc).__name__}: {exc}"})
+    return rows
+
+
+def _read_or_row(read: Any, empty: Any, rows: list[dict[str, Any]]) -> Any:
+    """``read()``, or ``empty`` and an error row for an index of another type."""
+    try:
+        return read()
+    except UnreadableIndex as bad:
+        rows.append({"flow": bad.key, "error": str(bad)})
+        return empty
+
+
+def _definition(
+    defined: dict[str, Schedule], recorded: dict[str, str], flow_id: str, record: dict[str, str]
+) -> Recorded:
+    """The schedule a row shows: the loaded flow's, else the one recorded for the queue, else the
+    one a keeper last ran (its bookkeeping hash)."""
+    if flow_id in defined:
+        return Recorded(defined[flow_id], math.nan)
+    if flow_id in recorded:
+        return read_record(recorded[flow_id])
+    legacy: dict[str, Any] = {k: record[k] for k in ("cron", "tz", "missed") if k in record}
+    if record.get("max_catchup", "").isdigit():
+        legacy["max_catchup"] = int(record["max_catchup"])
+    found = read_record(json.dumps(legacy))
+    return Recorded(found.schedule, math.nan, found.error)
+
+
+def _row(
+    flow_id: str, definition: Recorded, record: dict[str, str], executions: ExecutionStore, now_s: float
+) -> dict[str, Any]:
+    schedule = definition.schedule
+    if schedule is None:
+        return {"flow": flow_id, "error": definition.error or "recorded schedule unusable"}
+    last_id = record.get("last_execution_id") or None
+    try:
+        doc = executions.get(last_id) if last_id else None
+    except UnreadableExecution:
+        doc = {"status": "unreadable"}
+    return {
+        "flow": flow_id,
+        **schedule.describe(),
+        "next_tick_s": schedule.next_tick_s(now_s),
+        "last_tick_s": int(record["last_tick_s"]) if record.get("last_tick_s", "").isdigit() else None,
+        "last_execution_id": last_id,
+        "last_status": doc.get("status") if doc else ("expired" if last_id else None),
+        "pending": bool(record.get("pending")),
+        "recorded": bool(record),
+        "recorded_at_s": None if math.isnan(definition.recorded_at_s) else definition.recorded_at_s,
+    }

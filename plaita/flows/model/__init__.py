@@ -1,0 +1,1 @@
+"""Flow definitions and the execution document: values and checks, no Redis calls."""

@@ -1,0 +1,1 @@
+"""The producer: starting, steering and reading executions (``FlowClient``, cancel)."""

@@ -1,0 +1,159 @@
+"""Cancel an execution whatever it is doing (``FlowClient.cancel``, ``plaita executions cancel``,
+the dashboard), and say what was done.
+
+A cancel is the flag ``Keyspace.cancel_key(id)`` (7 days), which every worker honours: a start
+read with it set runs no step (also one that waits for a flow slot: it takes none), a running
+execution ends ``cancelled`` at its next checkpoint (the checkpoint script refuses a
+``completed`` result while it is set), a suspension written after it ends at once. A suspended
+execution holds no lease and runs no step, so it is also sent a ``cancel`` task; a parent waiting
+on children has their flags set here too (and their children's, …), so its children stop at
+their next checkpoint instead of its cancel task waiting behind theirs. An id with no document
+yet is cancelled only if a start of it is queued (or the queue is too long to tell) or parked
+for a flow slot: a parked start is put back on its stream at once (after the flag is set), so
+the cancel lands now, not when a slot frees. A start this plaita's producer sent has a ``queued``
+document from the start, so its record answers at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from plaita.flows.model import bodies as model
+from plaita.flows.model.bodies import child_ids
+from plaita.store.executions.flow_limits import FlowLimitStore, member_of
+from plaita.store.executions.store import FLAG_TTL_S, MAX_SCANNED_ENTRIES, TERMINAL, ExecutionStore
+from plaita.store.executions.store import QUEUED as QUEUED_STATUS
+
+#: ``CancelOutcome.outcome``: the cancel is recorded and the execution will end ``cancelled``.
+QUEUED, RUNNING, SUSPENDED, UNSEEN = "queued", "running", "suspended", "unseen"
+#: ``CancelOutcome.outcome``: it had ended before; only ``ENDED`` (completed, error) means the
+#: cancel did not land.
+ALREADY_CANCELLED, ENDED = "already_cancelled", "ended"
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What a cancel did to ``execution_id``: ``outcome`` (above), the document as it was once
+    the flag was set (None: its start not read yet) and how many descendants it reached."""
+
+    execution_id: str
+    outcome: str
+    doc: dict[str, Any] | None
+    children: int = 0
+
+    @property
+    def status(self) -> str | None:
+        """The execution's status once the cancel was recorded (None: no document yet)."""
+        return None if self.doc is None else str(self.doc.get("status"))
+
+    @property
+    def landed(self) -> bool:
+        """True unless the execution had ended ``completed`` or ``error`` before the cancel."""
+        return self.outcome != ENDED
+
+    def describe(self) -> str:
+        """One line for an operator: what was done, and what happens next."""
+        eid, days = self.execution_id, FLAG_TTL_S // 86400
+        kids = f"; cancel requested for {self.children} descendant execution(s)" if self.children else ""
+        return {
+            QUEUED: f"cancel recorded; execution {eid} is queued and will end cancelled when a worker reads it"
+            " (no step runs)",
+            RUNNING: f"cancel recorded; execution {eid} is running: it ends cancelled at its next checkpoint"
+            " (the step running sees ctx.cancel; a result it returns is discarded)",
+            SUSPENDED: f"cancel recorded; execution {eid} is suspended: a cancel task is enqueued, it ends cancelled"
+            f" as soon as a worker takes it{kids}",
+            UNSEEN: f"cancel recorded; execution {eid} does not exist yet and the queue is longer than"
+            f" {MAX_SCANNED_ENTRIES} tasks, so its start was not looked for: a start of it read within {days}"
+            " days ends cancelled",
+            ALREADY_CANCELLED: f"execution {eid} already cancelled",
+        }.get(self.outcome, f"execution {eid} already {self.status}; nothing to cancel")
+
+
+def request_cancel(
+    store: ExecutionStore, enqueue: Callable[[dict[str, Any]], Any], execution_id: str, stream: str
+) -> CancelOutcome | None:
+    """Cancel ``execution_id`` (``enqueue`` sends a task; ``stream``: where its start would be
+    queued); None when it has no document and no start of it is queued. The flag is set before
+    the document is read again, so whatever a worker did meanwhile (created it, suspended it)
+    the cancel lands."""
+    doc = store.get(execution_id)
+    queued: bool | None = None
+    parked: dict[str, Any] | None = None
+    if doc is None or doc.get("status") == QUEUED_STATUS:  # its start may be parked for a slot
+        parked = FlowLimitStore.sharing(store).parked_start(member_of(store.ks.tenant, execution_id))
+    if doc is None and parked is None:
+        queued = store.start_queued(execution_id, stream)
+        if queued is False:
+            doc = store.get(execution_id)  # created (maybe ended) while the stream was read
+            if doc is None:
+                return None
+    elif doc is None:
+        queued = True
+    if doc is not None and doc.get("status") in TERMINAL:
+        return _ended(execution_id, doc)
+    store.request_cancel(execution_id)
+    if parked is not None:  # read with its flag set: it takes no slot, leaves the parked starts, ends
+        enqueue(parked)
+    doc = store.get(execution_id)
+    status = None if doc is None else doc.get("status")
+    if doc is None:
+        return CancelOutcome(execution_id, UNSEEN if queued is None else QUEUED, None)
+    if status in TERMINAL:
+        return _ended(execution_id, doc)
+    if status == QUEUED_STATUS or parked is not None:
+        # Recorded by its producer and not taken by a worker yet; or parked for a flow slot (its
+        # document may say running: a worker creates ahead before it looks for a slot), re-added
+        # above with its flag set, so it ends cancelled when read, without a step or a slot.
+        return CancelOutcome(execution_id, QUEUED, doc)
+    if status != "suspended":
+        return CancelOutcome(execution_id, RUNNING, doc)
+    flow_id, tenant = doc.get("flow_id"), store.ks.tenant
+    enqueue(model.resume_body(execution_id, "cancel", flow_id=flow_id, tenant_id=tenant))
+    return CancelOutcome(execution_id, SUSPENDED, doc, cancel_descendants(store, doc))
+
+
+def _ended(execution_id: str, doc: dict[str, Any]) -> CancelOutcome:
+    return CancelOutcome(execution_id, ALREADY_CANCELLED if doc.get("status") == "cancelled" else ENDED, doc)
+
+
+#: Executions one cancel of a suspended parent reaches below it at most (children, theirs, …).
+MAX_CANCELLED_DESCENDANTS = 100_000
+
+
+def _waited_on(doc: dict[str, Any]) -> list[str]:
+    """The ids of the children a suspended ``doc`` waits on ([] for any other document)."""
+    suspension = doc.get("suspension")
+    waiting = suspension.get("children") if isinstance(suspension, dict) else None
+    if doc.get("status") != "suspended" or not isinstance(waiting, dict):
+        return []
+    try:
+        return child_ids(str(waiting["prefix"]), int(waiting["count"]))
+    except (KeyError, TypeError, ValueError):  # not a spawn plaita wrote: nothing to reach
+        return []
+
+
+def cancel_descendants(store: ExecutionStore, doc: dict[str, Any]) -> int:
+    """For a suspended parent being cancelled (``plaita.flows.producer.cancel``), before its own cancel
+    task runs (it may wait behind its children's tasks): set every child's cancel flag, send a
+    ``cancel`` to each suspended one, and the same below each one waiting on children of its own.
+    A running child stops at its next checkpoint, a queued one runs no step. Returns how many
+    executions it reached (at most ``MAX_CANCELLED_DESCENDANTS``)."""
+    level, reached = [doc], 0
+    while level and reached < MAX_CANCELLED_DESCENDANTS:
+        ids = [eid for d in level for eid in _waited_on(d)][: MAX_CANCELLED_DESCENDANTS - reached]
+        if not ids:
+            break
+        store.request_cancels(ids)
+        docs = store.read_many(ids)
+        suspended = [
+            (e, d) for e, d in zip(ids, docs, strict=True) if isinstance(d, dict) and d.get("status") == "suspended"
+        ]
+        bodies = [
+            model.resume_body(e, "cancel", flow_id=d.get("flow_id"), tenant_id=store.ks.tenant) for e, d in suspended
+        ]
+        store.enqueue_tasks(bodies)
+        reached += len(ids)
+        level = [d for _, d in suspended]
+    return reached

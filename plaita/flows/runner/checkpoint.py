@@ -1,0 +1,89 @@
+"""The fenced checkpoint write: one document, its status and a step's staged writes, all or nothing.
+
+What is written is decided by the execution's transitions (``plaita.flows.model.execution``) and
+sealed here (``sealed``: the document, or the ``error`` one replacing a document that cannot be
+written); this module makes the call and turns its refusals into the errors the engine handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from plaita.errors import ConfigError, LeaseLostError, PlaitaError
+from plaita.flows.io import ExecutionIO
+from plaita.flows.model.execution import Execution
+from plaita.flows.model.validate import StepOutputError, output_error
+from plaita.store.executions.staged import MAX_SECONDS
+from plaita.store.executions.store import Staged, StagedWriteRefused
+from plaita.tasks import Task
+
+
+class CancelledMeanwhile(PlaitaError):
+    """A ``completed`` checkpoint refused because a cancel was requested while the last step ran
+    (the script checks the flag): nothing was written; the execution ends ``cancelled`` instead."""
+
+
+class Checkpointer:
+    """Writes an execution's document with one fenced call: LeaseLostError when the lease moved
+    on, StepOutputError when a staged write Redis would refuse, CancelledMeanwhile when a
+    ``completed`` one is refused because of a cancel (in all three nothing was written)."""
+
+    def __init__(self, *, retention_s: int) -> None:
+        if not 0 <= retention_s <= MAX_SECONDS:  # EXPIRE must not fail after the state is written
+            raise ConfigError(f"retention_s must be between 0 (keep forever) and {MAX_SECONDS} s, got {retention_s}")
+        self.retention_s = retention_s
+
+    async def write(
+        self,
+        io: ExecutionIO,
+        task: Task,
+        document: str,
+        *,
+        status: str,
+        now_s: float,
+        staged: Sequence[Staged] = (),
+        deadline_s: float | None = None,
+        step: str | None = None,
+    ) -> bool:
+        """Write ``document`` under the task's lease; True when a cancel is requested."""
+        try:
+            ok, cancel = await io.checkpoint(
+                task,
+                document,
+                status=status,
+                now_s=now_s,
+                deadline_s=deadline_s,
+                retention_s=self.retention_s,
+                staged=staged,
+            )
+        except StagedWriteRefused as exc:
+            raise StepOutputError("StagedWriteRefused", f"step {step!r}: {exc}; nothing was written") from None
+        if not ok and cancel:
+            raise CancelledMeanwhile(f"execution {task.execution_id}: cancelled while its last step ran")
+        if not ok:
+            raise LeaseLostError(
+                f"checkpoint of execution {task.execution_id} refused: lease generation "
+                f"{task.fencing_token} is no longer current"
+            )
+        return bool(cancel)
+
+
+def sealed(execution: Execution, max_bytes: int, step: str | None, *, output: bool) -> tuple[Execution, str]:
+    """(execution, document) a checkpoint writes: ``execution`` itself, or the ``error``
+    execution replacing it when it cannot be written (``unwritable``, ``too_large``; an error
+    over the limit is written anyway: it is the record of the failure). When ``output``
+    (the checkpoint of a step's output), a value that is not JSON is the step's failure instead:
+    StepOutputError, and nothing is written."""
+    try:
+        text = execution.encode()
+    except (TypeError, ValueError, RecursionError):
+        problem = output_error(execution.to_doc(), step)
+        if output:
+            raise problem from None
+        execution = execution.unwritable(problem)
+        text = execution.encode()
+    size = len(text.encode("utf-8"))
+    if size > max_bytes and execution.status != "error":
+        execution = execution.too_large(size, max_bytes, step)
+        text = execution.encode()
+    return execution, text

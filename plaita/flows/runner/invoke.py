@@ -1,0 +1,114 @@
+"""Calling a step so that whatever it raises comes back as a value, never through the runner.
+
+Every ``BaseException`` a step raises is one failed attempt (its retry policy, then ``error``),
+so it has to reach the runner as data, whatever Python does with it on the way:
+
+- a sync step run with ``asyncio.to_thread`` could not report a ``StopIteration`` at all (asyncio
+  refuses it as a future's exception and the step's coroutine would wait forever), so the
+  thread catches everything and returns it;
+- an exception that resolves a future an async step awaits is *thrown* into the awaiting task,
+  and a thrown ``GeneratorExit`` closes every coroutine of that task up to its root (the
+  runner and the pool included). The step therefore runs as a task of its own whose root
+  catches everything: the throw stops there;
+- ``KeyboardInterrupt`` and ``SystemExit`` leaving a task's root would also stop the event loop
+  running every other execution; the same root catches them.
+
+An ``async def`` step's first stretch (up to its first real wait) runs at once, in a context of
+its own as a task would: nothing can be thrown into code that has not awaited yet. Only a step
+that does wait goes on in a task of its own, from where it stopped; a step that never waits
+(most steps that only compute) costs no task and no turn of the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one run of a step gave: its value, or what it raised."""
+
+    value: Any = None
+    raised: BaseException | None = None
+
+
+def call(fn: Callable[[Any], Any], ctx: Any) -> Attempt:
+    """``fn(ctx)``; whatever it raises is returned (see the module docstring)."""
+    try:
+        return Attempt(fn(ctx))
+    except BaseException as exc:  # noqa: B036 - every raise of step code is a failed attempt
+        return Attempt(raised=exc)
+
+
+async def _settle(awaitable: Awaitable[Any]) -> Attempt:
+    try:
+        return Attempt(await awaitable)
+    except BaseException as exc:  # noqa: B036 - the root of the step's own task: the throw stops here
+        return Attempt(raised=exc)
+
+
+@types.coroutine
+def _continued(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    """The rest of ``coro`` once its first stretch yielded ``yielded``: what ``yield from coro``
+    would do from there (what the driving task sends or throws in goes on to ``coro``)."""
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # noqa: B036 - thrown in by the task: a cancel, a future's exception
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
+    """Await a step's coroutine: its first stretch here, the rest (if it waits) as a task of
+    its own (see the module docstring)."""
+    if not isinstance(awaitable, types.CoroutineType):  # another awaitable: a task from the start
+        return await asyncio.ensure_future(_settle(awaitable))
+    context = contextvars.copy_context()
+    try:
+        yielded = context.run(awaitable.send, None)
+    except StopIteration as stop:
+        return Attempt(stop.value)
+    except BaseException as exc:  # noqa: B036 - the step's own raise: a failed attempt
+        return Attempt(raised=exc)
+    rest = _settle(_continued(awaitable, yielded))
+    return await asyncio.get_running_loop().create_task(rest, context=context)
+
+
+async def invoke(
+    fn: Callable[[Any], Any], ctx: Any, *, on_loop: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
+) -> Attempt:
+    """Run step ``fn`` once. ``on_loop``: on the caller's loop, sync steps on a thread; otherwise
+    on this thread, an ``async def`` step on ``thread_loop()`` (no loop runs here)."""
+    if not on_loop:
+        return run_here(fn, ctx, thread_loop)
+    if inspect.iscoroutinefunction(fn):
+        attempt = call(fn, ctx)
+    else:
+        attempt = await asyncio.to_thread(call, fn, ctx)
+    if attempt.raised is not None or not inspect.isawaitable(attempt.value):
+        return attempt
+    return await _awaited(attempt.value)
+
+
+def run_here(fn: Callable[[Any], Any], ctx: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Attempt:
+    """Run step ``fn`` once on this thread, where no loop runs: an ``async def`` step to its end
+    on ``loop()`` (a handler thread's own loop, or a ``--pool process`` child's)."""
+    attempt = call(fn, ctx)
+    if attempt.raised is not None or not inspect.isawaitable(attempt.value):
+        return attempt
+    result: Attempt = loop().run_until_complete(_settle(attempt.value))
+    return result
