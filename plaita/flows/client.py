@@ -10,6 +10,7 @@ execution's lease is the only writer of an execution's document, so a producer n
 from __future__ import annotations
 
 import getpass
+import logging
 import math
 import socket
 import time
@@ -22,12 +23,16 @@ from plaita.errors import PlaitaError
 from plaita.flows import model
 from plaita.flows.cancel import CancelOutcome, request_cancel
 from plaita.flows.execution import Execution
+from plaita.flows.fork import NotForkable as NotForkable
+from plaita.flows.fork import start_fork
 from plaita.flows.tracing import producing
 from plaita.flows.validate import check_deadline_s, check_wait_name, require_json
 from plaita.store.client import make_client
 from plaita.store.executions import QUEUED, TERMINAL, ExecutionStore
 from plaita.store.partitioned import open_queue
 from plaita.store.streams import StreamQueue
+
+logger = logging.getLogger(__name__)
 
 #: Polling interval of ``wait`` (bounded: the wait has a timeout).
 WAIT_POLL_S = 0.05
@@ -259,16 +264,18 @@ class FlowClient:
         resume_id: str | None = None,
     ) -> str:
         """Restart an ``error`` or ``cancelled`` execution at the step it ended at (or
-        ``from_step``, one it has run), keeping the results of the steps before it; a
-        ``completed`` one only with ``force``. A task the worker holding the execution's lease
-        runs (fenced, like every write); returns its resume id (pass ``resume_id`` to make a
-        repeated call a no-op). NotRetryable when refused; ExecutionNotFound."""
+        ``from_step``, one it has run), keeping the results of the steps before it. A task the
+        worker holding the execution's lease runs (fenced, like every write); returns its resume
+        id (pass ``resume_id`` to make a repeated call a no-op). A ``completed`` one is re-run
+        only with ``force``: without, nothing is enqueued and "" is returned (it is done, a no-op).
+        NotRetryable when refused (running, suspended, queued; a step it never ran); ExecutionNotFound."""
         doc = self._require(execution_id)
         status = doc.get("status")
         if status not in TERMINAL:
             raise NotRetryable(f"execution {execution_id} is {status}: only an error or cancelled one can be retried")
-        if status == "completed" and not force:
-            raise NotRetryable(f"execution {execution_id} completed: re-running it from a step needs force (--force)")
+        if status == "completed" and not force:  # done already: nothing to retry (a no-op, not an error)
+            logger.info("retry of execution %s: it completed, nothing enqueued (force re-runs it)", execution_id)
+            return ""
         if from_step is not None:
             reached = {e.get("step") for e in doc.get("history") or [] if isinstance(e, dict)}
             reached |= set(doc.get("results") or {}) | {doc.get("step")}
@@ -287,6 +294,16 @@ class FlowClient:
         )
         self._enqueue(body)
         return rid
+
+    def fork(self, execution_id: str, from_step: str, new_id: str | None = None, *, by: str | None = None) -> str:
+        """Start a new execution (``new_id``, or a fresh id) of the same flow and params at
+        ``from_step``, with the results of the steps before it and the state copied; the original
+        is left as it is (any status but ``queued``). Returns the new id. NotForkable when the
+        original never ran ``from_step`` or ``new_id`` is taken; ExecutionNotFound
+        (``plaita.flows.fork``)."""
+        original = self._require(execution_id)
+        eid = _checked_id(new_id) if new_id is not None else self._new_id(None)
+        return start_fork(self.store, self.queue.keyspace, original, from_step, eid, by=by or _operator())
 
     def cancel(self, execution_id: str) -> CancelOutcome:
         """Cancel an execution whatever it does, and say what was done (``CancelOutcome``: its
