@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from plaita.cli import retention
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import WithParents, seconds, tls_of
 from plaita.config import DEFAULT_REDIS_URL
@@ -41,8 +42,8 @@ def add_parsers(
         "executions",
         help="start, steer and inspect flow executions",
         description=(
-            "start FLOW | resume ID | cancel ID | retry ID | fork ID | list | show ID (the Redis flags may follow the "
-            "action too)"
+            "start FLOW | resume ID | cancel ID | retry ID | fork ID | list | show ID | delete ID... | prune | "
+            "cancel-many (the Redis flags may follow the action too)"
         ),
     )
     redis_options(ex)
@@ -53,6 +54,7 @@ def add_parsers(
     _add_start(sub)
     _add_steering(sub)
     _add_reading(sub)
+    retention.add_parsers(sub)
 
 
 def _add_start(sub: WithParents) -> None:
@@ -385,4 +387,5 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "fork": _fork,
     "list": _list,
     "show": _show,
+    **retention.COMMANDS,
 }

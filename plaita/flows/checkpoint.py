@@ -37,11 +37,20 @@ class Checkpointer:
     on, StepOutputError when a staged write Redis would refuse, CancelledMeanwhile when a
     ``completed`` one is refused because of a cancel (in all three nothing was written)."""
 
-    def __init__(self, store: ExecutionStore, *, retention_s: int, batcher: CallBatcher | None = None) -> None:
+    def __init__(
+        self,
+        store: ExecutionStore,
+        *,
+        retention_s: int,
+        batcher: CallBatcher | None = None,
+        index_keep_s: int | None = None,
+    ) -> None:
         if not 0 <= retention_s <= MAX_SECONDS:  # EXPIRE must not fail after the state is written
             raise ConfigError(f"retention_s must be between 0 (keep forever) and {MAX_SECONDS} s, got {retention_s}")
         self.store = store
         self.retention_s = retention_s
+        #: Status index entries are kept this long (the longest retention of the flows run here).
+        self.index_keep_s = index_keep_s
         #: Sends the checkpoints of executions on the caller's loop together (None: one by one).
         self.batcher = batcher
 
@@ -56,8 +65,10 @@ class Checkpointer:
         staged: Sequence[Staged] = (),
         deadline_s: float | None = None,
         step: str | None = None,
+        retention_s: int | None = None,
     ) -> bool:
-        """Write ``document`` under the task's lease; True when a cancel is requested."""
+        """Write ``document`` under the task's lease; True when a cancel is requested.
+        ``retention_s``: its flow's (``Flow.retention_s``); None: this checkpointer's default."""
         try:
             call = self.store.checkpoint_call(
                 task.execution_id,
@@ -66,7 +77,8 @@ class Checkpointer:
                 status=status,
                 now_s=now_s,
                 deadline_s=deadline_s,
-                retention_s=self.retention_s,
+                retention_s=self.retention_s if retention_s is None else retention_s,
+                index_keep_s=self.index_keep_s,
                 staged=staged,
             )
             ok, cancel = await send(call, offload=offload, batcher=self.batcher)

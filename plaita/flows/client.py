@@ -15,16 +15,19 @@ import math
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
-from plaita.flows import model
+from plaita.flows import model, retention
 from plaita.flows.cancel import CancelOutcome, request_cancel
 from plaita.flows.execution import Execution
 from plaita.flows.fork import NotForkable as NotForkable
 from plaita.flows.fork import start_fork
+from plaita.flows.retention import Deleted
+from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
 from plaita.flows.validate import check_deadline_s, check_wait_name, require_json
 from plaita.store.client import make_client
@@ -304,6 +307,47 @@ class FlowClient:
         original = self._require(execution_id)
         eid = _checked_id(new_id) if new_id is not None else self._new_id(None)
         return start_fork(self.store, self.queue.keyspace, original, from_step, eid, by=by or _operator())
+
+    def delete(self, *execution_ids: str, force: bool = False, timeout_s: float = 60.0) -> list[Deleted]:
+        """Delete ended executions and every key they own (``plaita.flows.retention``); one not
+        ended raises NotDeletable (nothing deleted) unless ``force``: cancelled first, deleted once
+        ended (NotDeletable if not within ``timeout_s``)."""
+        return retention.delete(self, [_checked_id(e) for e in execution_ids], force=force, timeout_s=timeout_s)
+
+    def prune(
+        self,
+        ended_before_s: float,
+        *,
+        statuses: Sequence[str] = retention.ENDED,
+        dry_run: bool = False,
+        limit: int | None = None,
+    ) -> retention.Pruned:
+        """Delete this tenant's executions that ended before ``ended_before_s`` (epoch seconds), in
+        bounded batches (``plaita.flows.retention.prune``)."""
+        return retention.prune(self.store, ended_before_s, statuses=statuses, dry_run=dry_run, limit=limit)
+
+    def cancel_many(
+        self,
+        statuses: Sequence[str] = retention.NOT_ENDED,
+        flow_id: str | None = None,
+        *,
+        dry_run: bool = False,
+        limit: int = retention.CANCEL_MANY_LIMIT,
+    ) -> list[str]:
+        """Cancel every execution of ``statuses`` (not ended ones; of ``flow_id`` only, when
+        given), at most ``limit``, newest first; returns their ids (``dry_run``: those it would
+        cancel, nothing done). One that ended or went meanwhile is left out."""
+        ids = [str(d.get("execution_id")) for d in retention.select(self.store, statuses, flow_id, limit)]
+        if dry_run:
+            return ids
+        done: list[str] = []
+        for eid in ids:
+            try:
+                if self.cancel(eid).landed:
+                    done.append(eid)
+            except ExecutionNotFound:  # deleted or expired since it was listed
+                continue
+        return done
 
     def cancel(self, execution_id: str) -> CancelOutcome:
         """Cancel an execution whatever it does, and say what was done (``CancelOutcome``: its

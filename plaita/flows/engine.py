@@ -366,6 +366,7 @@ class FlowRunner(StepWaits, Throttle):
                 staged=staged or (),
                 deadline_s=deadline_s,
                 step=name,
+                retention_s=run.flow.retention_s,
             )
         except CancelledMeanwhile:  # nothing was written; ``cancelled`` is never refused
             run.cancel = True

@@ -16,6 +16,7 @@ from plaita.flows.children import Children
 from plaita.flows.definition import FlowRegistry
 from plaita.flows.handover import Handover
 from plaita.flows.queued import QueuedStarts
+from plaita.flows.retention import index_keep_s
 from plaita.store.executions import ExecutionStore
 from plaita.tasks import Task
 
@@ -62,7 +63,9 @@ class TenantScopes:
         )
         children = Children(store)
         admission.on_child, admission.batcher = children.noted, p.batcher
-        return Scope(admission, Checkpointer(store, retention_s=p.retention_s, batcher=p.batcher), children)
+        keep = index_keep_s(p.flows, p.retention_s)
+        checkpoints = Checkpointer(store, retention_s=p.retention_s, batcher=p.batcher, index_keep_s=keep)
+        return Scope(admission, checkpoints, children)
 
     def of(self, task: Task) -> Scope:
         """The parts working on ``task``'s tenant's store (its body's ``tenant_id``)."""
