@@ -20,7 +20,7 @@ from plaita.flows.children import JOINS_FIELD
 from plaita.flows.definition import Flow
 from plaita.store.execution_docs import UnreadableExecution
 from plaita.store.executions import TERMINAL, ExecutionStore
-from plaita.store.retention import count_ended_before, delete_execution, drop_index_entry, ended_before
+from plaita.store.retention import count_ended_before, delete_executions, drop_index_entry, ended_before
 
 
 class _Flows(Protocol):
@@ -91,12 +91,14 @@ def spawn_prefixes(doc: dict[str, Any] | None, execution_id: str) -> list[str]:
     return out[:MAX_SPAWNS]
 
 
-def _delete_doc(store: ExecutionStore, execution_id: str, doc: dict[str, Any] | None) -> bool:
+def _deletion(execution_id: str, doc: dict[str, Any] | None) -> tuple[str, str | None, Sequence[str]]:
+    """(id, dedup key, spawn prefixes): what ``delete_executions`` needs of one execution."""
     dedup = (doc or {}).get("dedup_key")
-    prefixes = spawn_prefixes(doc, execution_id)
-    return delete_execution(
-        store, execution_id, dedup_key=dedup if isinstance(dedup, str) else None, spawn_prefixes=prefixes
-    )
+    return execution_id, dedup if isinstance(dedup, str) else None, spawn_prefixes(doc, execution_id)
+
+
+def _delete_doc(store: ExecutionStore, execution_id: str, doc: dict[str, Any] | None) -> bool:
+    return delete_executions(store, [_deletion(execution_id, doc)])[0]
 
 
 def delete(
@@ -164,6 +166,7 @@ def prune(
         rows = ended_before(store, statuses, ended_before_s, want, skip)
         if not rows:
             return result
+        doomed: list[tuple[str, str | None, Sequence[str]]] = []
         for (status, p, eid), doc in zip(rows, store.read_many([e for _, _, e in rows]), strict=True):
             if isinstance(doc, UnreadableExecution):  # data for an operator: never deleted here
                 skip[(status, p)] = skip.get((status, p), 0) + 1
@@ -172,8 +175,9 @@ def prune(
                 drop_index_entry(store, status, p, eid)
                 result.kept.append(eid)
             else:
-                _delete_doc(store, eid, doc)
-                result.deleted.append(eid)
+                doomed.append(_deletion(eid, doc))
+        delete_executions(store, doomed)  # the batch in one round trip
+        result.deleted += [eid for eid, _, _ in doomed]
     result.more = bool(ended_before(store, statuses, ended_before_s, 1, skip))
     return result
 

@@ -52,18 +52,32 @@ def delete_execution(
 ) -> bool:
     """Delete every key and index entry of ``execution_id`` (see the module doc); True when its
     document was there. Idempotent: a second call deletes nothing and returns False."""
-    ks, p = store.ks, store.ks.partition_of(execution_id)
-    keys = owned_keys(store, execution_id, spawn_prefixes)
-    if dedup_key:
-        FORGET_DEDUP(store.client, [ks.dedup_key(ks.partition_of(dedup_key), dedup_key)], [execution_id])
+    return delete_executions(store, [(execution_id, dedup_key, spawn_prefixes)])[0]
+
+
+def delete_executions(store: ExecutionStore, items: Sequence[tuple[str, str | None, Sequence[str]]]) -> list[bool]:
+    """``delete_execution`` of each (id, dedup key, spawn prefixes) in one pipeline (a prune
+    batch: one round trip, not one per execution); whether each document was there."""
+    ks = store.ks
+    for execution_id, dedup_key, _ in items:
+        if dedup_key:  # compare-and-delete: a script of its own, only for those that have one
+            FORGET_DEDUP(store.client, [ks.dedup_key(ks.partition_of(dedup_key), dedup_key)], [execution_id])
     pipe = store.client.pipeline(transaction=False)
-    for key in keys[1:]:
-        pipe.delete(key)
-    for status in ALL_STATUSES:
-        pipe.zrem(ks.status_key(p, status), execution_id)
-    pipe.zrem(ks.deadlines_key(p), execution_id)
-    pipe.delete(keys[0])  # last: cut short, the document is still there to delete again
-    return int(pipe.execute()[-1]) == 1
+    for execution_id, _, prefixes in items:
+        p = ks.partition_of(execution_id)
+        keys = owned_keys(store, execution_id, prefixes)
+        for key in keys[1:]:
+            pipe.delete(key)
+        for status in ALL_STATUSES:
+            pipe.zrem(ks.status_key(p, status), execution_id)
+        pipe.zrem(ks.deadlines_key(p), execution_id)
+        pipe.delete(keys[0])  # last: cut short, the document is still there to delete again
+    replies = pipe.execute()
+    out, at = [], 0
+    for execution_id, _, prefixes in items:
+        at += len(owned_keys(store, execution_id, prefixes)) + len(ALL_STATUSES) + 1
+        out.append(int(replies[at - 1]) == 1)
+    return out
 
 
 def ended_before(
