@@ -26,9 +26,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "plaita"
 RAW_CLIENT_ATTRIBUTES = frozenset({"client", "read_client", "owner"})
 #: Packages that may hold and use raw clients: the one that talks to Redis.
 ALLOWED = ("store",)
-#: Exempt until the flow runner reaches Redis through its own door (issue 32, item 1): the lead
-#: removes this constant, and its use below, when the flows/ door lands.
-FLOWS_NOT_YET_BEHIND_THEIR_DOOR = ("flows",)
 
 
 def _module_names(tree: ast.Module) -> set[str]:
@@ -72,7 +69,7 @@ def raw_client_reaches(source: str) -> list[tuple[int, str]]:
 
 
 def _checked_modules() -> list[Path]:
-    skipped = (*ALLOWED, *FLOWS_NOT_YET_BEHIND_THEIR_DOOR)
+    skipped = ALLOWED
     return sorted(path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] not in skipped)
 
 

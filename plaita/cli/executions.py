@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from plaita.cli import retention
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, newest, number_or_zero
 from plaita.cli.options import WithParents, seconds, tls_of
@@ -42,7 +43,8 @@ def add_parsers(
         "executions",
         help="start, steer and inspect flow executions",
         description=(
-            "start FLOW | resume ID | cancel ID | retry ID | list | show ID (the Redis flags may follow the action too)"
+            "start FLOW | resume ID | cancel ID | retry ID | fork ID | list | show ID | delete ID... | prune | "
+            "cancel-many (the Redis flags may follow the action too)"
         ),
     )
     redis_options(ex)
@@ -53,6 +55,7 @@ def add_parsers(
     _add_start(sub)
     _add_steering(sub)
     _add_reading(sub)
+    retention.add_parsers(sub)
 
 
 def _add_start(sub: WithParents) -> None:
@@ -86,7 +89,14 @@ def _add_steering(sub: WithParents) -> None:
     rt = sub.add_parser("retry", help="restart an error or cancelled execution at its step (or --from-step)")
     rt.add_argument("id", help="execution id")
     rt.add_argument("--from-step", help="restart at this step (one it ran); the results of it and later steps go")
-    rt.add_argument("--force", action="store_true", help="allow re-running a completed execution")
+    rt.add_argument("--force", action="store_true", help="re-run a completed execution (without: a no-op, said so)")
+    fk = sub.add_parser(
+        "fork", help="start a new execution at a step of ID, the results before it copied (ID is left as it is)"
+    )
+    fk.add_argument("id", help="the execution to fork")
+    fk.add_argument("--from-step", required=True, help="the step the new execution starts at (one ID ran)")
+    fk.add_argument("--new-id", help="the new execution's id (default: a new one)")
+    fk.add_argument("--json", action="store_true", help="print JSON")
     cn = sub.add_parser(
         "cancel",
         help="cancel an execution: queued, waiting for a slot, running or suspended, it ends cancelled",
@@ -207,7 +217,19 @@ def _resume(flows: Any, args: argparse.Namespace) -> int:
 
 def _retry(flows: Any, args: argparse.Namespace) -> int:
     rid = flows.retry(args.id, args.from_step, force=args.force)
+    if not rid:  # completed and no --force: nothing to do, and that is no failure
+        print(f"execution {args.id} completed: nothing to retry, nothing enqueued (--force re-runs it)")
+        return 0
     print(f"retry {rid} of execution {args.id} enqueued" + (f" (from step {args.from_step})" if args.from_step else ""))
+    return 0
+
+
+def _fork(flows: Any, args: argparse.Namespace) -> int:
+    new_id = flows.fork(args.id, args.from_step, args.new_id)
+    if args.json:
+        print(json.dumps({"execution_id": new_id, "forked_from": args.id, "from_step": args.from_step}))
+    else:
+        print(f"execution {new_id} forked from {args.id} at step {args.from_step} and started")
     return 0
 
 
@@ -377,6 +399,8 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "resume": _resume,
     "cancel": _cancel,
     "retry": _retry,
+    "fork": _fork,
     "list": _list,
     "show": _show,
+    **retention.COMMANDS,
 }

@@ -1,4 +1,5 @@
-"""``plaita schedules list``: each flow schedule, its next tick and its newest execution.
+"""``plaita schedules list``: each flow schedule, its next tick and its newest execution (and
+whether it is paused); ``pause | resume | trigger | backfill``: ``plaita.cli.schedule_control``.
 
 Reads only. The schedules are those of ``--flows MODULE`` (as a keeper runs them) and every
 one a keeper recorded in Redis, so it works without the flow modules too. Exit codes: 0 done,
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from plaita.cli import schedule_control
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.options import WithParents, tls_of
 from plaita.config import DEFAULT_REDIS_URL
@@ -26,15 +28,23 @@ def add_parsers(
     redis_options: Callable[[argparse.ArgumentParser], None],
     late: argparse.ArgumentParser,
 ) -> None:
-    sc = add("schedules", help="list flow schedules", description="list (the Redis flags may follow the action too)")
+    sc = add(
+        "schedules",
+        help="list, pause, resume, trigger and backfill flow schedules",
+        description="list | pause FLOW | resume FLOW | trigger FLOW | backfill FLOW --from ISO [--to ISO] "
+        "(the Redis flags may follow the action too)",
+    )
     redis_options(sc)
     sub = WithParents(sc.add_subparsers(dest="schedules_command", required=True, parser_class=type(sc)), [late])
     ls = sub.add_parser("list", help="each schedule: cron, time zone, policy, next tick, last execution")
     ls.add_argument("--flows", action="append", metavar="MODULE", default=[], help="also the schedules of MODULE")
     ls.add_argument("--json", action="store_true", help="print JSON")
+    schedule_control.add_parsers(sub)
 
 
 def run_schedules(args: argparse.Namespace) -> int:
+    if args.schedules_command != "list":
+        return schedule_control.run(args)
     from plaita.flows.keeper.scheduler import schedule_rows
     from plaita.flows.model.definition import load_flows
     from plaita.flows.producer.client import FlowClient
@@ -71,8 +81,7 @@ def _table(rows: list[dict[str, Any]]) -> None:
             print(f"{r['flow']!s:16} {r['error']}", file=sys.stderr)
             continue
         last = f"{r['last_execution_id']} ({r['last_status']})" if r["last_execution_id"] else "-"
-        print(
-            f"{r['flow']!s:16} {r['cron']!s:16} {r['tz']!s:16} {r['missed']!s:6} {utc_text(r['next_tick_s']):20} {last}"
-        )
+        flow = f"{r['flow']} (paused)" if r.get("paused") else r["flow"]
+        print(f"{flow!s:16} {r['cron']!s:16} {r['tz']!s:16} {r['missed']!s:6} {utc_text(r['next_tick_s']):20} {last}")
     if not rows:
         print("(no schedules)")

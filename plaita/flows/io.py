@@ -112,6 +112,7 @@ class ExecutionIO(Protocol):
         deadline_s: float | None,
         retention_s: int,
         staged: Sequence[Staged],
+        index_keep_s: int | None = None,
     ) -> tuple[bool, bool]:
         """One fenced write of the document, its status, deadline and staged writes: (written,
         cancel requested). StagedWriteRefused when a staged write would be refused (nothing written)."""

@@ -200,6 +200,7 @@ class MemoryIO:
         deadline_s: float | None,
         retention_s: int,
         staged: Sequence[Staged],
+        index_keep_s: int | None = None,
     ) -> tuple[bool, bool]:
         eid = task.execution_id
         cancel = eid in self.cancelled

@@ -44,3 +44,13 @@ def test_bad_keys_are_error_rows_and_a_recorded_schedule_shows(
     assert "not JSON" in row(page, "garbled")
     nightly = row(page, "nightly")
     assert "0 9 * * *" in nightly and "Europe/Paris" in nightly and "not yet run by a keeper" in nightly
+
+
+def test_a_paused_schedule_is_tagged_paused(make_dashboard: MakeDashboard, rclient: redis.Redis) -> None:
+    """Issue 33 item 7: ``plaita schedules pause`` shows on the tab, and goes with ``resume``."""
+    rclient.hset(schedule_key("nightly"), mapping={"cron": "0 9 * * *", "tz": "UTC", "missed": "skip"})
+    rclient.sadd(SCHEDULES_KEY, "nightly")
+    rclient.hset(schedule_key("nightly"), "paused", f"{time.time()!r} ann@test")
+    assert 'data-paused="1"' in row(make_dashboard().get("/schedules").text, "nightly")
+    rclient.hdel(schedule_key("nightly"), "paused")
+    assert "data-paused" not in row(make_dashboard().get("/schedules").text, "nightly")

@@ -134,8 +134,7 @@ def test_a_redelivered_restart_is_a_no_op(h: Harness) -> None:
 
 def test_a_completed_execution_needs_force(h: Harness) -> None:
     assert h.run(start("r4", "fixable"))["status"] == "completed"  # type: ignore[index]
-    with pytest.raises(NotRetryable, match="force"):
-        h.flows.retry("r4", "b")
+    assert h.flows.retry("r4", "b") == ""  # done already: a no-op without force, not an error
     assert h.run(_restart("r4", "x", "b"))["status"] == "completed" and ledgers("r4", STEPS) == [1, 1, 1]  # type: ignore[index]
     doc = h.run(_restart("r4", "y", "b", force=True))
     assert doc is not None and doc["status"] == "completed" and ledgers("r4", STEPS) == [1, 2, 2]
@@ -174,7 +173,7 @@ def test_the_keepers_recovery_retry_does_not_restart_an_ended_execution(h: Harne
     assert doc is not None and doc["status"] == "error" and ledgers("r7", STEPS) == [1, 1, 0]
 
 
-def test_the_cli_retries_refuses_completed_without_force_and_shows_the_restart(
+def test_the_cli_retries_a_completed_one_only_with_force_and_shows_the_restart(
     redis_url: str, flows: FlowClient, tmp_path: Path
 ) -> None:
     from tests.flows.test_cli import plaita
@@ -183,8 +182,8 @@ def test_the_cli_retries_refuses_completed_without_force_and_shows_the_restart(
         flows.start("fixable", execution_id="r8")
         assert flows.wait("r8", 20)["status"] == "completed"
         r = plaita(redis_url, "executions", "retry", "r8", "--from-step", "b")
-        assert r.returncode == 1 and r.stdout == ""
-        assert r.stderr.strip().count("\n") == 0 and "--force" in r.stderr, r.stderr
+        assert r.returncode == 0 and r.stderr == "", r.stderr  # completed: a no-op that says so
+        assert r.stdout.strip().count("\n") == 0 and "nothing to retry" in r.stdout and "--force" in r.stdout
         r = plaita(redis_url, "executions", "retry", "r8", "--from-step", "b", "--force")
         assert r.returncode == 0 and "from step b" in r.stdout, r.stderr
         wait_for(lambda: ledgers("r8", STEPS) == [1, 2, 2], 20, "b and c re-run")

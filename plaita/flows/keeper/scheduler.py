@@ -42,6 +42,7 @@ from plaita.store.executions.keeper_store import UnreadableIndex
 from plaita.store.executions.schedule_records import ScheduleRecords
 from plaita.store.executions.schedule_store import ScheduleStore, UnreadableSchedule, schedule_key
 from plaita.store.executions.store import ExecutionStore, UnreadableExecution
+from plaita.store.schedule_control import PAUSED_FIELD
 from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class SchedulePass:
     corrupt: list[str] = field(default_factory=list)
 
 
-__all__ = ["SchedulePass", "Scheduler", "schedule_rows", "scheduled_flows"]
+__all__ = ["SchedulePass", "Scheduler", "schedule_definition", "schedule_rows", "scheduled_flows"]
 
 
 class Scheduler:
@@ -145,6 +146,10 @@ class Scheduler:
         seen = record.get("last_tick_s", "")
         plan = schedule.plan(int(seen) if seen.isdigit() else None, now_s)
         if plan.newest_s is None:
+            return
+        if record.get(PAUSED_FIELD):  # paused (plaita.flows.schedule_control): its ticks pass, none starts
+            if dry_run or self.store.claim(flow_id, seen, plan.newest_s, "", repr(now_s)):
+                report.dropped += len(plan.ticks) + plan.dropped
             return
         if dry_run:
             report.started += [execution_id_of(flow_id, t) for t in plan.ticks]
@@ -236,7 +241,8 @@ def schedule_rows(flows: Iterable[Flow], executions: ExecutionStore, now_s: floa
             rows.append({"flow": flow_id, "error": str(record)})
             continue
         try:
-            rows.append(_row(flow_id, _definition(defined, recorded, flow_id, record), record, executions, now_s))
+            definition = schedule_definition(defined, recorded, flow_id, record)
+            rows.append(_row(flow_id, definition, record, executions, now_s))
         except Exception as exc:
             if is_redis_failure(exc):
                 raise
@@ -253,7 +259,7 @@ def _read_or_row(read: Any, empty: Any, rows: list[dict[str, Any]]) -> Any:
         return empty
 
 
-def _definition(
+def schedule_definition(
     defined: dict[str, Schedule], recorded: dict[str, str], flow_id: str, record: dict[str, str]
 ) -> Recorded:
     """The schedule a row shows: the loaded flow's, else the one recorded for the queue, else the
@@ -288,6 +294,7 @@ def _row(
         "last_execution_id": last_id,
         "last_status": doc.get("status") if doc else ("expired" if last_id else None),
         "pending": bool(record.get("pending")),
-        "recorded": bool(record),
+        "paused": bool(record.get(PAUSED_FIELD)),
+        "recorded": bool(set(record) - {PAUSED_FIELD}),
         "recorded_at_s": None if math.isnan(definition.recorded_at_s) else definition.recorded_at_s,
     }

@@ -35,6 +35,8 @@ HOOK_KINDS = ("completed", "error", "cancelled", "end")
 
 #: Attempts of a step before the execution ends in ``error`` (the first run counts).
 DEFAULT_MAX_ATTEMPTS = 3
+#: The longest ``Flow.retention_s`` (as the longest TTL a checkpoint gives: ten years).
+MAX_RETENTION_S = 10 * 365 * 24 * 3600
 DEFAULT_RETRY_BASE_S = 0.5
 DEFAULT_RETRY_CAP_S = 30.0
 
@@ -117,6 +119,9 @@ class Flow:
     #: worker (a sliding log of start times, so the first window lets N through when N wait);
     #: None = no limit. Resumes are not counted. May be combined with ``max_starts_per_s``.
     rate_limit: tuple[int, float] | None = None
+    #: Seconds an ended execution of this flow is kept (its document, events and index entry),
+    #: 0 = for ever; None = the worker's default, 7 days (``plaita.flows.retention``).
+    retention_s: int | None = None
 
     def __post_init__(self) -> None:
         if not self.flow_id:
@@ -134,6 +139,14 @@ class Flow:
             raise ConfigError(f"flow {self.flow_id!r}: max_starts_per_s must be a number > 0 or None, got {rate!r}")
         if self.rate_limit is not None:
             self.rate_limit = _rate_limit(self.flow_id, self.rate_limit)
+        keep = self.retention_s
+        if keep is not None and (
+            isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= MAX_RETENTION_S
+        ):
+            raise ConfigError(
+                f"flow {self.flow_id!r}: retention_s must be an int of seconds in 0..{MAX_RETENTION_S} or None, "
+                f"got {keep!r}"
+            )
 
     @property
     def limits_starts(self) -> bool:

@@ -10,25 +10,34 @@ execution's lease is the only writer of an execution's document, so a producer n
 from __future__ import annotations
 
 import getpass
+import logging
 import math
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from plaita.clock import wall_s
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import PlaitaError
+from plaita.flows import retention
+from plaita.flows.fork import NotForkable as NotForkable
+from plaita.flows.fork import start_fork
 from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.validate import check_deadline_s, check_wait_name, require_json
 from plaita.flows.producer.cancel import CancelOutcome, request_cancel
+from plaita.flows.retention import Deleted
+from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
 from plaita.store.client import make_client
 from plaita.store.executions.store import QUEUED, TERMINAL, ExecutionStore
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
+
+logger = logging.getLogger(__name__)
 
 #: Polling interval of ``wait`` (bounded: the wait has a timeout).
 WAIT_POLL_S = 0.05
@@ -260,16 +269,18 @@ class FlowClient:
         resume_id: str | None = None,
     ) -> str:
         """Restart an ``error`` or ``cancelled`` execution at the step it ended at (or
-        ``from_step``, one it has run), keeping the results of the steps before it; a
-        ``completed`` one only with ``force``. A task the worker holding the execution's lease
-        runs (fenced, like every write); returns its resume id (pass ``resume_id`` to make a
-        repeated call a no-op). NotRetryable when refused; ExecutionNotFound."""
+        ``from_step``, one it has run), keeping the results of the steps before it. A task the
+        worker holding the execution's lease runs (fenced, like every write); returns its resume
+        id (pass ``resume_id`` to make a repeated call a no-op). A ``completed`` one is re-run
+        only with ``force``: without, nothing is enqueued and "" is returned (it is done, a no-op).
+        NotRetryable when refused (running, suspended, queued; a step it never ran); ExecutionNotFound."""
         doc = self._require(execution_id)
         status = doc.get("status")
         if status not in TERMINAL:
             raise NotRetryable(f"execution {execution_id} is {status}: only an error or cancelled one can be retried")
-        if status == "completed" and not force:
-            raise NotRetryable(f"execution {execution_id} completed: re-running it from a step needs force (--force)")
+        if status == "completed" and not force:  # done already: nothing to retry (a no-op, not an error)
+            logger.info("retry of execution %s: it completed, nothing enqueued (force re-runs it)", execution_id)
+            return ""
         if from_step is not None:
             reached = {e.get("step") for e in doc.get("history") or [] if isinstance(e, dict)}
             reached |= set(doc.get("results") or {}) | {doc.get("step")}
@@ -288,6 +299,57 @@ class FlowClient:
         )
         self._enqueue(body)
         return rid
+
+    def fork(self, execution_id: str, from_step: str, new_id: str | None = None, *, by: str | None = None) -> str:
+        """Start a new execution (``new_id``, or a fresh id) of the same flow and params at
+        ``from_step``, with the results of the steps before it and the state copied; the original
+        is left as it is (any status but ``queued``). Returns the new id. NotForkable when the
+        original never ran ``from_step`` or ``new_id`` is taken; ExecutionNotFound
+        (``plaita.flows.fork``)."""
+        original = self._require(execution_id)
+        eid = _checked_id(new_id) if new_id is not None else self._new_id(None)
+        return start_fork(self.store, self.queue.keyspace, original, from_step, eid, by=by or _operator())
+
+    def delete(self, *execution_ids: str, force: bool = False, timeout_s: float = 60.0) -> list[Deleted]:
+        """Delete ended executions and every key they own (``plaita.flows.retention``); one not
+        ended raises NotDeletable (nothing deleted) unless ``force``: cancelled first, deleted once
+        ended (NotDeletable if not within ``timeout_s``)."""
+        return retention.delete(self, [_checked_id(e) for e in execution_ids], force=force, timeout_s=timeout_s)
+
+    def prune(
+        self,
+        ended_before_s: float,
+        *,
+        statuses: Sequence[str] = retention.ENDED,
+        dry_run: bool = False,
+        limit: int | None = None,
+    ) -> retention.Pruned:
+        """Delete this tenant's executions that ended before ``ended_before_s`` (epoch seconds), in
+        bounded batches (``plaita.flows.retention.prune``)."""
+        return retention.prune(self.store, ended_before_s, statuses=statuses, dry_run=dry_run, limit=limit)
+
+    def cancel_many(
+        self,
+        statuses: Sequence[str] = retention.NOT_ENDED,
+        flow_id: str | None = None,
+        *,
+        dry_run: bool = False,
+        limit: int = retention.CANCEL_MANY_LIMIT,
+    ) -> list[str]:
+        """Cancel every execution of ``statuses`` (not ended ones; of ``flow_id`` only, when
+        given), at most ``limit``, newest first; returns their ids (``dry_run``: those it would
+        cancel, nothing done). One that ended or went meanwhile is left out."""
+        ids = [str(d.get("execution_id")) for d in retention.select(self.store, statuses, flow_id, limit)]
+        if dry_run:
+            return ids
+        done: list[str] = []
+        for eid in ids:
+            try:
+                if self.cancel(eid).landed:
+                    done.append(eid)
+            except ExecutionNotFound:  # deleted or expired since it was listed
+                continue
+        return done
 
     def cancel(self, execution_id: str) -> CancelOutcome:
         """Cancel an execution whatever it does, and say what was done (``CancelOutcome``: its

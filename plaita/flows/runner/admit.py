@@ -17,6 +17,7 @@ from typing import Any
 
 from plaita.config import DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, LeaseLostError
+from plaita.flows import fork
 from plaita.flows.io import Created, ExecutionIO, Fleet
 from plaita.flows.model import bodies as model
 from plaita.flows.model import inbox
@@ -230,6 +231,12 @@ class Admission:
         if execution.status != "running":
             logger.info("start of execution %s: already %s; duplicate ignored", eid, execution.status)
             return None
+        if fork.unplaced(execution):  # a fork's first start: at its step by name (plaita.flows.fork)
+            placed, ok = fork.place(execution, run.flow, self._clock())
+            if not ok:
+                run.ending = placed
+                return run
+            run.execution = placed
         return await self._compatible(run)
 
     async def _resume(self, task: Task, execution: Execution, cancel: bool, io: ExecutionIO) -> Run | None:

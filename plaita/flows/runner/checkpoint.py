@@ -28,10 +28,12 @@ class Checkpointer:
     on, StepOutputError when a staged write Redis would refuse, CancelledMeanwhile when a
     ``completed`` one is refused because of a cancel (in all three nothing was written)."""
 
-    def __init__(self, *, retention_s: int) -> None:
+    def __init__(self, *, retention_s: int, index_keep_s: int | None = None) -> None:
         if not 0 <= retention_s <= MAX_SECONDS:  # EXPIRE must not fail after the state is written
             raise ConfigError(f"retention_s must be between 0 (keep forever) and {MAX_SECONDS} s, got {retention_s}")
         self.retention_s = retention_s
+        #: Status index entries are kept this long (the longest retention of the flows run here).
+        self.index_keep_s = index_keep_s
 
     async def write(
         self,
@@ -44,8 +46,10 @@ class Checkpointer:
         staged: Sequence[Staged] = (),
         deadline_s: float | None = None,
         step: str | None = None,
+        retention_s: int | None = None,
     ) -> bool:
-        """Write ``document`` under the task's lease; True when a cancel is requested."""
+        """Write ``document`` under the task's lease; True when a cancel is requested.
+        ``retention_s``: its flow's (``Flow.retention_s``); None: this checkpointer's default."""
         try:
             ok, cancel = await io.checkpoint(
                 task,
@@ -53,7 +57,8 @@ class Checkpointer:
                 status=status,
                 now_s=now_s,
                 deadline_s=deadline_s,
-                retention_s=self.retention_s,
+                retention_s=self.retention_s if retention_s is None else retention_s,
+                index_keep_s=self.index_keep_s,
                 staged=staged,
             )
         except StagedWriteRefused as exc:

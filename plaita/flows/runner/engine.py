@@ -43,6 +43,7 @@ from plaita.flows.model.definition import Flow, FlowRegistry, Step
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.failures import describe_exception, error_doc, error_from_exception
 from plaita.flows.model.validate import StepOutputError
+from plaita.flows.retention import index_keep_s
 from plaita.flows.runner.admit import Admission, Run
 from plaita.flows.runner.checkpoint import CancelledMeanwhile, Checkpointer, sealed
 from plaita.flows.runner.children import Children, needs_ending
@@ -121,7 +122,8 @@ class FlowRunner:
             version_wait_s=version_wait_s,
             on_child=self._children.noted,
         )
-        self._checkpoints = Checkpointer(retention_s=retention_s)
+        keep_s = index_keep_s(self.flows, retention_s)  # the longest retention of the flows run here
+        self._checkpoints = Checkpointer(retention_s=retention_s, index_keep_s=keep_s)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = self._admission.handover
         #: Flow limits (``max_concurrent``, start rates); slots live as long as leases.
@@ -508,6 +510,7 @@ class FlowRunner:
                 staged=staged or (),
                 deadline_s=deadline_s,
                 step=name,
+                retention_s=run.flow.retention_s,
             )
         except CancelledMeanwhile:  # nothing was written; ``cancelled`` is never refused
             run.cancel = True

@@ -108,6 +108,7 @@ class StoreIO:
         deadline_s: float | None,
         retention_s: int,
         staged: Sequence[Staged],
+        index_keep_s: int | None = None,
     ) -> tuple[bool, bool]:
         call = self._store.of(task).checkpoint_call(
             task.execution_id,
@@ -117,6 +118,7 @@ class StoreIO:
             now_s=now_s,
             deadline_s=deadline_s,
             retention_s=retention_s,
+            index_keep_s=index_keep_s,
             staged=staged,
         )
         return cast(tuple[bool, bool], await self._send(call))

@@ -239,10 +239,13 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
         now_s: float,
         deadline_s: float | None = None,
         retention_s: int = 0,
+        index_keep_s: int | None = None,
         staged: Sequence[Staged] = (),
     ) -> ScriptCall:
         """``checkpoint`` as a call to send (alone or in a batch: ``run_calls``); its bad
-        values (deadline, staged writes) are refused here, before anything is sent."""
+        values (deadline, staged writes) are refused here, before anything is sent.
+        ``index_keep_s``: the status index drops entries older than that (0: none; None: as
+        ``retention_s``), so a flow kept longer than this one stays listed (``Flow.retention_s``)."""
         if deadline_s is not None and not math.isfinite(deadline_s):
             raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
         ks, p = self.ks, self.ks.partition_of(execution_id)
@@ -261,6 +264,8 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
             len(staged),
             *plan_staged(staged),
         ]
+        if index_keep_s is not None and status in TERMINAL:  # how long its index keeps entries
+            args.append(index_keep_s)
         return ScriptCall(self.client, CHECKPOINT, keys, args, _checkpointed)
 
     def reopen(

@@ -25,6 +25,8 @@
 -- ARGV[8]  number of staged writes, then per write: op (set | incrby | rpush), value, ttl_s
 --          (0 = none), and what the key must hold now: '' anything, 'list' a list or nothing,
 --          'int:<lo>:<hi>' nothing or an integer string in [lo, hi]
+-- ARGV[9+4n] optional: index entries older than this many seconds are dropped from the status
+--          index once terminal (0: none); absent, ARGV[7] (a flow kept longer stays listed)
 -- Returns  {1, cancel_requested} written; {0, 0} refused (fenced out, also when the lease or
 --          fence key is not a string); {2, key, why} a staged write Redis would refuse; {3, key,
 --          why} an index key of the wrong type; {4, 1} refused: a `completed` result while the
@@ -78,7 +80,8 @@ if ARGV[6] ~= '' then redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
 else redis.pcall('ZREM', KEYS[5], ARGV[5]) end
 if retention > 0 then
   redis.call('EXPIRE', KEYS[3], retention)
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - retention)
+  local keep = tonumber(ARGV[9 + 4 * n] or retention)
+  if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - keep) end
   redis.call('DEL', KEYS[4])
   if #KEYS > 10 + n then redis.call('EXPIRE', KEYS[11 + n], retention) end
 end

@@ -1,0 +1,150 @@
+"""``plaita executions delete | prune | cancel-many``: retention and bulk steering.
+
+``delete ID…`` removes ended executions and every key they own (``--force``: a running one is
+cancelled first, and said so). ``prune --ended-before DURATION`` deletes the ended executions of
+one tenant (``--tenant``; every tenant with ``--all-tenants``) in bounded batches, resumable by
+running it again. ``cancel-many`` cancels the executions a status and flow filter selects, after
+a confirmation (``--yes`` skips it; ``--dry-run`` lists them). Exit codes: 0 done, 1 refused or
+Redis failed, 2 bad flags (or a confirmation needed where no one can answer it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plaita.cli.common import json_text
+from plaita.cli.options import WithParents
+from plaita.errors import ConfigError
+
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+
+
+def duration_s(raw: str) -> float:
+    """An argparse type: ``90``, ``90s``, ``15m``, ``12h``, ``7d``, ``2w`` as seconds."""
+    m = _DURATION.fullmatch(raw.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {raw!r} (a number with s, m, h, d or w: 7d, 12h)")
+    return float(m.group(1)) * _UNITS_S[m.group(2) or "s"]
+
+
+def add_parsers(sub: WithParents) -> None:
+    """The subcommands on ``plaita executions``'s subparsers."""
+    dl = sub.add_parser("delete", help="delete ended executions and every key they own")
+    dl.add_argument("ids", nargs="+", metavar="ID", help="execution id")
+    dl.add_argument("--force", action="store_true", help="cancel a queued, running or suspended one first")
+    dl.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for a --force cancel to land")
+    dl.add_argument("--json", action="store_true", help="print JSON")
+    pr = sub.add_parser("prune", help="delete the executions that ended before a time (bounded batches)")
+    pr.add_argument("--ended-before", type=duration_s, required=True, metavar="DURATION", help="ago: 7d, 12h, 30m")
+    pr.add_argument("--status", action="append", choices=["completed", "error", "cancelled"], help="only this")
+    pr.add_argument("--dry-run", action="store_true", help="count them, delete nothing")
+    pr.add_argument("--limit", type=int, help="delete at most this many (run again to go on)")
+    pr.add_argument("--all-tenants", action="store_true", help="the default tenant's and every tenant's")
+    pr.add_argument("--json", action="store_true", help="print JSON")
+    cm = sub.add_parser("cancel-many", help="cancel every execution a filter selects (asks first)")
+    cm.add_argument("--status", action="append", choices=["queued", "running", "suspended"], help="only this")
+    cm.add_argument("--flow", help="only this flow")
+    cm.add_argument("--limit", type=int, default=1000, help="at most this many (default %(default)s)")
+    cm.add_argument("--dry-run", action="store_true", help="list them, cancel nothing")
+    cm.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
+    cm.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_delete(flows: Any, args: argparse.Namespace) -> int:
+    done = flows.delete(*args.ids, force=args.force, timeout_s=args.timeout_s)
+    if args.json:
+        print(json_text([{"execution_id": d.execution_id, "outcome": d.outcome, "status": d.status} for d in done]))
+        return 0
+    for d in done:
+        if d.outcome == "cancelled_and_deleted":
+            print(f"execution {d.execution_id} was {d.status}: cancelled (--force), then deleted")
+        elif d.outcome == "deleted":
+            print(f"execution {d.execution_id} ({d.status}) deleted")
+        else:
+            print(f"execution {d.execution_id}: no document (its leftover keys, if any, deleted)")
+    return 0
+
+
+def run_prune(flows: Any, args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError("--limit must be at least 1")
+    before_s = time.time() - args.ended_before
+    statuses = tuple(args.status or ("completed", "error", "cancelled"))
+    tenants = [flows.tenant_id]
+    if args.all_tenants:
+        tenants = ["", *flows.store.tenants()]
+    rows = []
+    for tenant in tenants:
+        done = flows.for_tenant(tenant or None).prune(
+            before_s, statuses=statuses, dry_run=args.dry_run, limit=args.limit
+        )
+        rows.append(
+            {
+                "tenant": tenant,
+                "matched": done.matched,
+                "deleted": len(done.deleted),
+                "more": done.more,
+                "kept": done.kept,
+            }
+        )
+    if args.json:
+        print(json_text(rows))
+        return 0
+    for r in rows:
+        who = f"tenant {r['tenant']}" if r["tenant"] else "default tenant"
+        if args.dry_run:
+            print(f"{who}: {r['matched']} execution(s) ended before then; nothing deleted (--dry-run)")
+            continue
+        more = " (more left: run it again)" if r["more"] else ""
+        print(f"{who}: {r['deleted']} execution(s) deleted{more}")
+        for eid in r["kept"][:20]:
+            print(f"  kept {eid}: unreadable, or running again", file=sys.stderr)
+    return 0
+
+
+def run_cancel_many(flows: Any, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise ConfigError("--limit must be at least 1")
+    statuses = tuple(args.status or ("queued", "running", "suspended"))
+    ids = flows.cancel_many(statuses, args.flow, dry_run=True, limit=args.limit)
+    if args.dry_run or not ids:
+        _print_ids(ids, args, "would cancel" if ids else "nothing to cancel")
+        return 0
+    if not args.yes and not _confirmed(len(ids), statuses, args.flow):
+        print("plaita executions cancel-many: not confirmed; nothing cancelled", file=sys.stderr)
+        return 2 if not sys.stdin.isatty() else 1
+    done = flows.cancel_many(statuses, args.flow, limit=args.limit)
+    _print_ids(done, args, "cancelled")
+    return 0
+
+
+def _print_ids(ids: list[str], args: argparse.Namespace, what: str) -> None:
+    if args.json:
+        print(json_text({"dry_run": bool(args.dry_run), "execution_ids": ids}))
+        return
+    print(f"{what}: {len(ids)} execution(s)" if ids else what)
+    for eid in ids:
+        print(f"  {eid}")
+
+
+def _confirmed(n: int, statuses: tuple[str, ...], flow: str | None) -> bool:
+    """Ask on the terminal; without one (a script, a pipe) there is no answer: --yes is needed."""
+    if not sys.stdin.isatty():
+        print("plaita executions cancel-many: no terminal to confirm on: pass --yes (or --dry-run)", file=sys.stderr)
+        return False
+    which = "/".join(statuses) + (f" of flow {flow}" if flow else "")
+    answer = input(f"cancel {n} {which} execution(s)? type yes: ")
+    return answer.strip().lower() == "yes"
+
+
+COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+    "delete": run_delete,
+    "prune": run_prune,
+    "cancel-many": run_cancel_many,
+}
