@@ -21,8 +21,7 @@ from typing import Any
 from plaita.cli import retention
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, newest, number_or_zero
-from plaita.cli.options import WithParents, seconds, tls_of
-from plaita.config import DEFAULT_REDIS_URL
+from plaita.cli.options import WithParents, flow_client_of, seconds
 from plaita.errors import ConfigError, PlaitaError
 from plaita.tasks import tenant_ns
 
@@ -136,18 +135,7 @@ def _json_arg(text: str | None, what: str) -> Any:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from plaita.flows.producer.client import FlowClient
-
-    tls = tls_of(args)
-    return FlowClient.from_url(
-        args.redis_url or DEFAULT_REDIS_URL,
-        queue_name=args.queue_name,
-        partitions=int(args.partitions),
-        tls_ca_file=tls.ca_file,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-        tenant_id=args.tenant,
-    )
+    return flow_client_of(args, tenant_id=args.tenant)
 
 
 def run_executions(args: argparse.Namespace) -> int:

@@ -14,9 +14,12 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plaita.config import DEFAULT_REDIS_URL, Settings, TlsFiles, check_readable, default_consumer_name, env_first
+
+if TYPE_CHECKING:
+    from plaita.flows.producer.client import FlowClient
 
 
 @dataclass(frozen=True)
@@ -458,4 +461,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         partitions=int(args.partitions),
         registry_enabled=not args.no_registry,
         **values,
+    )
+
+
+def flow_client_of(args: argparse.Namespace, *, tenant_id: str | None = None) -> FlowClient:
+    """The ``FlowClient`` a producer-side command's flags name (URL, queue, partitions, TLS)."""
+    from plaita.flows.producer.client import FlowClient  # imported on use: most commands need no flows
+
+    tls = tls_of(args)
+    return FlowClient.from_url(
+        args.redis_url or DEFAULT_REDIS_URL,
+        queue_name=args.queue_name,
+        partitions=int(args.partitions),
+        tls_ca_file=tls.ca_file,
+        tls_cert_file=tls.cert_file,
+        tls_key_file=tls.key_file,
+        tenant_id=tenant_id,
     )

@@ -14,8 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.options import WithParents, tls_of
-from plaita.config import DEFAULT_REDIS_URL
+from plaita.cli.options import WithParents, flow_client_of
 from plaita.errors import ConfigError, PlaitaError
 
 if TYPE_CHECKING:
@@ -54,19 +53,10 @@ def add_parsers(sub: WithParents) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from plaita.flows.model.definition import load_flows
-    from plaita.flows.producer.client import FlowClient
     from plaita.flows.schedule_control import ScheduleControl, TooManyTicks
 
     loaded: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # ConfigError: exit 2, one line
-    tls = tls_of(args)
-    flows = FlowClient.from_url(
-        args.redis_url or DEFAULT_REDIS_URL,
-        queue_name=args.queue_name,
-        partitions=int(args.partitions),
-        tls_ca_file=tls.ca_file,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-    )
+    flows = flow_client_of(args)
     try:
         return _ACTIONS[args.schedules_command](ScheduleControl(flows, loaded), args)
     except (TooManyTicks, ValueError) as exc:

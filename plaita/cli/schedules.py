@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from plaita.cli import schedule_control
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.options import WithParents, tls_of
-from plaita.config import DEFAULT_REDIS_URL
+from plaita.cli.options import WithParents, flow_client_of
 
 if TYPE_CHECKING:
     from plaita.flows.model.definition import Flow
@@ -47,18 +46,9 @@ def run_schedules(args: argparse.Namespace) -> int:
         return schedule_control.run(args)
     from plaita.flows.keeper.scheduler import schedule_rows
     from plaita.flows.model.definition import load_flows
-    from plaita.flows.producer.client import FlowClient
 
     registry: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # ConfigError: exit 2, one line
-    tls = tls_of(args)
-    client = FlowClient.from_url(
-        args.redis_url or DEFAULT_REDIS_URL,
-        queue_name=args.queue_name,
-        partitions=int(args.partitions),
-        tls_ca_file=tls.ca_file,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-    )
+    client = flow_client_of(args)
     try:
         rows = schedule_rows(registry, client.store, time.time())
     except Exception as exc:

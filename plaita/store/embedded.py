@@ -16,12 +16,11 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import redis
 
-from plaita.store.server import RedisServerError, free_loopback_port
+from plaita.store.server import RedisServerError, free_loopback_port, wait_ready
 
 #: Longest wait for a fresh server to answer PING.
 READY_TIMEOUT_S = 10.0
@@ -99,21 +98,7 @@ class EmbeddedServer:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RedisServerError(f"{self.binary} exited with {self.proc.returncode} (log: {self.log_path})")
-            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
-            try:
-                if client.ping():
-                    return
-            except redis.RedisError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            finally:
-                client.close()
-            time.sleep(0.02)
-        raise RedisServerError(f"{self.binary} on port {self.port} not ready after {timeout_s:g} s ({last})")
+        wait_ready(self.proc, self.port, timeout_s, what=str(self.binary), log=self.log_path)
 
     def flush(self) -> None:
         """Delete every key (a test's fresh start); the server keeps running."""

@@ -39,6 +39,26 @@ def free_loopback_port() -> int:
     raise RedisServerError("no free loopback port found")
 
 
+def wait_ready(proc: subprocess.Popen[bytes] | None, port: int, timeout_s: float, *, what: str, log: object) -> None:
+    """Until a server we started answers PING on ``port``; RedisServerError when it exits or
+    does not answer in ``timeout_s`` (naming ``what`` and its ``log``)."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RedisServerError(f"{what} exited with {proc.returncode} (log: {log})")
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            if client.ping():
+                return
+        except redis.RedisError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        finally:
+            client.close()
+        time.sleep(0.02)
+    raise RedisServerError(f"{what} on port {port} not ready after {timeout_s:g} s ({last})")
+
+
 class PrivateRedis:
     """One redis-server process in its own temp dir, owned by the caller; ``stop()`` removes it all."""
 
@@ -69,21 +89,7 @@ class PrivateRedis:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        last = "no answer"
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RedisServerError(f"redis-server exited with {self.proc.returncode} (log: {self.dir}/redis.log)")
-            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1, socket_connect_timeout=1)
-            try:
-                if client.ping():
-                    return
-            except redis.RedisError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            finally:
-                client.close()
-            time.sleep(0.02)
-        raise RedisServerError(f"redis-server on port {self.port} not ready after {timeout_s:g} s ({last})")
+        wait_ready(self.proc, self.port, timeout_s, what="redis-server", log=f"{self.dir}/redis.log")
 
     def freeze(self) -> None:
         """SIGSTOP: connections stay open but nothing is answered (clients see timeouts)."""
