@@ -1,4 +1,4 @@
-"""``plaita executions start | resume | cancel | retry | list | show``.
+"""``plaita executions start | resume | send | cancel | retry | list | show``.
 
 ``--tenant T`` makes every action about tenant ``T``'s executions (its key namespace
 ``plaita:T:…``; ``list`` reads that tenant's status index).
@@ -43,8 +43,8 @@ def add_parsers(
         "executions",
         help="start, steer and inspect flow executions",
         description=(
-            "start FLOW | resume ID | cancel ID | retry ID | fork ID | list | show ID | delete ID... | prune | "
-            "cancel-many (the Redis flags may follow the action too)"
+            "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | delete ID... | "
+            "prune | cancel-many (the Redis flags may follow the action too)"
         ),
     )
     redis_options(ex)
@@ -86,6 +86,11 @@ def _add_steering(sub: WithParents) -> None:
         help="address the event to the step waiting with ctx.suspend(wait_for=NAME); sent early, it is kept "
         "until that wait runs",
     )
+    sd = sub.add_parser("send", help="send a message to TOPIC of an execution (a step takes it with ctx.recv)")
+    sd.add_argument("id", help="execution id")
+    sd.add_argument("topic", help="the topic (ctx.recv(TOPIC)); sent before its recv, it is kept, oldest first")
+    sd.add_argument("--data", help="the message as JSON")
+    sd.add_argument("--idempotency-key", metavar="K", help="a second send with K is a no-op")
     rt = sub.add_parser("retry", help="restart an error or cancelled execution at its step (or --from-step)")
     rt.add_argument("id", help="execution id")
     rt.add_argument("--from-step", help="restart at this step (one it ran); the results of it and later steps go")
@@ -212,6 +217,12 @@ def _resume(flows: Any, args: argparse.Namespace) -> int:
     data = _json_arg(args.data, "--data")
     task_id = flows.resume(args.id, args.type, data, resume_id=args.resume_id, wait_for=args.wait_for)
     print(task_id)
+    return 0
+
+
+def _send(flows: Any, args: argparse.Namespace) -> int:
+    data = _json_arg(args.data, "--data")
+    print(flows.send(args.id, args.topic, data, idempotency_key=args.idempotency_key))
     return 0
 
 
@@ -397,6 +408,7 @@ def _print_timeline(history: Any) -> None:
 _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "start": _start,
     "resume": _resume,
+    "send": _send,
     "cancel": _cancel,
     "retry": _retry,
     "fork": _fork,

@@ -1,0 +1,30 @@
+"""Messages (``ctx.recv``), on ``MemoryIO`` (no server): the engine turns a recv with no message
+at hand into a wait for its topic, and messages kept before it are taken oldest first, one per
+run of the step. Delivery through ``FlowClient.send`` on a real server: ``test_messages.py``."""
+
+from __future__ import annotations
+
+from tests.flows import msgdefs
+from tests.flows.memory import memory_runner, resume, start
+
+
+def _message(eid: str, n: int) -> dict[str, object]:
+    return resume(eid, "event", data=n, resume_id=f"msg-{n}", wait_for="t")
+
+
+def test_a_recv_suspends_for_its_topic_and_the_step_runs_again_with_the_message() -> None:
+    with memory_runner(msgdefs.FLOWS) as m:
+        doc = m.run(start("r1", "msg-inbox"))
+        assert doc is not None and doc["status"] == "suspended"
+        assert (doc["suspension"]["step"], doc["suspension"]["wait_for"]) == ("collect", "t")
+        doc = m.run(_message("r1", 1))
+        assert doc is not None and doc["status"] == "suspended" and doc["state"]["got"] == [1]
+
+
+def test_kept_messages_are_taken_oldest_first_without_suspending() -> None:
+    with memory_runner(msgdefs.FLOWS) as m:
+        m.run(start("r2", "msg-inbox", gate=True))
+        for n in (3, 1, 2):
+            m.run(_message("r2", n))
+        doc = m.run(resume("r2", "event", data=None, resume_id="go", wait_for="go"))
+    assert doc is not None and doc["status"] == "completed" and doc["results"]["collect"] == {"got": [3, 1, 2]}
