@@ -20,7 +20,8 @@ from plaita.tasks import CancelFlag
 from tests.flows import msgdefs
 from tests.flows.support import Harness, resume, start
 from tests.flows.test_cli import plaita
-from tests.support.lease_workers import FAST_RECLAIM_ARGS, wait_for, worker_proc
+from tests.support.lease_workers import FAST_RECLAIM_ARGS, QUEUE, wait_for, worker_proc
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -163,6 +164,28 @@ def test_kill9_while_waiting_in_recv_the_message_still_arrives(
     with worker_proc(redis_url, tmp_path, "mb", *WORKER_ARGS) as b:
         doc = flows.wait(eid, 30)
         assert b.terminate() == 0
+    assert doc["status"] == "completed" and doc["results"]["collect"] == {"got": [1, 2, 3]}
+
+
+def test_a_recv_survives_a_redis_restart(
+    private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 of the server (AOF, fsync always) while the recv waits: the wait is the
+    execution's document, so the message sent once the server is back still arrives."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", private_redis.url)
+    with FlowClient.from_url(private_redis.url, queue_name=QUEUE) as before:
+        eid = before.start("msg-inbox", {})
+        with worker_proc(private_redis.url, tmp_path, "mr", *WORKER_ARGS) as w:
+            wait_for(lambda: (before.get(eid) or {}).get("status") == "suspended", 15, "the recv waiting")
+            private_redis.restart()
+            with FlowClient.from_url(private_redis.url, queue_name=QUEUE) as flows:
+                assert (flows.get(eid) or {}).get("status") == "suspended"
+                for n in (1, 2, 3):
+                    flows.send(eid, "t", n)
+                    got = list(range(1, n + 1))
+                    wait_for(lambda: (flows.get(eid) or {}).get("state", {}).get("got") == got, 60, f"message {n}")  # noqa: B023
+                doc = flows.wait(eid, 30)
+            assert w.terminate() == 0
     assert doc["status"] == "completed" and doc["results"]["collect"] == {"got": [1, 2, 3]}
 
 
