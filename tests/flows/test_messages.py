@@ -231,6 +231,8 @@ def test_recv_returns_the_message_once_per_run_and_none_on_timeout() -> None:
     with pytest.raises(ValueError, match="one recv per run"):
         _ctx(Resume("event", 1, wait_for="a")).recv("b")
     assert _ctx(Resume("timeout", None, wait_for="t")).recv("t") is None
+    with pytest.raises(Receiving):  # an operator's retry of the wait: it waits again
+        _ctx(Resume("retry", None, wait_for="t")).recv("t")
     with pytest.raises(ValueError, match="topic"):
         _ctx(None).recv("")
     with pytest.raises(ValueError):

@@ -204,8 +204,9 @@ class StepContext:
                     f"step {self.step!r} was resumed by its wait for {got.wait_for!r} but receives {topic!r} first: "
                     f"one recv per run of a step"
                 )
-            self._received = True
-            return got.data if got.type == "event" else None  # timeout or continue: no message
+            if got.type != "retry":  # an operator's retry of the wait: wait again
+                self._received = True
+                return got.data if got.type == "event" else None  # timeout or continue: no message
         raise Receiving(topic, timeout_s)
 
     def sleep(self, seconds: float) -> Sleep:
