@@ -172,6 +172,8 @@ def run_executions(args: argparse.Namespace) -> int:
                 check_deadline_s(args.deadline_s)
             except ValueError as exc:
                 raise ConfigError(f"--deadline-s: {exc}") from None
+    if args.executions_command == "send":
+        _json_arg(args.data, "--data")  # bad JSON is a bad flag (exit 2), refused before connecting
     if args.executions_command == "list" and args.all_tenants and args.tenant is not None:
         raise ConfigError("--all-tenants lists every tenant: give it without --tenant")
     flows = _client(args)

@@ -145,6 +145,17 @@ def test_the_cli_sends_a_message(redis_url: str, h: Harness) -> None:
     assert doc is not None and [e["data"] for e in doc["inbox"]] == [{"a": 1}]
     r = plaita(redis_url, "executions", "send", "nope", "t", "--data", "1")
     assert r.returncode == 1 and "no execution 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = plaita(redis_url, "executions", "send", "m7", "t", "--data", "{not json")
+    assert r.returncode == 2 and "--data is not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    r = plaita(redis_url, "executions", "send", "m7", "", "--data", "1")
+    assert r.returncode == 2 and "topic" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_send_before_the_start_ran_says_so(flows: FlowClient) -> None:
+    """Queued: no worker created the execution yet, so nothing holds an inbox (as for resume)."""
+    eid = flows.start("msg-inbox", {})
+    with pytest.raises(ExecutionNotFound, match="queued: its start has not run"):
+        flows.send(eid, "t", 1)
 
 
 def test_kill9_while_waiting_in_recv_the_message_still_arrives(
