@@ -1,4 +1,4 @@
-"""``plaita executions start | resume | cancel | retry | list | show``.
+"""``plaita executions start | resume | send | cancel | retry | list | show``.
 
 ``--tenant T`` makes every action about tenant ``T``'s executions (its key namespace
 ``plaita:T:…``; ``list`` reads that tenant's status index).
@@ -42,8 +42,8 @@ def add_parsers(
         "executions",
         help="start, steer and inspect flow executions",
         description=(
-            "start FLOW | resume ID | cancel ID | retry ID | fork ID | list | show ID | delete ID... | prune | "
-            "cancel-many (the Redis flags may follow the action too)"
+            "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | delete ID... | "
+            "prune | cancel-many (the Redis flags may follow the action too)"
         ),
     )
     redis_options(ex)
@@ -85,6 +85,11 @@ def _add_steering(sub: WithParents) -> None:
         help="address the event to the step waiting with ctx.suspend(wait_for=NAME); sent early, it is kept "
         "until that wait runs",
     )
+    sd = sub.add_parser("send", help="send a message to TOPIC of an execution (a step takes it with ctx.recv)")
+    sd.add_argument("id", help="execution id")
+    sd.add_argument("topic", help="the topic (ctx.recv(TOPIC)); sent before its recv, it is kept, oldest first")
+    sd.add_argument("--data", help="the message as JSON")
+    sd.add_argument("--idempotency-key", metavar="K", help="a second send with K is a no-op")
     rt = sub.add_parser("retry", help="restart an error or cancelled execution at its step (or --from-step)")
     rt.add_argument("id", help="execution id")
     rt.add_argument("--from-step", help="restart at this step (one it ran); the results of it and later steps go")
@@ -155,6 +160,8 @@ def run_executions(args: argparse.Namespace) -> int:
                 check_deadline_s(args.deadline_s)
             except ValueError as exc:
                 raise ConfigError(f"--deadline-s: {exc}") from None
+    if args.executions_command == "send":
+        _json_arg(args.data, "--data")  # bad JSON is a bad flag (exit 2), refused before connecting
     if args.executions_command == "list" and args.all_tenants and args.tenant is not None:
         raise ConfigError("--all-tenants lists every tenant: give it without --tenant")
     flows = _client(args)
@@ -200,6 +207,12 @@ def _resume(flows: Any, args: argparse.Namespace) -> int:
     data = _json_arg(args.data, "--data")
     task_id = flows.resume(args.id, args.type, data, resume_id=args.resume_id, wait_for=args.wait_for)
     print(task_id)
+    return 0
+
+
+def _send(flows: Any, args: argparse.Namespace) -> int:
+    data = _json_arg(args.data, "--data")
+    print(flows.send(args.id, args.topic, data, idempotency_key=args.idempotency_key))
     return 0
 
 
@@ -385,6 +398,7 @@ def _print_timeline(history: Any) -> None:
 _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "start": _start,
     "resume": _resume,
+    "send": _send,
     "cancel": _cancel,
     "retry": _retry,
     "fork": _fork,

@@ -189,6 +189,10 @@ class FlowTestRunner:
         """``FlowClient.resume`` (``resume_type`` "event" by default, ``wait_for``, ``resume_id``)."""
         return self.flow_client.resume(execution_id, data=data, **options)
 
+    def send(self, execution_id: str, topic: str, data: Any = None, **options: Any) -> Any:
+        """``FlowClient.send``: a message a step takes with ``ctx.recv(topic)`` (``idempotency_key``)."""
+        return self.flow_client.send(execution_id, topic, data, **options)
+
     def cancel(self, execution_id: str) -> Any:
         return self.flow_client.cancel(execution_id)
 

@@ -41,6 +41,14 @@ def forever(ctx: StepContext) -> Any:
     return ctx.suspend(wait_for="approval") if ctx.resume is None else None
 
 
+listener = Flow("kit_listener")
+
+
+@listener.step
+def listen(ctx: StepContext) -> Any:
+    return {"heard": ctx.recv("news", timeout_s=3600)}
+
+
 @pytest.fixture
 def runner(redis_url: str) -> Iterator[FlowTestRunner]:
     with TestClock() as clock, FlowTestRunner(redis_url, clock) as flow_runner:
@@ -71,3 +79,14 @@ def test_a_wait_nobody_ends_says_what_it_waits_for(runner: FlowTestRunner) -> No
         runner.run_until_done(eid, timeout_s=1.0)
     runner.resume(eid, "yes", wait_for="approval")
     assert runner.run_until_done(eid)["status"] == "completed"
+
+
+def test_a_message_sent_through_the_kit_reaches_its_recv_and_a_silent_one_times_out(runner: FlowTestRunner) -> None:
+    eid = runner.start(listener)
+    runner.wait_until_waiting(eid, "news")
+    runner.send(eid, "news", {"n": 1}, idempotency_key="k")
+    assert runner.run_until_done(eid, advance=False)["results"]["listen"] == {"heard": {"n": 1}}
+    quiet = runner.start(listener)
+    runner.wait_until_waiting(quiet, "news")
+    runner.advance(3601)
+    assert runner.run_until_done(quiet, advance=False)["results"]["listen"] == {"heard": None}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plaita.clock import wall_s
+from plaita.errors import PlaitaError
 from plaita.flows.model.validate import check_timeout_s, check_wait_name
 from plaita.store.executions.staged import MAX_SECONDS, STAGE_OPS, Staged, check_amount, check_ttl_s
 from plaita.store.keyspace import hash_tag
@@ -24,10 +25,30 @@ _RESERVED_TENANT = re.compile(r"plaita:[^:]*:(?:execution|executions|start-dedup
 
 @dataclass(frozen=True)
 class Resume:
-    """How a suspended step was resumed: ``type`` is event, continue, retry or timeout."""
+    """How a suspended step was resumed: ``type`` is event, continue, retry or timeout;
+    ``wait_for`` the name (or message topic) of the wait it ended, None for a plain wait."""
 
     type: str
     data: Any = None
+    wait_for: str | None = None
+
+
+class Receiving(PlaitaError):
+    """Raised by ``ctx.recv`` when no message for its topic is at hand: the runner turns it into a
+    suspension waiting for that topic (``Suspend(timeout_s, wait_for=topic)``), and the step runs
+    again when a message (or the timeout) comes. Let it through: a step that catches it and goes
+    on has not waited. Its args are (topic, timeout_s), so it pickles back from a pool child."""
+
+    def __init__(self, topic: str, timeout_s: float | None) -> None:
+        super().__init__(topic, timeout_s)
+        self.topic, self.timeout_s = topic, timeout_s
+
+    def __str__(self) -> str:
+        return f"waiting for a message on {self.topic!r} (ctx.recv; a step must not catch this)"
+
+    @property
+    def suspension(self) -> Suspend:
+        return Suspend(self.timeout_s, wait_for=self.topic)
 
 
 @dataclass(frozen=True)
@@ -146,6 +167,7 @@ class StepContext:
         self.next_step: str | None = None
         self.staged: list[Staged] = []
         self._publisher = publisher
+        self._received = False
 
     @property
     def cancelled(self) -> bool:
@@ -158,6 +180,34 @@ class StepContext:
         elsewhere, is taken at once (``plaita.flows.model.inbox``). ValueError unless ``timeout_s`` is
         None or finite seconds in [0, 10 years] and ``wait_for`` None or a non-empty name."""
         return Suspend(timeout_s, wait_for=wait_for)
+
+    def recv(self, topic: str, timeout_s: float | None = None) -> Any:
+        """The data of the oldest message sent to ``topic`` (``FlowClient.send``), or None when
+        ``timeout_s`` passed first. A recv is a suspension waiting for ``topic``
+        (``ctx.suspend(wait_for=topic)``): with no message at hand it raises ``Receiving``, the
+        execution suspends (no thread, no lease), and this step runs again from its top when the
+        message comes; this call then returns it. One message per run of a step: a second recv
+        in the same run is a ValueError (receive the next one in the next step, or
+        ``ctx.goto(ctx.step)`` to run this one again). ValueError for a bad topic or timeout."""
+        if check_wait_name(topic, "topic") is None:
+            raise ValueError("recv needs a topic")
+        check_timeout_s(timeout_s)
+        if self._received:
+            raise ValueError(
+                f"step {self.step!r} already received a message in this run: one recv per run of a step "
+                f"(receive {topic!r} in the next step, or ctx.goto({self.step!r}) to run this one again)"
+            )
+        got = self.resume
+        if got is not None and got.wait_for is not None:
+            if got.wait_for != topic:
+                raise ValueError(
+                    f"step {self.step!r} was resumed by its wait for {got.wait_for!r} but receives {topic!r} first: "
+                    f"one recv per run of a step"
+                )
+            if got.type != "retry":  # an operator's retry of the wait: wait again
+                self._received = True
+                return got.data if got.type == "event" else None  # timeout or continue: no message
+        raise Receiving(topic, timeout_s)
 
     def sleep(self, seconds: float) -> Sleep:
         """The value to return to sleep durably (``return ctx.sleep(3 * 86400)``): no thread and

@@ -264,7 +264,7 @@ class Execution:
         return replace(
             self,
             status="running",
-            resume={"type": resume_type, "data": data},
+            resume=_resume_doc(resume_type, data, (self.suspension or {}).get("wait_for")),
             suspension=None,
             history=history,
             applied_resumes=[*self.applied_resumes, resume_id][-APPLIED_RESUMES_LIMIT:],
@@ -427,3 +427,11 @@ class Execution:
 
 #: The stored document's fields in order (``to_doc``; ``extra`` merged after them).
 _DOC_FIELDS = tuple(f.name for f in fields(Execution) if f.name != "extra")
+
+
+def _resume_doc(resume_type: str, data: Any, wait_for: Any) -> dict[str, Any]:
+    """The ``resume`` a resumed step sees; ``wait_for`` the wait it ended (what ``ctx.recv`` checks)."""
+    doc: dict[str, Any] = {"type": resume_type, "data": data}
+    if isinstance(wait_for, str) and wait_for:
+        doc["wait_for"] = wait_for
+    return doc

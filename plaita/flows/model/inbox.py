@@ -13,6 +13,10 @@ Bounded: at most ``MAX_PARKED`` parked resumes per execution (one more goes to t
 reason), each kept ``PARKED_TTL_S`` at most (an older one is dropped, with a warning, when the
 inbox is next touched); those left when the execution ends are logged. An unaddressed resume
 keeps its old meaning: it resumes whatever plain wait the execution is in.
+
+Messages use this door as it is: ``FlowClient.send(id, topic, data)`` is an event addressed to
+the wait ``topic``, and ``ctx.recv(topic)`` a wait for it, so kept messages queue per topic,
+oldest first (``take``), within the same bound.
 """
 
 from __future__ import annotations

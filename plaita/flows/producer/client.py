@@ -259,6 +259,23 @@ class FlowClient:
         )
         return self._enqueue(body)
 
+    def send(self, execution_id: str, topic: str, data: Any = None, idempotency_key: str | None = None) -> str:
+        """Send a message to ``topic`` of a running or suspended execution; returns its task id.
+
+        A step takes it with ``ctx.recv(topic)``. A message is an event addressed to the wait
+        ``topic`` (``resume(id, "event", data, wait_for=topic)``: the same door): messages that
+        come before their recv are kept in the execution, oldest first, and each recv takes the
+        oldest (at most 32 kept per execution, 7 days each). ``idempotency_key``: a repeated send
+        with it is a no-op (remembered with the execution, its last 100 resume ids). NotResumable
+        when the execution has ended; ExecutionNotFound when there is none (or it is still
+        ``queued``: its start has not run yet); ValueError for a bad topic or data."""
+        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+            raise ValueError(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
+        if check_wait_name(topic, "topic") is None:
+            raise ValueError("a message needs a topic")
+        resume_id = None if idempotency_key is None else f"msg:{topic}:{idempotency_key}"
+        return self.resume(execution_id, "event", data, resume_id=resume_id, wait_for=topic)
+
     def retry(
         self,
         execution_id: str,

@@ -38,7 +38,7 @@ from plaita.errors import BadTaskError, ConfigError, LeaseLostError, NotForThisW
 from plaita.flows.io import ExecutionIO
 from plaita.flows.model import bodies as model
 from plaita.flows.model import inbox
-from plaita.flows.model.context import Resume, Sleep, Spawn, StepContext, Suspend
+from plaita.flows.model.context import Receiving, Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.model.definition import Flow, FlowRegistry, Step
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.failures import describe_exception, error_doc, error_from_exception
@@ -48,6 +48,7 @@ from plaita.flows.runner.admit import Admission, Run
 from plaita.flows.runner.checkpoint import CancelledMeanwhile, Checkpointer, sealed
 from plaita.flows.runner.children import Children, needs_ending
 from plaita.flows.runner.events import publisher
+from plaita.flows.runner.invoke import Attempt
 from plaita.flows.runner.limits import FlowLimits
 from plaita.flows.runner.stepcall import StepCaller
 from plaita.flows.runner.watch import CancelWatch
@@ -294,6 +295,8 @@ class FlowRunner:
             self._step_finished(run, step, "failed", began_s, attempt.raised)
             run.cancel = True  # _advance ends it cancelled (or stops, if it was the lease that went)
             return None
+        if isinstance(attempt.raised, Receiving):  # ctx.recv with no message at hand: a wait for its topic
+            attempt = Attempt(value=attempt.raised.suspension)
         if attempt.raised is not None:  # any BaseException: a failed attempt (plaita/flows/runner/invoke.py)
             self._step_finished(run, step, "failed", began_s, attempt.raised)
             return await self._failed(run, step, ctx.attempt, attempt.raised, started_s)
@@ -317,7 +320,7 @@ class FlowRunner:
             params=ex.params,
             state=copy.deepcopy(ex.state),
             results=ex.results,
-            resume=Resume(resume.get("type", "continue"), resume.get("data")) if resume is not None else None,
+            resume=_resume_of(resume),
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
             deadline_at=ex.deadline_at,
@@ -560,3 +563,10 @@ class FlowRunner:
         if run.trace is not None:
             run.trace.step_finished(outcome, raised)
         self._tell("step_finished", run.flow.flow_id, step.name, outcome, time.monotonic() - began_s)
+
+
+def _resume_of(resume: dict[str, Any] | None) -> Resume | None:
+    if resume is None:
+        return None
+    wait_for = resume.get("wait_for")
+    return Resume(resume.get("type", "continue"), resume.get("data"), wait_for if isinstance(wait_for, str) else None)
