@@ -16,7 +16,7 @@ import pytest
 
 from plaita.flows.model.context import Receiving, Resume, StepContext
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient, NotResumable
-from plaita.tasks import CancelFlag
+from plaita.testing import step_context
 from tests.flows import msgdefs
 from tests.flows.support import Harness, resume, start
 from tests.flows.test_cli import plaita
@@ -210,17 +210,7 @@ def test_a_recv_times_out_to_none_with_a_keeper(redis_url: str, flows: FlowClien
 
 # -- ctx.recv itself (no server) ----------------------------------------------------------------
 def _ctx(resume: Resume | None) -> StepContext:
-    return StepContext(
-        execution_id="e",
-        flow_id="f",
-        step="s",
-        params={},
-        state={},
-        results={},
-        resume=resume,
-        attempt=1,
-        cancel=CancelFlag(),
-    )
+    return step_context(execution_id="e", flow_id="f", step="s", resume=resume)  # the kit's, as users build it
 
 
 def test_recv_without_a_message_raises_the_suspension_for_its_topic() -> None:

@@ -13,7 +13,7 @@ import pytest
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.context import Sleep, StepContext
 from plaita.flows.producer.client import FlowClient
-from plaita.tasks import CancelFlag
+from plaita.testing import step_context
 from tests.flows import flowdefs, sleepdefs
 from tests.flows.support import Harness, ledgers, resume, start
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, wait_for, worker_proc
@@ -38,17 +38,7 @@ def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
 
 
 def _ctx() -> StepContext:
-    return StepContext(
-        execution_id="e",
-        flow_id="f",
-        step="s",
-        params={},
-        state={},
-        results={},
-        resume=None,
-        attempt=1,
-        cancel=CancelFlag(),
-    )
+    return step_context(execution_id="e", flow_id="f", step="s")  # the testing kit's, as users build it
 
 
 @pytest.mark.parametrize("seconds", [-1, math.nan, math.inf, 10 * 366 * 86400, None, "5", True])
