@@ -12,10 +12,10 @@ flow's order, as ``retry --from-step`` does.
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.errors import PlaitaError
 from plaita.flows.model import bodies as model
 from plaita.flows.model.definition import Flow
@@ -118,7 +118,7 @@ def start_fork(
 ) -> str:
     """``FlowClient.fork`` of the stored document ``original``: the new document and its start,
     written at once; returns ``new_id``. NotForkable when refused (``forked_doc``; the id is taken)."""
-    now_s = time.time()
+    now_s = wall_s()
     fork = forked_doc(original, new_id, from_step, by=by, now_s=now_s)
     body = model.start_body(fork.flow_id, fork.params, new_id, version=fork.version, tenant_id=store.ks.tenant)
     with producing([body], keyspace.queue):

@@ -16,11 +16,11 @@ one a keeper last ran (as ``schedules list`` finds it).
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from plaita.clock import wall_s
 from plaita.errors import PlaitaError
 from plaita.flows.keeper.schedule_records import scheduled_flows
 from plaita.flows.keeper.scheduler import schedule_definition
@@ -83,16 +83,16 @@ class ScheduleControl:
     def pause(self, flow_id: str, *, by: str | None = None) -> bool:
         """Pause it (True: it was running; False: it was paused already)."""
         self.schedule(flow_id)
-        return self._access.set_paused(flow_id, True, now_s=time.time(), by=by or _operator())
+        return self._access.set_paused(flow_id, True, now_s=wall_s(), by=by or _operator())
 
     def resume(self, flow_id: str) -> bool:
         """Resume it (True: it was paused). The ticks that passed while paused are not started."""
         self.schedule(flow_id)
-        return self._access.set_paused(flow_id, False, now_s=time.time(), by="")
+        return self._access.set_paused(flow_id, False, now_s=wall_s(), by="")
 
     def trigger(self, flow_id: str) -> str:
         """Start one execution of the flow now, outside its schedule; returns its id."""
-        schedule, now_s = self.schedule(flow_id), time.time()
+        schedule, now_s = self.schedule(flow_id), wall_s()
         params = schedule.tick_params(int(now_s))
         params[PARAM_KEY]["trigger"] = True
         eid = f"schedule:{flow_id}:trigger:{uuid.uuid4().hex[:12]}"
@@ -111,7 +111,7 @@ class ScheduleControl:
         yet, oldest first. ValueError for a bad range; TooManyTicks above ``max_ticks``."""
         if not 1 <= max_ticks <= MAX_TICKS_LIMIT:
             raise ValueError(f"max_ticks must be from 1 to {MAX_TICKS_LIMIT}, not {max_ticks}")
-        now_s = time.time()
+        now_s = wall_s()
         if not from_s <= to_s or to_s > now_s:
             raise ValueError("a backfill needs from <= to <= now (the future is the schedule's)")
         schedule = self.schedule(flow_id)

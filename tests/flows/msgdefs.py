@@ -30,4 +30,15 @@ def collect(ctx: StepContext) -> Any:
     return {"got": got}
 
 
-FLOWS = [inbox]
+kept = Flow("msg-state")
+
+
+@kept.step
+def count_then_recv(ctx: StepContext) -> Any:
+    """Writes its state before the recv: the suspension keeps it (threads and a pool child alike)."""
+    ctx.state["runs"] = ctx.state.get("runs", 0) + 1
+    msg = ctx.recv("t")
+    return {"runs": ctx.state["runs"], "msg": msg}
+
+
+FLOWS = [inbox, kept]

@@ -252,3 +252,20 @@ def test_a_recv_in_a_process_pool_child_waits_the_same(redis_url: str, flows: Fl
         doc = flows.wait(eid, 30)
         assert w.terminate() == 0
     assert doc["status"] == "completed" and doc["results"]["collect"] == {"got": [1, 2, 3]}
+
+
+@pytest.mark.parametrize("pool", ["thread", "process"])
+def test_state_written_before_a_recv_is_kept_by_its_wait(
+    redis_url: str, flows: FlowClient, tmp_path: Path, pool: str
+) -> None:
+    """As for ``suspend``: what the step left in ``ctx.state`` before its recv is checkpointed with
+    the wait, so the run after the message sees it (in a pool child too, where the state must
+    travel back with ``Receiving``'s suspension)."""
+    eid = flows.start("msg-state", {})
+    with worker_proc(redis_url, tmp_path, f"ms-{pool}", *WORKER_ARGS, "--pool", pool, "--concurrency", "1") as w:
+        wait_for(lambda: (flows.get(eid) or {}).get("status") == "suspended", 30, "the recv waiting")
+        assert (flows.get(eid) or {})["state"] == {"runs": 1}
+        flows.send(eid, "t", "hello")
+        doc = flows.wait(eid, 30)
+        assert w.terminate() == 0
+    assert doc["status"] == "completed" and doc["results"]["count_then_recv"] == {"runs": 2, "msg": "hello"}

@@ -9,7 +9,7 @@ deadline). Two things are live: the cancel flag (the parent forwards it, then ki
 after a short grace) and ``ctx.publish`` (a call into the worker process, which writes it).
 
 Time limits: in a child the step is killed at its limit (``StepTimeLimit``); on a thread nothing
-can stop it, so the limit is soft: ``ctx.cancel`` is set at the limit (``plaita.flows.watch``,
+can stop it, so the limit is soft: ``ctx.cancel`` is set at the limit (``plaita.flows.runner.watch``,
 within its 0.1 s tick) so that a cooperative step can return early, the step runs to its end,
 holding its slot, and its result is discarded for ``StepTimeLimit``. Either way a failed
 attempt: the retry policy applies.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.errors import StepTimeLimit
-from plaita.flows.model.context import StepContext
+from plaita.flows.model.context import Receiving, StepContext
 from plaita.flows.model.definition import Step, StepFn
 from plaita.flows.runner.invoke import Attempt, invoke, run_here
 from plaita.runtime.procchild import ChildServices
@@ -57,9 +57,12 @@ class StepJob:
         publish = services.request
         ctx = StepContext(**self.fields, cancel=services.cancel, publisher=lambda n, v: publish("publish", n, v))
         attempt = run_here(self.fn, ctx, lambda: services.loop)
-        if attempt.raised is not None:
+        value = attempt.value
+        if isinstance(attempt.raised, Receiving):  # a recv's wait keeps what the step left, as on a thread
+            value = attempt.raised.suspension
+        elif attempt.raised is not None:
             raise attempt.raised
-        return StepResult(attempt.value, ctx.state, ctx.next_step, tuple(ctx.staged))
+        return StepResult(value, ctx.state, ctx.next_step, tuple(ctx.staged))
 
 
 def _serve(ctx: StepContext, kind: str, *args: Any) -> Any:

@@ -8,7 +8,7 @@ with one dedup key get one id. The worker's create (``create_execution``) takes 
 atomically. While it is queued only the holder of the start's lease rewrites it
 (``rewrite_queued``: what it waits for, or its end when its start is dead-lettered).
 
-A start asking for a flow version no live worker runs waits (``plaita.flows.version_wait``); the
+A start asking for a flow version no live worker runs waits (``plaita.flows.runner.queued``); the
 time it began to wait is kept in ``Keyspace.version_wait_key`` (for starts of producers that write
 no record too). A mixin of ``ExecutionStore``.
 """
