@@ -150,7 +150,9 @@ def test_in_threads_a_step_past_its_soft_limit_sees_ctx_cancelled(
     saw = [line.split() for line in rclient.lrange(SAW_LIMIT_KEY, 0, -1)]
     assert [name for name, _ in saw] == [polite, polite], saw  # each attempt saw its flag
     # Set at the limit, not before it, and within the watcher's tick (0.1 s) and some slack after.
-    assert all(LIMIT_S <= float(took_s) < LIMIT_S + 5 for _, took_s in saw), saw
+    # The limit counts from the step's registration with the watcher, a moment before the step's
+    # own clock starts (a CI run saw 0.999 s): 50 ms of that, still far from "early".
+    assert all(LIMIT_S - 0.05 <= float(took_s) < LIMIT_S + 5 for _, took_s in saw), saw
 
 
 def test_a_step_in_a_child_logs_to_the_workers_stderr_at_its_level_and_format(
