@@ -14,12 +14,11 @@ from plaita.flows.producer.client import ExecutionNotFound, FlowClient, NotForka
 from tests.flows import flowdefs, sleepdefs
 from tests.flows.support import Harness, ledgers, start
 from tests.flows.test_cli import plaita
+from tests.flows.test_retry import STEPS, _broken
 from tests.flows.test_sleep import WORKER_ARGS
 from tests.support.lease_workers import worker_proc
 
 pytestmark = pytest.mark.redis
-
-STEPS = ["a", "b", "c"]
 
 
 @pytest.fixture
@@ -30,11 +29,6 @@ def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
         yield harness
     finally:
         harness.close()
-
-
-def _broken(eid: str, on: bool) -> None:
-    key = f"plaita:test:broken:{eid}"
-    flowdefs.client().set(key, 1) if on else flowdefs.client().delete(key)
 
 
 def _last_body(h: Harness) -> tuple[str, dict[str, object]]:
