@@ -52,6 +52,13 @@ PRODUCER_ACL_RULES = (
     "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers"
 )
 
+#: Rules for an operator of flows (``plaita executions fork | delete | prune | cancel-many`` and
+#: ``plaita schedules pause | resume | trigger | backfill``, and the same in Python): the
+#: producer's, plus what removes and pauses, which the producer is deliberately refused: DEL and ZREM
+#: (an execution's keys and its index entries), ZRANGEBYSCORE and ZCOUNT (prune's bounded walk of the
+#: status indexes by end time), ZRANGE, HSETNX/HDEL (a schedule's ``paused`` field). No channel.
+FLOW_ADMIN_ACL_RULES = PRODUCER_ACL_RULES + " +del +zrem +zrangebyscore +zcount +zrange +hset +hsetnx +hdel"
+
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.
 ADMIN_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels &plaita:* -@all "
@@ -78,6 +85,7 @@ def setuser_command(user: str, password: str, rules: str = WORKER_ACL_RULES) -> 
 __all__ = [
     "ADMIN_ACL_RULES",
     "DASHBOARD_READ_ACL_RULES",
+    "FLOW_ADMIN_ACL_RULES",
     "FLOW_WORKER_ACL_RULES",
     "MINIMAL_ACL_RULES",
     "PRODUCER_ACL_RULES",
