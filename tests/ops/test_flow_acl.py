@@ -55,6 +55,17 @@ def flow_worker(url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
             proc.wait(5)
 
 
+@contextmanager
+def worker_and_client(
+    acl_user: MakeUser, tmp_path: Path, user: str, rules: str
+) -> Iterator[tuple[subprocess.Popen[bytes], FlowClient, str]]:
+    """A flow worker under the flow worker's user, and a FlowClient (and its URL) under ``user``."""
+    worker_url = acl_user("plaita-flow-worker", "flow-pw", FLOW_WORKER_ACL_RULES)
+    url = acl_user(user, f"{user}-pw", rules)
+    with flow_worker(worker_url, tmp_path) as proc, FlowClient.from_url(url, queue_name=QUEUE) as flows:
+        yield proc, flows, url
+
+
 def stop(proc: subprocess.Popen[bytes], tmp_path: Path) -> str:
     """SIGTERM the worker, expect a clean exit, return its log (which must show no refusal)."""
     proc.send_signal(signal.SIGTERM)
@@ -157,13 +168,16 @@ def _orphan(h: Harness, eid: str, *, age_s: float) -> None:
 
 
 class TestProducerAcl:
+    @pytest.mark.timeout(240)  # a dozen CLI processes: each interpreter start is seconds on a loaded machine
     def test_producer_steers_and_reads_executions(
         self, acl_user: MakeUser, rclient: redis.Redis, tmp_path: Path
     ) -> None:
         """start, resume, cancel, retry, wait, show, list and enqueue, through FlowClient and the CLI."""
-        worker_url = acl_user("plaita-flow-worker", "flow-pw", FLOW_WORKER_ACL_RULES)
-        producer_url = acl_user("plaita-producer", "producer-pw", PRODUCER_ACL_RULES)
-        with flow_worker(worker_url, tmp_path) as proc, FlowClient.from_url(producer_url, queue_name=QUEUE) as flows:
+        with worker_and_client(acl_user, tmp_path, "plaita-producer", PRODUCER_ACL_RULES) as (
+            proc,
+            flows,
+            producer_url,
+        ):
             waiting, doomed = flows.start("acl-waiter"), flows.start("acl-waiter")
             failed = flows.start("acl-failing", dedup_key="once")  # a dedup key: the producer reads it
             wait_status(flows, waiting, "suspended")

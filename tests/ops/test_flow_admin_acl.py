@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 import redis
 
-from plaita.flows.producer.client import FlowClient
-from plaita.store.acl import FLOW_ADMIN_ACL_RULES, FLOW_WORKER_ACL_RULES, PRODUCER_ACL_RULES
+from plaita.store.acl import FLOW_ADMIN_ACL_RULES, PRODUCER_ACL_RULES
 from tests.ops import test_security
-from tests.ops.test_flow_acl import FORBIDDEN, flow_worker, stop, wait_status
+from tests.ops.test_flow_acl import FORBIDDEN, stop, wait_status, worker_and_client
 from tests.ops.test_security import OPERATIONS_DOC, MakeUser, _denials
-from tests.support.ops import QUEUE, plaita, wait_until
+from tests.support.ops import plaita, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -47,12 +46,11 @@ class TestDocs:
 
 
 class TestFlowAdminAcl:
+    @pytest.mark.timeout(240)  # a dozen CLI processes: each interpreter start is seconds on a loaded machine
     def test_fork_delete_prune_cancel_many_and_schedule_controls(
         self, acl_user: MakeUser, rclient: redis.Redis, tmp_path: Path
     ) -> None:
-        worker_url = acl_user("plaita-flow-worker", "flow-pw", FLOW_WORKER_ACL_RULES)
-        url = acl_user("plaita-flow-admin", "admin-pw", FLOW_ADMIN_ACL_RULES)
-        with flow_worker(worker_url, tmp_path) as proc, FlowClient.from_url(url, queue_name=QUEUE) as flows:
+        with worker_and_client(acl_user, tmp_path, "plaita-flow-admin", FLOW_ADMIN_ACL_RULES) as (proc, flows, url):
             done = _cli(url, "executions", "start", "acl-parent", "--input", '{"n": 1}', "--wait", "--json")
             assert done["status"] == "completed", done
             source = done["execution_id"]
