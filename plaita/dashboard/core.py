@@ -179,11 +179,16 @@ class Dashboard:
             c = client or make_client(config.redis_url, socket_timeout_s=timeout_s)
             return open_queue(settings, client=c, read_client=c)
 
-        self.monitor = FleetMonitor(
-            queue(SAMPLER_TIMEOUT_S, sampler_client), scrub=self.scrub, sample_every_s=config.sample_every_s
-        )
         self.page_dlq = DeadLetterQueue(queue(PAGE_TIMEOUT_S))
         self.page_executions = executions_of(self.page_dlq.queue)
+        # The per-flow figures read hundreds of states: on the pages' client, so a slow read is
+        # never taken for an outage by the sampler's short timeout.
+        self.monitor = FleetMonitor(
+            queue(SAMPLER_TIMEOUT_S, sampler_client),
+            scrub=self.scrub,
+            sample_every_s=config.sample_every_s,
+            figures_store=self.page_executions,
+        )
         self.action_queue = queue(REPLY_TIMEOUT_S + 2.0)
         self.action_dlq = DeadLetterQueue(self.action_queue)
         self.action_fleet = FleetAccess.of(self.action_queue)

@@ -3,7 +3,8 @@ minute, p50/p95 duration, starts waiting for a slot.
 
 Read from the status index that exists anyway, so a start costs nothing more: every
 ``FIGURES_EVERY_S`` the sampler reads the newest ``READ_PER_STATUS`` executions of each status of
-the default tenant (one ZREVRANGE and one MGET per status and partition) and groups them by flow.
+the default tenant (ZREVRANGE per partition, then the states as pipelined GETs, ``READ_PAGE`` a
+round trip) and groups them by flow.
 What is counted:
 
 - running, queued and waiting (by kind: sleep, children, resume): every execution in that status
@@ -29,6 +30,8 @@ from plaita.store.executions.store import ALL_STATUSES, ExecutionStore
 FIGURES_EVERY_S = 5.0
 #: Newest executions read per status per round: the bound on the figures' cost.
 READ_PER_STATUS = 300
+#: States read per round trip (a page's worth: one reply stays small even when states are large).
+READ_PAGE = 100
 #: The span of the per-minute figures.
 WINDOW_S = 60.0
 
@@ -75,14 +78,20 @@ def percentile(ordered: list[float], pct: float) -> float | None:
 def read(store: ExecutionStore, starts_waiting: dict[str, int], now_s: float) -> dict[str, Any]:
     """The figures of every flow seen: ``flows`` (rows sorted by flow id), ``capped`` (the statuses
     holding more than were read: their counts are lower bounds)."""
+    held = store.counts()  # one ZCARD per status: how far to read, and whether that was all
     docs: dict[str, list[dict[str, Any]]] = {}
     for status in ALL_STATUSES:
-        docs[status] = store.by_status(status, READ_PER_STATUS)
-    return tally(docs, starts_waiting, now_s)
+        docs[status] = found = []
+        wanted = min(held.get(status, 0), READ_PER_STATUS)
+        for offset in range(0, wanted, READ_PAGE):
+            found.extend(store.by_status(status, min(READ_PAGE, wanted - offset), offset=offset))
+    capped = sorted(s for s in ALL_STATUSES if held.get(s, 0) > READ_PER_STATUS)
+    return {**tally(docs, starts_waiting, now_s), "capped": capped}
 
 
 def tally(docs: dict[str, list[dict[str, Any]]], starts_waiting: dict[str, int], now_s: float) -> dict[str, Any]:
-    """``read``'s grouping, given the documents read per status (newest first)."""
+    """``read``'s grouping, given the documents read per status (newest first); ``capped`` is
+    ``read``'s to fill."""
     flows: dict[str, FlowFigures] = {}
 
     def of(doc: dict[str, Any]) -> FlowFigures:
@@ -99,8 +108,7 @@ def tally(docs: dict[str, list[dict[str, Any]]], starts_waiting: dict[str, int],
     for flow_id, n in starts_waiting.items():
         if n:
             flows.setdefault(flow_id, FlowFigures(flow_id)).waiting_slot = n
-    capped = sorted(s for s, found in docs.items() if len(found) >= READ_PER_STATUS)
-    return {"flows": [flows[f].row() for f in sorted(flows)], "capped": capped, "window_s": WINDOW_S}
+    return {"flows": [flows[f].row() for f in sorted(flows)], "capped": [], "window_s": WINDOW_S}
 
 
 def _count(figures: FlowFigures, status: str, doc: dict[str, Any], since_s: float) -> None:

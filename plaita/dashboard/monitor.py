@@ -20,6 +20,7 @@ from typing import Any
 from plaita.dashboard import flow_figures
 from plaita.dashboard.probe import MAX_PROBED, probe, probe_address
 from plaita.store.errors import cause, is_redis_failure
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.fleet_access import FleetAccess
 from plaita.store.queue_access import execution_counts_of, executions_of, waiting_starts_of
 from plaita.store.stats import stream_stats_or_empty
@@ -115,13 +116,15 @@ class FleetMonitor:
         scrub: Callable[[str], str],
         sample_every_s: float = SAMPLE_EVERY_S,
         figures_every_s: float = flow_figures.FIGURES_EVERY_S,
+        figures_store: ExecutionStore | None = None,
         prober: Prober = probe,
     ) -> None:
         self.queue = queue
-        self._executions_store = executions_of(queue)
+        self._figures_store = figures_store or executions_of(queue)
         self._figures_every_s = figures_every_s
         self._figures: dict[str, Any] | None = None
         self._figures_at_s: float | None = None
+        self._figures_error: str | None = None
         self._fleet = FleetAccess.of(queue)
         self._scrub = scrub
         self._sample_every_s = sample_every_s
@@ -215,22 +218,26 @@ class FleetMonitor:
             return None
 
     def sample_figures(self) -> None:
-        """Read the per-flow figures once (``flow_figures``); a Redis failure starts an outage, an
-        ACL denial (rules from before the executions tab) leaves them out."""
+        """Read the per-flow figures once (``flow_figures``). A Redis failure keeps the last ones and
+        says why (the fleet's own sample decides whether Redis is down); an ACL denial (rules from
+        before the executions tab) leaves them out."""
         now_s = time.time()
         with self._lock:
             starts_waiting = dict(self._starts_waiting)
         try:
-            figures: dict[str, Any] | None = flow_figures.read(self._executions_store, starts_waiting, now_s)
+            figures: dict[str, Any] | None = flow_figures.read(self._figures_store, starts_waiting, now_s)
         except Exception as exc:
             if not is_redis_failure(exc):
                 raise
-            if cause(exc) != "acl":
-                self._fail(now_s, exc)
-                return
-            figures = None
+            with self._lock:
+                if cause(exc) == "acl":
+                    self._figures, self._figures_error = None, None
+                else:
+                    self._figures_error = self._scrub(f"{type(exc).__name__}: {exc}")
+                self._figures_at_s = now_s
+            return
         with self._lock:
-            self._figures, self._figures_at_s = figures, now_s
+            self._figures, self._figures_at_s, self._figures_error = figures, now_s, None
 
     def _fail(self, now_s: float, exc: Exception) -> None:
         with self._lock:
@@ -274,6 +281,7 @@ class FleetMonitor:
             tenants = dict(self._tenants)
             starts_waiting = {f: n for f, n in self._starts_waiting.items() if n}
             figures = dict(self._figures) if self._figures is not None else None
+            figures_error = self._figures_error
             points = list(self.throughput.points)
             rate = self.throughput.current()
             sampled_at_s = self._sampled_at_s
@@ -295,6 +303,7 @@ class FleetMonitor:
             "tenant_executions": tenants,
             "starts_waiting": starts_waiting,
             "flows": figures,
+            "flows_error": figures_error,
             "throughput": {
                 "rate": rate,
                 "points": points,

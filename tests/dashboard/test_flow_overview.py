@@ -11,13 +11,18 @@ from typing import Any
 
 import pytest
 import redis
+from starlette.testclient import TestClient
 
 from plaita.dashboard import flow_figures
+from plaita.dashboard.app import DashboardConfig, create_app
+from plaita.store.client import make_client
 from plaita.store.keyspace import DEFAULT, Keyspace
 from tests.dashboard.conftest import MakeDashboard, plant, sample
 from tests.flows import msgdefs
 from tests.flows.support import Harness, start
 from tests.ops.test_starts_waiting import park
+from tests.support.ops import QUEUE
+from tests.support.redis_server import free_port
 
 pytestmark = pytest.mark.redis
 
@@ -84,6 +89,20 @@ class TestFlowFigures:
         figures = sample(dash)["flows"]
         assert figures["capped"] == ["running"] and figures["flows"][0]["running"] == 3
         assert 'id="flows-capped"' in dash.get("/fragment/overview").text
+
+    def test_a_failed_figures_read_is_said_and_never_taken_for_an_outage(self, redis_url: str) -> None:
+        """The figures read hundreds of states on the pages' client: its failure (here: the pages'
+        server is gone) is a note on the flows, while the fleet's sample still says Redis answers."""
+        config = DashboardConfig(
+            redis_url=f"redis://127.0.0.1:{free_port()}/0", queue_name=QUEUE, allowed_hosts=("testserver",)
+        )
+        sampler = make_client(redis_url, socket_timeout_s=5.0)
+        with TestClient(create_app(config, start_monitor=False, sampler_client=sampler)) as dash:
+            snap = sample(dash)
+            assert snap["redis"]["ok"] is True and snap["flows"] is None
+            assert "ConnectionError" in str(snap["flows_error"])
+            live = dash.get("/fragment/overview").text
+            assert 'id="flows-stale"' in live and 'id="outage"' not in live
 
     def test_percentiles_are_nearest_rank(self) -> None:
         assert flow_figures.percentile([], 50) is None
