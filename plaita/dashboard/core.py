@@ -24,6 +24,7 @@ from starlette.templating import Jinja2Templates
 
 from plaita.config import DEFAULT_CONSUMER_GROUP, DEFAULT_QUEUE_NAME, Settings, redact_url
 from plaita.dashboard.actions import REPLY_TIMEOUT_S
+from plaita.dashboard.flow_figures import READ_PER_STATUS
 from plaita.dashboard.monitor import SAMPLE_EVERY_S, FleetMonitor
 from plaita.dashboard.security import Guard
 from plaita.dashboard.svg import lifecycle_svg, throughput_svg
@@ -139,13 +140,28 @@ def _stamp(epoch_s: Any) -> str:
         return "-"
 
 
+def _took(seconds: Any) -> str:
+    """A duration from milliseconds to hours (a p50 may be 40 ms or 3 days)."""
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        return "-"
+    if s != s or s < 0:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    return f"{s:.1f} s" if s < 120 else _age(s)
+
+
 def _templates() -> Jinja2Templates:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,  # every payload, reason and error from Redis is untrusted text
     )
-    env.filters.update(age=_age, clock=_clock, stamp=_stamp)
-    env.globals.update(lifecycle_svg=lifecycle_svg, throughput_svg=throughput_svg, tabs=TABS)
+    env.filters.update(age=_age, clock=_clock, stamp=_stamp, took=_took)
+    env.globals.update(
+        lifecycle_svg=lifecycle_svg, throughput_svg=throughput_svg, tabs=TABS, read_per_status=READ_PER_STATUS
+    )
     return Jinja2Templates(env=env)
 
 
@@ -163,11 +179,16 @@ class Dashboard:
             c = client or make_client(config.redis_url, socket_timeout_s=timeout_s)
             return open_queue(settings, client=c, read_client=c)
 
-        self.monitor = FleetMonitor(
-            queue(SAMPLER_TIMEOUT_S, sampler_client), scrub=self.scrub, sample_every_s=config.sample_every_s
-        )
         self.page_dlq = DeadLetterQueue(queue(PAGE_TIMEOUT_S))
         self.page_executions = executions_of(self.page_dlq.queue)
+        # The per-flow figures read hundreds of states: on the pages' client, so a slow read is
+        # never taken for an outage by the sampler's short timeout.
+        self.monitor = FleetMonitor(
+            queue(SAMPLER_TIMEOUT_S, sampler_client),
+            scrub=self.scrub,
+            sample_every_s=config.sample_every_s,
+            figures_store=self.page_executions,
+        )
         self.action_queue = queue(REPLY_TIMEOUT_S + 2.0)
         self.action_dlq = DeadLetterQueue(self.action_queue)
         self.action_fleet = FleetAccess.of(self.action_queue)

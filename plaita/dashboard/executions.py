@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plaita.dashboard.actions import ActionError, Outcome
-from plaita.dashboard.lineage import WAITING_KINDS, waits_as
+from plaita.dashboard.lineage import WAITING_KINDS, parent_of, waits_as
 from plaita.flows.model import bodies as model
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient
 from plaita.store.executions.store import ALL_STATUSES as STATUSES
@@ -22,6 +22,8 @@ from plaita.store.executions.store import TERMINAL, ExecutionStore
 
 #: Executions listed on one page at most.
 LIST_ROWS = 200
+#: Children linked by id under their parent in the list (the parent's page lists them all).
+CHILD_LINKS = 20
 #: Index entries read per status while looking for a flow filter's matches.
 MAX_SCANNED = 2000
 #: Index entries read per round trip.
@@ -84,19 +86,48 @@ def listing(
     return rows[:limit]
 
 
+def grouped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with each child under its parent, so a spawn of hundreds does not bury the list:
+    one item per execution that is no child (``doc``) and per parent of the children listed
+    (``parent_id``, ``children``, newest first; ``doc`` None when the parent itself is not listed).
+    An item sits where its newest member was."""
+    items: dict[str, dict[str, Any]] = {}
+    for doc in rows:
+        link = parent_of(doc)
+        key = link["id"] if link else str(doc.get("execution_id"))
+        item = items.setdefault(key, {"doc": None, "parent_id": key, "children": [], "by_status": {}})
+        if link is None:
+            item["doc"] = doc
+            continue
+        item["children"].append(doc)
+        status = str(doc.get("status"))
+        item["by_status"][status] = item["by_status"].get(status, 0) + 1
+    return list(items.values())
+
+
 def valid_id(execution_id: str) -> bool:
     return 0 < len(execution_id) <= MAX_ID_CHARS
 
 
 def timeline(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The history entries as the page shows them, with each step's duration."""
-    rows = []
+    """The history entries as the page shows them, with each step's duration; the run of a step
+    that a resume or message woke carries what it consumed (``consumed``: the ``resumed`` entry's
+    resume id, type and the wait or message topic it was for)."""
+    rows: list[dict[str, Any]] = []
+    woke: dict[str, Any] | None = None
     for entry in doc.get("history") or []:
         if not isinstance(entry, dict):
             continue
         started, ended = entry.get("started_at"), entry.get("ended_at")
         took = _float(ended) - _float(started) if started is not None and ended is not None else None
-        rows.append({**entry, "took_s": took})
+        row = {**entry, "took_s": took}
+        if entry.get("outcome") == "resumed":
+            woke = {k: entry.get(k) for k in ("resume_id", "resume_type", "wait_for")} | {"step": entry.get("step")}
+        elif woke is not None:
+            if woke["step"] == entry.get("step"):
+                row["consumed"] = woke
+            woke = None
+        rows.append(row)
     return rows
 
 
@@ -172,5 +203,5 @@ def _float(value: Any) -> float:
 
 __all__ = [
     "LIST_ROWS", "RESUME_TYPES", "STATUSES", "TERMINAL", "WAITING_KINDS",
-    "cancel", "listing", "pretty", "resume", "tenant_flows", "tenant_store", "timeline", "valid_id",
+    "cancel", "grouped", "listing", "pretty", "resume", "tenant_flows", "tenant_store", "timeline", "valid_id",
 ]  # fmt: skip

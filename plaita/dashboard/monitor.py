@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from plaita.dashboard import flow_figures
 from plaita.dashboard.probe import MAX_PROBED, probe, probe_address
 from plaita.store.errors import cause, is_redis_failure
+from plaita.store.executions.store import ExecutionStore
 from plaita.store.fleet_access import FleetAccess
-from plaita.store.queue_access import execution_counts_of, waiting_starts_of
+from plaita.store.queue_access import execution_counts_of, executions_of, waiting_starts_of
 from plaita.store.stats import stream_stats_or_empty
 from plaita.store.streams.queue import StreamQueue
 
@@ -113,9 +115,16 @@ class FleetMonitor:
         *,
         scrub: Callable[[str], str],
         sample_every_s: float = SAMPLE_EVERY_S,
+        figures_every_s: float = flow_figures.FIGURES_EVERY_S,
+        figures_store: ExecutionStore | None = None,
         prober: Prober = probe,
     ) -> None:
         self.queue = queue
+        self._figures_store = figures_store or executions_of(queue)
+        self._figures_every_s = figures_every_s
+        self._figures: dict[str, Any] | None = None
+        self._figures_at_s: float | None = None
+        self._figures_error: str | None = None
         self._fleet = FleetAccess.of(queue)
         self._scrub = scrub
         self._sample_every_s = sample_every_s
@@ -151,6 +160,9 @@ class FleetMonitor:
     def _sample_loop(self) -> None:
         while not self._stop.is_set():
             self._guarded(self.sample_once)
+            due = self._figures_at_s is None or time.time() - self._figures_at_s >= self._figures_every_s
+            if due and not self._in_outage.is_set():
+                self._guarded(self.sample_figures)
             self._stop.wait(self._sample_every_s)
 
     def _probe_loop(self) -> None:
@@ -205,6 +217,28 @@ class FleetMonitor:
                 raise
             return None
 
+    def sample_figures(self) -> None:
+        """Read the per-flow figures once (``flow_figures``). A Redis failure keeps the last ones and
+        says why (the fleet's own sample decides whether Redis is down); an ACL denial (rules from
+        before the executions tab) leaves them out."""
+        now_s = time.time()
+        with self._lock:
+            starts_waiting = dict(self._starts_waiting)
+        try:
+            figures: dict[str, Any] | None = flow_figures.read(self._figures_store, starts_waiting, now_s)
+        except Exception as exc:
+            if not is_redis_failure(exc):
+                raise
+            with self._lock:
+                if cause(exc) == "acl":
+                    self._figures, self._figures_error = None, None
+                else:
+                    self._figures_error = self._scrub(f"{type(exc).__name__}: {exc}")
+                self._figures_at_s = now_s
+            return
+        with self._lock:
+            self._figures, self._figures_at_s, self._figures_error = figures, now_s, None
+
     def _fail(self, now_s: float, exc: Exception) -> None:
         with self._lock:
             if self._outage is None:
@@ -246,6 +280,8 @@ class FleetMonitor:
             executions = dict(self._executions) if self._executions is not None else None
             tenants = dict(self._tenants)
             starts_waiting = {f: n for f, n in self._starts_waiting.items() if n}
+            figures = dict(self._figures) if self._figures is not None else None
+            figures_error = self._figures_error
             points = list(self.throughput.points)
             rate = self.throughput.current()
             sampled_at_s = self._sampled_at_s
@@ -266,6 +302,8 @@ class FleetMonitor:
             "executions": executions,
             "tenant_executions": tenants,
             "starts_waiting": starts_waiting,
+            "flows": figures,
+            "flows_error": figures_error,
             "throughput": {
                 "rate": rate,
                 "points": points,

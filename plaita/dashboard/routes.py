@@ -98,15 +98,20 @@ class Views:
         tenant = request.query_params.get("tenant", "").strip()[:200]
         store = self.dash.page_executions
 
-        def read() -> list[dict[str, Any]]:
-            return executions.listing(store, status, flow, waiting=waiting, tenant=tenant)
+        def read() -> tuple[list[dict[str, Any]], dict[str, int] | None]:
+            rows = executions.listing(store, status, flow, waiting=waiting, tenant=tenant)
+            # The filter's counts, read with the rows from the same tenant's index; none under a
+            # flow filter (the index counts every flow, and a count beside a filter must be its own).
+            return rows, None if flow else executions.tenant_store(store, tenant).counts()
 
         try:
-            rows, error = await _read(self.dash, read)
+            found, error = await _read(self.dash, read)
         except ActionError as exc:
-            rows, error = [], str(exc)
+            found, error = None, str(exc)
+        rows, counts = found or ([], None)
         return self.dash.render(
-            request, "executions.html", active="executions", rows=rows or [], status=status, flow=flow,
+            request, "executions.html", active="executions", rows=rows, groups=executions.grouped(rows),
+            counts=counts, child_links=executions.CHILD_LINKS, status=status, flow=flow,
             waiting=waiting, waiting_kinds=executions.WAITING_KINDS, waiting_for=lineage.waiting_for, tenant=tenant,
             statuses=executions.STATUSES, limit=executions.LIST_ROWS, page_error=error,
         )  # fmt: skip

@@ -51,9 +51,11 @@ def make_dashboard(redis_url: str) -> Iterator[MakeDashboard]:
 
 
 def sample(client: TestClient) -> dict[str, Any]:
-    """Take one sample now (what the sampler thread does every second) and return the picture."""
+    """Take one sample now (what the sampler thread does every second, and every few seconds for
+    the per-flow figures) and return the picture."""
     monitor = client.app.state.dashboard.monitor  # type: ignore[attr-defined]
     monitor.sample_once()
+    monitor.sample_figures()
     return dict(monitor.snapshot())
 
 

@@ -4,8 +4,13 @@ One scenario on a private Redis with a real worker and a real ``plaita dashboard
 the overview updates itself; freezing Redis shows the outage banner and the worker in BACKOFF
 (from its own health endpoint), thawing recovers without a reload; a click requeues a dead
 letter and the DLQ count drops; a ``<script>`` payload (or flow id) renders as text and never runs;
-a click cancels a suspended execution. The
-overview's screenshot is written to docs/img/dashboard.png (for the README) with PLAITA_UPDATE_SCREENSHOT=1.
+a click cancels a suspended execution.
+
+A second scenario runs real flows on a flow worker (``tests.dashboard.browser_flows``): the
+overview leads with each flow's figures, the Workers tab draws the lifecycle, the list groups
+children under their parent, and a child's timeline names the message it consumed. With
+``PLAITA_SCREENSHOTS=docs/img`` its pages are saved there (dashboard.png, workers.png,
+executions.png, execution.png: the pictures in the README and docs/operations.md).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import pytest
 import redis
 
+from plaita.flows.producer.client import FlowClient
 from plaita.store.keyspace import DEFAULT
 from tests.dashboard.conftest import TOKEN, dead_letter, plant
 from tests.support.ops import QUEUE, clean_env, enqueue, ops_worker, task, wait_until
@@ -31,13 +37,9 @@ from tests.support.redis_server import RedisServer
 pytestmark = [pytest.mark.redis, pytest.mark.chaos]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The committed screenshot is refreshed only on request (PLAITA_UPDATE_SCREENSHOT=1), so a test
-#: run leaves the checkout clean; otherwise the picture goes to a temp file and is still taken.
-SCREENSHOT = (
-    ROOT / "docs" / "img" / "dashboard.png"
-    if os.environ.get("PLAITA_UPDATE_SCREENSHOT") == "1"
-    else Path(tempfile.gettempdir()) / "plaita-dashboard-test.png"
-)
+#: The committed screenshots are refreshed only on request (PLAITA_SCREENSHOTS=docs/img), so a
+#: test run leaves the checkout clean; otherwise the pictures go to a temp directory, still taken.
+SCREENSHOTS = ROOT / os.environ["PLAITA_SCREENSHOTS"] if os.environ.get("PLAITA_SCREENSHOTS") else None
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -125,13 +127,12 @@ def test_overview_outage_recovery_requeue_and_escaping_in_a_real_browser(
         # Overview: the worker, on its state, updating without a reload.
         page.goto(dashboard_url + "/")
         expect(_state_cell(page, w.instance_id)).to_have_text("READING")
-        expect(page.locator('g[data-state="READING"]')).to_have_attribute("data-count", "1")
         expect(page.locator("#dlq-length")).to_have_text("2")
         wait_until(lambda: page.locator("svg.throughput polyline").count() > 0, 15, "a throughput line", 0.2)
         # The screenshot mid-burst: the queue draining, a few seconds of throughput drawn.
         wait_until(lambda: len(w.done_ids()) >= BURST * 2 // 3, 30, "two thirds of the burst done")
         page.wait_for_function("document.getElementById('live').dataset.updated > 0")
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        page.screenshot(path=str(Path(tempfile.gettempdir()) / "plaita-dashboard-burst.png"), full_page=True)
 
         # Outage: banner and BACKOFF (the worker's own word), then recovery, all without a reload.
         private_redis.freeze()
@@ -170,3 +171,82 @@ def test_overview_outage_recovery_requeue_and_escaping_in_a_real_browser(
         assert dialogs == [], "no script from Redis data ran"
         assert page.evaluate("window.__pwned === undefined")
     client.close()
+
+
+def _shot(page: Any, name: str, tmp_path: Path) -> None:
+    page.screenshot(path=str((SCREENSHOTS or tmp_path) / name), full_page=True)
+
+
+def _completed(page: Any, url: str) -> None:
+    """Load ``url`` until its execution shows ``completed`` (the page is not live: reloads)."""
+
+    def shows() -> bool:
+        page.goto(url)
+        return bool(page.locator("#execution-status").text_content() == "completed")
+
+    wait_until(shows, 30, f"{url} completed", 0.5)
+
+
+def _figure(page: Any, flow_id: str, figure: str) -> Any:
+    return page.locator(f'#flow-figures tr[data-flow="{flow_id}"] td[data-figure="{figure}"]')
+
+
+def test_the_flow_overview_workers_tab_children_and_timeline_in_a_real_browser(
+    browser_page: Any, dashboard_url: str, private_redis: RedisServer, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    flags = ("--flows", "tests.dashboard.browser_flows", "--concurrency", "8")
+    with (
+        ops_worker(private_redis.url, tmp_path, *flags, name="fw") as w,
+        FlowClient.from_url(private_redis.url, queue_name=QUEUE) as flows,
+    ):
+        for n in range(12):
+            flows.start("checkout", {"hold_s": 0.05 * (n % 4 + 1)})
+        for _ in range(2):
+            flows.start("checkout", {"declined": True})
+        approvals = [flows.start("approval", {}) for _ in range(2)]
+        flows.start("reminder", {})
+        parent = flows.start("fanout", {"n": 3})
+        for _ in range(3):
+            flows.start("export", {"hold_s": 20})
+
+        # The overview leads with the flows: what each does now and did in the last minute.
+        page.goto(dashboard_url + "/")
+        expect(_figure(page, "checkout", "completed")).to_have_text("12")
+        expect(_figure(page, "checkout", "failed")).to_have_text("2")
+        expect(_figure(page, "approval", "waiting-resume")).to_have_text("2")
+        expect(_figure(page, "reminder", "waiting-sleep")).to_have_text("1")
+        expect(_figure(page, "fanout", "waiting-children")).to_have_text("1")
+        expect(_figure(page, "leaf", "waiting-resume")).to_have_text("3")
+        expect(_figure(page, "export", "running")).to_have_text("1")
+        expect(_figure(page, "export", "waiting-slot")).to_have_text("2")
+        expect(_figure(page, "checkout", "p95")).to_contain_text(" ms")
+        expect(_state_cell(page, w.instance_id)).to_have_text("READING")
+        assert page.locator("svg.lifecycle").count() == 0, "the lifecycle diagram is on the Workers tab"
+        _shot(page, "dashboard.png", tmp_path)
+
+        # The Workers tab: the worker on the lifecycle diagram.
+        page.click('header nav a[href="/workers"]')
+        expect(page.locator('g[data-state="READING"]')).to_have_attribute("data-count", "1")
+        _shot(page, "workers.png", tmp_path)
+
+        # The list: the three children under their parent, not rows of their own.
+        page.goto(dashboard_url + "/executions")
+        group = page.locator(f'tr[data-children-of="{parent}"]')
+        expect(group).to_contain_text("3 child execution(s)")
+        expect(page.locator(f'tr[data-execution^="{parent}"]')).to_have_count(1)
+        group.locator("summary").click()
+        child = group.locator("a[data-child]").first.get_attribute("data-child")
+        assert child and child.startswith(parent)
+        _shot(page, "executions.png", tmp_path)
+
+        # A message to a child and a resume of an approval: each step's run names what it consumed.
+        flows.send(child, "go", {"ok": True}, idempotency_key="k1")
+        flows.resume(approvals[0], "event", {"by": "ann"}, resume_id="approve-ann", wait_for="approve")
+        _completed(page, dashboard_url + "/executions/" + approvals[0])
+        expect(page.locator('#timeline [data-consumed="approve-ann"]')).to_contain_text("for approve")
+        _shot(page, "execution.png", tmp_path)
+        _completed(page, dashboard_url + "/executions/" + child)
+        expect(page.locator('#timeline [data-consumed="msg:go:k1"]')).to_contain_text("for go")

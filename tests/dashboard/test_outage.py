@@ -88,7 +88,7 @@ class TestOutage:
 
                 def recovered() -> bool:  # a sample taken before the registration shows no worker yet
                     fragment = dash.get("/fragment/overview").text
-                    return 'id="outage"' not in fragment and 'data-state="READING" data-count="1"' in fragment
+                    return 'id="outage"' not in fragment and 'data-instance="w-back"' in fragment
 
                 wait_until(recovered, 10, "the registered worker on the recovered overview", 0.05)
 

@@ -17,7 +17,7 @@ XSS = "<script>alert(1)</script>"
 
 
 class TestReadPages:
-    def test_overview_shows_workers_queue_and_each_worker_on_the_diagram(
+    def test_overview_shows_workers_and_queue_and_the_workers_tab_each_worker_on_the_diagram(
         self, make_dashboard: MakeDashboard, rclient: redis.Redis
     ) -> None:
         register(rclient, "w-reading")
@@ -31,8 +31,11 @@ class TestReadPages:
         page = dash.get("/")
         assert page.status_code == 200
         html = page.text
-        assert 'data-state="READING" data-count="1"' in html and 'data-state="BACKOFF" data-count="1"' in html
-        assert 'data-state="PAUSED" data-count="0"' in html
+        assert html.index('id="flows"') < html.index('id="queue"'), "the overview leads with the flows"
+        assert "data-state=" not in html, "the lifecycle diagram lives on the Workers tab"
+        workers = dash.get("/workers").text
+        assert 'data-state="READING" data-count="1"' in workers and 'data-state="BACKOFF" data-count="1"' in workers
+        assert 'data-state="PAUSED" data-count="0"' in workers
         assert re.search(r'id="stat-length">3<', html) and re.search(r'id="stat-lag">3<', html)
         assert re.search(r'id="dlq-length">1<', html)
         row = html.split('data-instance="w-backoff"')[1].split("</tr>")[0]
@@ -47,7 +50,7 @@ class TestReadPages:
         dash = make_dashboard(allow_actions=False)
         sample(dash)
         fragment = dash.get("/fragment/overview").text
-        assert "<html" not in fragment and 'data-state="PAUSED" data-count="1"' in fragment
+        assert "<html" not in fragment and 'data-instance="w1"' in fragment and "PAUSED" in fragment
         data = dash.get("/api/overview").json()
         assert data["redis"]["ok"] is True and data["by_state"] == {"PAUSED": ["w1"]}
         assert data["workers"][0]["state"] == "PAUSED" and data["stats"]["dlq_length"] == 0
