@@ -21,14 +21,17 @@ import time
 from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
 
 from plaita.store.keyspace import Keyspace, key_id
-from plaita.store.scripts import script
+from plaita.store.scripts import execute, script
 from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import encode_body
 
 #: Due tasks moved onto a stream per script call (a bounded call however many fell due at once).
 PROMOTE_BATCH = 100
+#: Passes of one ``promote_due`` call: at most this many batches per partition move per call.
+PROMOTE_PASSES = 10
 #: The ``schema_version`` of a due task's entry.
 DUE_SCHEMA_VERSION = 1
 
@@ -76,21 +79,29 @@ class TaskStore:
         """Put ``body`` on the stream once ``delay_s`` has passed (``promote_due`` moves it). The
         body must differ from every other waiting one (its task id and attempt number do)."""
         text = encode_body(body)
-        p = self.keyspace.partition_of(text)
+        eid = body.get("execution_id")  # where a worker expects it (else it would be misrouted)
+        p = self.keyspace.partition_of(eid if isinstance(eid, str) and eid else text)
         due_ms = int((time.time() + max(0.0, delay_s)) * 1000)
         self.client.zadd(self.due_key(p), {text: due_ms})
 
     def promote_due(self) -> int:
-        """Move every due task onto its stream; how many were moved."""
+        """Move every due task onto its stream; how many were moved. One pipeline a pass over
+        every partition (grouped by node on a cluster); a partition that had a full batch due is
+        passed over again, at most ``PROMOTE_PASSES`` times (the rest waits for the next call)."""
         now_ms = int(time.time() * 1000)
-        moved = 0
-        for p in range(self.keyspace.partitions):
-            keys = [self.due_key(p), self.keyspace.stream(p)]
-            while True:  # bounded: each pass removes what it moves, and only due ones
-                n = int(self._promote(self.client, keys, [now_ms, PROMOTE_BATCH, DUE_SCHEMA_VERSION]))
-                moved += n
-                if n < PROMOTE_BATCH:
-                    break
+        moved, pending = 0, list(range(self.keyspace.partitions))
+        for _ in range(PROMOTE_PASSES):
+            if not pending:
+                break
+
+            def build(pipe: Pipeline, parts: list[int] = pending) -> None:
+                for p in parts:
+                    keys = [self.due_key(p), self.keyspace.stream(p)]
+                    self._promote.queue(pipe, keys, [now_ms, PROMOTE_BATCH, DUE_SCHEMA_VERSION])
+
+            counts = [int(n) for n in execute(self.client, build, [self._promote], transaction=False)]
+            moved += sum(counts)
+            pending = [p for p, n in zip(pending, counts, strict=True) if n >= PROMOTE_BATCH]
         return moved
 
     def waiting(self) -> int:
