@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 PROMOTE_INTERVAL_S = 0.2
 #: How long ``close`` waits for the promoter thread (its pass is one short script per partition).
 PROMOTER_JOIN_S = 2.0
+#: Longest list of task names the worker registry shows.
+FLEET_NAMES_CHARS = 120
 #: Longest error message kept in a result or a DLQ reason.
 ERROR_CHARS = 500
 
@@ -178,5 +180,8 @@ class TaskRunner:
             failing = False
 
     def fleet_entry(self) -> dict[str, Any]:
-        """What the registry shows this worker runs."""
-        return {"handler": f"tasks:{','.join(self.registry.names())}"}
+        """What the registry shows this worker runs: ``tasks:`` and its task names (cut short)."""
+        names = ",".join(self.registry.names())
+        if len(names) > FLEET_NAMES_CHARS:
+            names = f"{names[:FLEET_NAMES_CHARS]}... ({len(self.registry)} tasks)"
+        return {"handler": f"tasks:{names}"}

@@ -90,6 +90,8 @@ def test_a_task_enqueued_by_name_or_function_runs_and_keeps_its_result(worker: A
     assert by_function == "mine"
     assert client.result(by_name, timeout_s=WAIT_S) == 5
     assert client.result("mine", timeout_s=WAIT_S) == 6
+    runs = worker.worker.runs["handler"]  # what `plaita workers` shows
+    assert runs.startswith("tasks:") and "add" in runs.split(":", 1)[1].split(",")
 
 
 def test_a_body_whose_type_is_a_task_name_runs_it_with_the_body_as_kwargs(

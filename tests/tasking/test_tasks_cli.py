@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from plaita import start_worker
+from plaita.cli.dev import tasks_flags
 from plaita.cli.main import main
 from plaita.ops.service import WorkerService
 from tests.tasking.test_named_tasks import MODULE, QUEUE, WAIT_S, _settings
@@ -54,3 +55,8 @@ def test_failed_unknown_and_bad_arguments_say_so(
     assert code == 1 and err.startswith("plaita tasks: no record of task 'nobody'")
     code, _, err = _run(capsys, redis_url, "enqueue", "add", "--args", '{"a": 1}')
     assert code == 2 and "--args must be a JSON array" in err
+
+
+def test_plaita_dev_tasks_runs_a_handler_or_a_modules_named_tasks() -> None:
+    assert tasks_flags("myapp.handlers:handle") == ["--handler", "myapp.handlers:handle"]
+    assert tasks_flags("myapp.jobs") == ["--tasks", "myapp.jobs"]
