@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 PROMOTE_INTERVAL_S = 0.2
 #: How long ``close`` waits for the promoter thread (its pass is one short script per partition).
 PROMOTER_JOIN_S = 2.0
+#: How long the error of a body refused before its task was known (an unknown name) is kept.
+REFUSED_RESULT_TTL_S = 3600.0
 #: Longest list of task names the worker registry shows.
 FLEET_NAMES_CHARS = 120
 #: Longest error message kept in a result or a DLQ reason.
@@ -94,11 +96,15 @@ class TaskRunner:
         self._promoter: threading.Thread | None = None
 
     def __call__(self, task: Task) -> None:
-        call = parse_call(task.body, task.message_id)
-        definition = self.registry.get(call.name)
-        if definition is None:
-            known = ", ".join(self.registry.names())
-            raise BadTaskError(f"no task named {short_repr(call.name)} in this worker's registry (it has: {known})")
+        try:
+            call = parse_call(task.body, task.message_id)
+            definition = self.registry.get(call.name)
+            if definition is None:
+                known = ", ".join(self.registry.names())
+                raise BadTaskError(f"no task named {short_repr(call.name)} in this worker's registry (it has: {known})")
+        except BadTaskError as exc:
+            self._refused(task, exc)
+            raise
         try:
             value = self._run(definition, call, task)
         except BadTaskError as exc:  # the task says its input is bad: no retry
@@ -108,6 +114,13 @@ class TaskRunner:
             self._failed(definition, call, task, exc)
             return
         self._succeeded(definition, call, value)
+
+    def _refused(self, task: Task, exc: BadTaskError) -> None:
+        """A body this worker cannot run: its producer's ``result`` says why (not a 7-day wait)."""
+        task_id = task.body.get("task_id")
+        if isinstance(task_id, str) and task_id:
+            doc = {"state": "error", "error_type": "BadTaskError", "message": exc.reason[:ERROR_CHARS]}
+            self.store.put_result(task_id, doc, REFUSED_RESULT_TTL_S)
 
     def _run(self, definition: TaskDef, call: TaskCall, task: Task) -> Any:
         if self.pool is not None:

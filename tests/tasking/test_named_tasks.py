@@ -113,8 +113,10 @@ def _result_or_none(client: TaskClient, task_id: str) -> Any:
 
 
 def test_an_unknown_task_name_goes_to_the_dlq_saying_so(worker: Any, client: TaskClient, redis_url: str) -> None:
-    client.enqueue("no_such_task", [1])
+    unknown = client.enqueue("no_such_task", [1])
     client.queue.enqueue({"type": "no_such_type", "x": 1})
+    with pytest.raises(TaskFailed, match="BadTaskError: no task named 'no_such_task'"):
+        client.result(unknown, timeout_s=WAIT_S)  # its producer hears why at once
     dead = _poll(lambda: len(_dead_letters(redis_url)) == 2 and _dead_letters(redis_url), "two dead letters")
     reasons = sorted(d["reason"] for d in dead)
     assert reasons[0].startswith("no task named 'no_such_task' in this worker's registry (it has: add, ")
