@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     )
     from plaita.flows.producer.client import DuplicateStart, ExecutionNotFound, FlowClient, WaitTimeout
     from plaita.ops.service import WorkerService, build_worker, run_worker, start_worker
+    from plaita.tasking import TaskFailed, TaskRegistry, TaskResultTimeout, UnknownTaskResult
+    from plaita.tasking.client import TaskClient, enqueue
     from plaita.tasks import Task
 
 #: Public name -> the module it is loaded from on first use.
@@ -81,6 +83,8 @@ _LAZY: dict[str, str] = {
         ("DuplicateStart", "ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.producer.client"
     ),
     **dict.fromkeys(("WorkerService", "build_worker", "run_worker", "start_worker"), "plaita.ops.service"),
+    **dict.fromkeys(("TaskFailed", "TaskRegistry", "TaskResultTimeout", "UnknownTaskResult"), "plaita.tasking"),
+    **dict.fromkeys(("TaskClient", "enqueue"), "plaita.tasking.client"),
 }
 
 __all__ = [
@@ -107,11 +111,17 @@ __all__ = [
     "StepTimeLimit",
     "Suspend",
     "Task",
+    "TaskClient",
+    "TaskFailed",
+    "TaskRegistry",
+    "TaskResultTimeout",
     "TlsFiles",
+    "UnknownTaskResult",
     "WaitTimeout",
     "WorkerService",
     "__version__",
     "build_worker",
+    "enqueue",
     "load_flows",
     "run_worker",
     "start_worker",

@@ -138,15 +138,20 @@ def tenant_ns(tenant_id: Any) -> str:
     return f"{DEFAULT_NS}:{tenant_id}"
 
 
-def validate_body(body: Any) -> dict[str, Any]:
-    """Return ``body`` if it is a runnable task body, else raise BadTaskError with the reason."""
+def validate_body(body: Any, *, named: bool = False) -> dict[str, Any]:
+    """Return ``body`` if it is a runnable task body, else raise BadTaskError with the reason.
+
+    ``named``: the worker runs named tasks (``--tasks``), so any non-empty string ``type`` is a
+    task's name (or ``task``, naming it in ``task``); whether this worker knows it is the named-task
+    runner's decision. A ``start`` or ``resume`` body is checked as for every worker either way.
+    """
     if not isinstance(body, dict):
         raise BadTaskError(f"payload is not a JSON object (got {type(body).__name__})")
     task_type = body.get("type")
     if task_type is None:
         raise BadTaskError("payload has no 'type' field (expected 'start' or 'resume')")
     # A str check first: an unhashable type (a list, an object) would make ``in`` raise TypeError.
-    if not isinstance(task_type, str) or task_type not in TASK_TYPES:
+    if not isinstance(task_type, str) or not (task_type in TASK_TYPES or (named and task_type)):
         raise BadTaskError(f"unknown task type {short_repr(task_type)} (expected 'start' or 'resume')")
     execution_id = body.get("execution_id")
     if execution_id is not None and not (isinstance(execution_id, str) and execution_id):
@@ -186,12 +191,13 @@ def parse_entry(
     *,
     max_payload_bytes: int,
     problems: Sequence[str] = (),
+    named: bool = False,
 ) -> Task:
     """Turn a raw stream entry into a Task, or raise BadTaskError saying why it is not one.
 
     Nothing but BadTaskError escapes, whatever the entry holds: one hostile entry must end in
     the DLQ, never stop the worker. ``problems`` are the findings of ``decode_fields``; any
-    of them makes the entry bad.
+    of them makes the entry bad. ``named``: as in ``validate_body``.
     """
     if problems:
         raise BadTaskError(f"malformed entry: {'; '.join(problems)}")
@@ -205,7 +211,7 @@ def parse_entry(
     if version > TASK_SCHEMA_VERSION:
         raise BadTaskError(f"unsupported schema_version={version} (this build understands <= {TASK_SCHEMA_VERSION})")
     body = _decode_payload(raw)
-    return Task(message_id, validate_body(body), delivery_count)
+    return Task(message_id, validate_body(body, named=named), delivery_count)
 
 
 def _decode_payload(raw: bytes | str) -> Any:

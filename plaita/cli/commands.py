@@ -30,7 +30,7 @@ def run_worker(args: argparse.Namespace) -> int:
     # triggered it): at 700 allocations, one every ~100 no-op tasks cost ~4 % of their CPU.
     # Cycles are rare here (refcounting frees the rest), so ten times fewer collections lose nothing.
     gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
-    return run(settings, handler=args.handler, flows=args.flows or (), keeper=args.keeper)
+    return run(settings, handler=args.handler, flows=args.flows or (), keeper=args.keeper, tasks=args.tasks)
 
 
 def run_enqueue(args: argparse.Namespace) -> int:

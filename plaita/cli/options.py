@@ -438,6 +438,12 @@ def add_worker_options(p: argparse.ArgumentParser, env: Mapping[str, str]) -> No
     p.add_argument("--no-registry", action="store_true", help="no registry heartbeat and no remote control listener")
     p.add_argument("--flows", action="append", metavar="MODULE", help="run the flows of MODULE (repeatable)")
     p.add_argument("--keeper", action="store_true", help="also run a keeper in this worker (needs --flows)")
+    p.add_argument(
+        "--tasks",
+        metavar="MODULE",
+        help="run the named tasks of MODULE's plaita.TaskRegistry (bodies routed by task name; alone: "
+        "not with --handler or --flows)",
+    )
     add_alert_options(p, env)
 
 

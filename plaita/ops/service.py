@@ -38,6 +38,9 @@ from plaita.store.client import Client, make_client
 from plaita.store.executions.schedule_records import ScheduleRecords
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.streams.partitioned import keyspace_of, open_queue
+from plaita.store.task_store import TaskStore
+from plaita.tasking import TaskRegistry, load_task_registry
+from plaita.tasking.runner import TaskRunner
 
 if TYPE_CHECKING:
     from plaita.runtime.pool import Handler
@@ -53,8 +56,14 @@ JOIN_TICK_S = 0.5
 
 #: A default handler would silently consume (and ack) whatever the queue carries.
 NO_HANDLER = (
-    "plaita worker needs --handler MODULE:CALLABLE or --flows MODULE (e.g. --handler "
+    "plaita worker needs --handler MODULE:CALLABLE, --flows MODULE or --tasks MODULE (e.g. --handler "
     "plaita.runtime.handlers:echo to log and ack every task)"
+)
+
+#: A named-task worker routes every body by its task name: a handler or flows beside it would never run.
+TASKS_ALONE = (
+    "--tasks cannot be combined with --handler, --flows or --keeper: a named-task worker runs every task of its "
+    "queue by name; run the others in a worker of their own queue"
 )
 
 #: A flow worker runs every task as a flow task: a handler beside it would never be called.
@@ -77,8 +86,11 @@ class WorkerService:
         runner: FlowRunner | None = None,
         runner_redis: Client | None = None,
         pool: ProcessPool | None = None,
+        tasks: TaskRunner | None = None,
     ) -> None:
         self.worker = worker
+        #: ``--tasks``: the named-task runner, whose retry promoter runs while the worker does.
+        self.tasks = tasks
         self.ops = ops
         self.keeper = keeper
         self.runner = runner
@@ -161,11 +173,15 @@ class WorkerService:
             if self.pool is not None:
                 self.pool.start()
                 logger.info("step pool: %d child processes (%s)", self.pool.size, self.pool.method)
+            if self.tasks is not None:
+                self.tasks.start()
             self.worker.run()
         except Exception:  # a bug, not a Redis failure: say so loudly, still exit cleanly
             logger.critical("worker loop crashed (a plaita bug; please report it)", exc_info=True)
         finally:
             self._stop_keeper(keeper_thread)
+            if self.tasks is not None:
+                self.tasks.close()  # before the client it promotes with is closed
             if self.pool is not None:
                 self.pool.close()  # after the drain: no step of this worker runs any more
             if self.runner is not None:
@@ -191,14 +207,20 @@ def build_worker(
     handler: Handler | str | None = None,
     flows: Sequence[str | Flow] = (),
     keeper: bool = False,
+    tasks: str | TaskRegistry | None = None,
 ) -> WorkerService:
     """A worker wired and ready to run, not yet running. ``handler``: a callable taking a
     ``Task`` (sync or ``async def``) or ``"MODULE:CALLABLE"``; ``flows``: module names and/or
     ``Flow`` objects (then the handler is a ``FlowRunner``); ``keeper``: also run a keeper in
-    this worker (needs ``flows``). ConfigError for anything wrong (nothing is left running)."""
+    this worker (needs ``flows``); ``tasks``: a ``TaskRegistry`` or the module holding one (named
+    tasks, alone). ConfigError for anything wrong (nothing is left running)."""
     settings = settings if settings is not None else Settings()
     flows = [flows] if isinstance(flows, str) else flows  # one module name, not its letters
     check_status_file(settings.status_file)
+    if tasks is not None and (handler is not None or flows or keeper):
+        raise ConfigError(TASKS_ALONE)
+    if tasks is not None:
+        return _tasks_service(settings, tasks)
     if handler is not None and (flows or keeper):
         raise ConfigError(HANDLER_AND_FLOWS)
     if flows or keeper:
@@ -222,11 +244,12 @@ def run_worker(
     flows: Sequence[str | Flow] = (),
     keeper: bool = False,
     signals: bool = True,
+    tasks: str | TaskRegistry | None = None,
 ) -> int:
     """Build the worker (see ``build_worker``) and run it until stopped; returns 0."""
     if signals:
         _require_main_thread()  # before building: a refused run leaves nothing behind
-    return build_worker(settings, handler=handler, flows=flows, keeper=keeper).run(signals=signals)
+    return build_worker(settings, handler=handler, flows=flows, keeper=keeper, tasks=tasks).run(signals=signals)
 
 
 def start_worker(
@@ -235,9 +258,10 @@ def start_worker(
     handler: Handler | str | None = None,
     flows: Sequence[str | Flow] = (),
     keeper: bool = False,
+    tasks: str | TaskRegistry | None = None,
 ) -> WorkerService:
     """Build the worker and run it on threads of its own; returns its running ``WorkerService``."""
-    return build_worker(settings, handler=handler, flows=flows, keeper=keeper).start()
+    return build_worker(settings, handler=handler, flows=flows, keeper=keeper, tasks=tasks).start()
 
 
 def check_status_file(path: str | None) -> None:
@@ -287,6 +311,33 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
     ops.periodic.append(ScheduleRecorder(registry, ScheduleRecords(client, keyspace_of(settings).queue)).refresh)
     keeper_ = _keeper(settings, registry, ops) if keeper else None
     return WorkerService(worker, ops, keeper=keeper_, runner=runner, runner_redis=client, pool=pool)
+
+
+def _tasks_service(settings: Settings, tasks: str | TaskRegistry) -> WorkerService:
+    """A TaskRunner over the registry's named tasks, on a client of its own (its results and
+    retries), with the retry promoter running while the worker runs."""
+    registry = load_task_registry(tasks) if isinstance(tasks, str) else tasks
+    if not isinstance(registry, TaskRegistry) or not len(registry):
+        raise ConfigError("tasks: give a module name or a TaskRegistry with at least one task")
+    pool = None
+    if settings.pool == "process":
+        functions = {f"task {d.name}": d.fn for d in registry}
+        _check_importable(functions)
+        pool = process_pool(settings, [getattr(fn, "__module__", None) or "" for fn in functions.values()])
+    name = f"plaita:{settings.consumer_name}:tasks".replace(" ", "_")
+    client = make_client(
+        settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
+    )
+    runner = TaskRunner(
+        registry, TaskStore(client, keyspace_of(settings)), pool=pool, time_limit_s=settings.step_time_limit_s
+    )
+    try:
+        worker = Worker(settings, runner)
+        ops = _attach(worker)
+    except BaseException:
+        _close_quietly(client)
+        raise
+    return WorkerService(worker, ops, runner_redis=client, pool=pool, tasks=runner)
 
 
 def process_pool(settings: Settings, modules: Sequence[str]) -> ProcessPool:

@@ -61,8 +61,11 @@ class Intake:
         settler: Settler,
         leases: LeaseManager,
         counters: Counters,
+        named: bool = False,
     ) -> None:
         self.settings = settings
+        #: The handler runs named tasks: a body's ``type`` may be any task name (``validate_body``).
+        self.named = named
         self.inflight = inflight
         self.pool = pool
         self.settler = settler
@@ -283,6 +286,7 @@ class Intake:
             entry.delivery_count,
             max_payload_bytes=self.settings.max_payload_bytes,
             problems=entry.problems,
+            named=self.named,
         )
 
     def _parse(self, entry: Entry, running: set[str]) -> Task | None:

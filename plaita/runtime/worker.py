@@ -164,6 +164,7 @@ class Worker:
             settler=self.settler,
             leases=owner_leases,
             counters=self.counters,
+            named=getattr(handler, "named_tasks", False) is True,
         )
         self.phases = ConsumePhases(
             settings,

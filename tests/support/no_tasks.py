@@ -1,0 +1,3 @@
+"""A module without a TaskRegistry (``plaita worker --tasks`` must refuse it)."""
+
+VALUE = 1
