@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from plaita.store.calls import ScriptCall, batchable, run_calls
-from plaita.store.executions.batch import CallBatcher
+from plaita.store.executions.execution_io import CallBatcher
 from plaita.store.executions.store import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.leases import Lease, LeaseManager
 
