@@ -7,9 +7,9 @@ Built once per runner mode, and that choice fixes how every call travels:
 - ``here=False`` (``await runner.run_async(task)`` on the worker's event loop): a script call
   (create, checkpoint) goes to a ``CallBatcher`` (below: the loop's own connection,
   ``plaita.store.executions.loop_calls``, or one thread pipelining the calls of every
-  execution), or, on a cluster client whose pipeline would split them by slot, to an offload thread of its own; any other call
-  (reads, enqueues, a blocking helper of the runner) goes to an offload thread
-  (``asyncio.to_thread``), so the loop is never blocked.
+  execution), or, on a cluster client whose pipeline would split them by slot, to an offload
+  thread of its own; any other call (reads, enqueues, a blocking helper of the runner) goes to
+  an offload thread (``asyncio.to_thread``), so the loop is never blocked.
 
 Every call is addressed by the task it serves: ``ExecutionStore.of(task)`` picks its tenant.
 
