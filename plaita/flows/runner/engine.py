@@ -26,6 +26,7 @@ from plaita.config import DEFAULT_LEASE_TTL_S, DEFAULT_VERSION_WAIT_S
 from plaita.errors import ConfigError, NotForThisWorker
 from plaita.flows.io import ExecutionIO
 from plaita.flows.model import bodies as model
+from plaita.flows.model.bodies import TRACEPARENT
 from plaita.flows.model.definition import Flow, FlowRegistry
 from plaita.flows.retention import index_keep_s
 from plaita.flows.runner.admit import Admission, Run
@@ -156,7 +157,7 @@ class FlowRunner:
             if task.body.get("type") != "start":
                 continue
             flow = self.flows.get(task.body.get("flow_id"))
-            if flow is not None and not self._limits.limited(flow, start=True):
+            if flow is not None and not flow.limited(start=True):
                 self._admission.create_ahead(self._io_loop, task, flow)
 
     def add_observer(self, observer: ExecutionObserver) -> None:
@@ -207,7 +208,9 @@ class FlowRunner:
             await self._children.redelivered(io, task)
             return None
         run.on_loop = on_loop
-        run.trace, run.execution = trace, joined(trace, run.execution, run.flow.flow_id, task.body)
+        run.trace = trace
+        if trace is not None or TRACEPARENT in task.body:  # else joined changes nothing: not called
+            run.execution = joined(trace, run.execution, run.flow.flow_id, task.body)
         flow_id = run.flow.flow_id
         if run.created:
             self._tell("execution_event", flow_id, "started")
@@ -230,7 +233,7 @@ class FlowRunner:
         parked until a slot is free (its task ends here, counted ``parked``). Over a start rate, or
         a resume over the limit, the task goes back to the queue (NotForThisWorker, counted
         ``throttled``)."""
-        if not self._limits.limited(flow, start=start):
+        if not flow.limited(start=start):
             return True
         try:
             entered = await self._limits.passed(io, flow, task, start=start)

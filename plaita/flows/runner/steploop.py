@@ -319,7 +319,8 @@ class StepLoop:
             staged, deadline_s = None, None
         if written.status == "suspended" and deadline_s is None:  # still waiting (a resume kept): its deadline stays
             deadline_s = (written.suspension or {}).get("deadline")
-        inbox.left_over(written)
+        if written.inbox:  # resumes kept: logged if no wait can take them now
+            inbox.left_over(written)
         if written.status == "suspended" and written.deadline_at is not None:
             # The keeper finds a suspension past the whole execution's deadline by the same index.
             deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
