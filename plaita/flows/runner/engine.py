@@ -99,7 +99,7 @@ class FlowRunner:
             on_child=self._children.noted,
         )
         keep_s = index_keep_s(self.flows, retention_s)  # the longest retention of the flows run here
-        self._checkpoints = Checkpointer(retention_s=retention_s, index_keep_s=keep_s)
+        self._checkpoints = Checkpointer(retention_s=retention_s, index_keep_s=keep_s, max_state_bytes=max_state_bytes)
         #: Mixed fleets: who else runs which flows (set ``handover.group`` to the worker's group).
         self.handover = self._admission.handover
         #: Flow limits (``max_concurrent``, start rates); slots live as long as leases.
@@ -109,7 +109,6 @@ class FlowRunner:
             watch=self._watch,
             checkpoints=self._checkpoints,
             children=self._children,
-            max_state_bytes=max_state_bytes,
             rng=self._rng,
             clock=clock,
             tell=self._tell,

@@ -32,7 +32,7 @@ from plaita.flows.model.execution import Execution
 from plaita.flows.model.failures import describe_exception, error_doc, error_from_exception
 from plaita.flows.model.validate import StepOutputError
 from plaita.flows.runner.admit import Run
-from plaita.flows.runner.checkpoint import CancelledMeanwhile, Checkpointer, sealed
+from plaita.flows.runner.checkpoint import CancelledMeanwhile, Checkpointer
 from plaita.flows.runner.children import Children, needs_ending
 from plaita.flows.runner.events import publisher
 from plaita.flows.runner.invoke import Attempt
@@ -64,13 +64,11 @@ class StepLoop:
         watch: CancelWatch,
         checkpoints: Checkpointer,
         children: Children,
-        max_state_bytes: int,
         rng: random.Random,
         clock: Callable[[], float],
         tell: Callable[..., None],
     ) -> None:
         self.steps, self._watch, self._checkpoints, self._children = steps, watch, checkpoints, children
-        self.max_state_bytes = max_state_bytes
         self._rng, self._clock, self._tell = rng, clock, tell
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
@@ -305,35 +303,23 @@ class StepLoop:
         deadline_s: float | None = None,
     ) -> None:
         """Checkpoint ``execution`` (or the ``error`` one replacing it when it cannot be written:
-        ``sealed``) and make it the run's; then tell the observers and, if it ended, the hooks.
+        ``Checkpointer.put``) and make it the run's; then tell the observers and, if it ended, the hooks.
         A ``completed`` one past its deadline, or refused by the script because a cancel came
         during the last step, is discarded (result and staged writes): ``cancelled`` instead."""
         name = step.name if step is not None else None
         now_s = self._clock()
         if execution.status == "completed" and execution.past_deadline(now_s):
             execution, staged, deadline_s = run.execution.cancelled(now_s), None, None
-        wanted = execution.stamped(now_s)
-        written, text = sealed(wanted, self.max_state_bytes, name, output=output)
-        if written.status != wanted.status:  # replaced: none of the step's writes, no deadline
-            logger.error("execution %s: %s", run.task.execution_id, (written.error or {}).get("message"))
-            staged, deadline_s = None, None
-        if written.status == "suspended" and deadline_s is None:  # still waiting (a resume kept): its deadline stays
-            deadline_s = (written.suspension or {}).get("deadline")
-        if written.inbox:  # resumes kept: logged if no wait can take them now
-            inbox.left_over(written)
-        if written.status == "suspended" and written.deadline_at is not None:
-            # The keeper finds a suspension past the whole execution's deadline by the same index.
-            deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
         try:
-            cancel = await self._checkpoints.write(
+            written, cancel = await self._checkpoints.put(
                 run.io,
                 run.task,
-                text,
-                status=written.status,
-                now_s=written.updated_at,
+                execution,
+                now_s=now_s,
+                step=name,
+                output=output,
                 staged=staged or (),
                 deadline_s=deadline_s,
-                step=name,
                 retention_s=run.flow.retention_s,
             )
         except CancelledMeanwhile:  # nothing was written; ``cancelled`` is never refused

@@ -55,6 +55,11 @@ class StoreIO:
         self._batcher = CallBatcher() if not here and batchable(store.client) else None
         self._limits: FlowLimitStore | None = None
 
+    def _of(self, task: Task) -> ExecutionStore:
+        """The store of ``task``'s tenant (``ExecutionStore.of``); the default tenant's without a
+        call into it: a call's way down to the store is then the call itself."""
+        return self._store.for_tenant(task.tenant_id) if task.tenant_id else self._store
+
     # -- how calls travel: decided once, here ---------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._here:
@@ -84,20 +89,20 @@ class StoreIO:
         return self._store.ks.slot_tag(execution_id)
 
     def tenant(self, task: Task) -> str | None:
-        return self._store.of(task).ks.tenant
+        return self._of(task).ks.tenant
 
     def execution_key(self, task: Task) -> str:
-        return self._store.of(task).ks.execution_key(task.execution_id)
+        return self._of(task).ks.execution_key(task.execution_id)
 
     # -- the task's own execution ---------------------------------------------------------
     async def load(self, task: Task) -> tuple[dict[str, Any] | None, bool]:
-        return await self._call(self._store.of(task).load, task.execution_id)
+        return await self._call(self._of(task).load, task.execution_id)
 
     def parse(self, task: Task, raw: Any) -> dict[str, Any] | None:
-        return self._store.of(task).parse(task.execution_id, raw)
+        return self._of(task).parse(task.execution_id, raw)
 
     async def create(self, task: Task, document: str, now_s: float, dedup: str | None) -> tuple[int, str, bool]:
-        store, eid, generation = self._store.of(task), task.execution_id, task.fencing_token
+        store, eid, generation = self._of(task), task.execution_id, task.fencing_token
         if not store.registered:  # a tenant's first create registers the tenant first
             return await self._call(store.create, eid, generation, document, now_s, dedup)
         reply = await self._send(store.create_call(eid, generation, document, now_s, dedup))
@@ -106,7 +111,7 @@ class StoreIO:
     def create_ahead(
         self, task: Task, document: str, now_s: float, dedup: str | None
     ) -> asyncio.Future[tuple[int, str, bool]] | None:
-        store = self._store.of(task)
+        store = self._of(task)
         if self._batcher is None or not store.registered:
             return None
         call = store.create_call(task.execution_id, task.fencing_token, document, now_s, dedup)
@@ -124,7 +129,7 @@ class StoreIO:
         staged: Sequence[Staged],
         index_keep_s: int | None = None,
     ) -> tuple[bool, bool]:
-        call = self._store.of(task).checkpoint_call(
+        call = self._of(task).checkpoint_call(
             task.execution_id,
             task.fencing_token,
             document,
@@ -138,18 +143,18 @@ class StoreIO:
         return cast(tuple[bool, bool], await self._send(call))
 
     async def reopen(self, task: Task, document: str, now_s: float, dropped: Sequence[str]) -> bool:
-        store = self._store.of(task)
+        store = self._of(task)
         return await self._call(store.reopen, task.execution_id, task.fencing_token, document, now_s, dropped)
 
     async def cancel_requested(self, task: Task) -> bool:
-        flags = await self._call(self._store.of(task).cancel_requested_many, [task.execution_id])
+        flags = await self._call(self._of(task).cancel_requested_many, [task.execution_id])
         return flags[0]
 
     def cancel_flags(self, tasks: Sequence[Task]) -> list[bool]:
         # One MGET per tenant among them (each tenant's cancel flags are its own keys).
         by_ns: dict[str, tuple[ExecutionStore, list[int]]] = {}
         for i, task in enumerate(tasks):
-            store = self._store.of(task)
+            store = self._of(task)
             by_ns.setdefault(store.ks.ns, (store, []))[1].append(i)
         flags = [False] * len(tasks)
         for store, indexes in by_ns.values():
@@ -159,40 +164,40 @@ class StoreIO:
         return flags
 
     def events(self, task: Task) -> ExecutionStore:
-        return self._store.of(task)
+        return self._of(task)
 
     # -- other executions: children -------------------------------------------------------
     async def get(self, task: Task, execution_id: str) -> dict[str, Any] | None:
-        return await self._call(self._store.of(task).get, execution_id)
+        return await self._call(self._of(task).get, execution_id)
 
     async def read_many(
         self, task: Task, execution_ids: Sequence[str]
     ) -> list[dict[str, Any] | None | UnreadableExecution]:
-        return await self._call(self._store.of(task).read_many, execution_ids)
+        return await self._call(self._of(task).read_many, execution_ids)
 
     async def enqueue(self, task: Task, bodies: Sequence[dict[str, Any]]) -> None:
         if bodies:
-            await self._call(self._store.of(task).enqueue_tasks, bodies)
+            await self._call(self._of(task).enqueue_tasks, bodies)
 
     async def request_cancels(self, task: Task, execution_ids: Sequence[str]) -> None:
         if execution_ids:
-            await self._call(self._store.of(task).request_cancels, execution_ids)
+            await self._call(self._of(task).request_cancels, execution_ids)
 
     async def mark_child_done(self, task: Task, parent_id: str, prefix: str, index: int) -> int:
-        store = self._store.of(task)
+        store = self._of(task)
         return await self._call(fanout.mark_done, store.client, store.ks, parent_id, prefix, index)
 
     async def children_done(self, task: Task, parent_id: str, prefix: str) -> int:
-        store = self._store.of(task)
+        store = self._of(task)
         return await self._call(fanout.done_count, store.client, store.ks, parent_id, prefix)
 
     async def close_spawn(self, task: Task, parent_id: str, prefix: str) -> None:
-        store = self._store.of(task)
+        store = self._of(task)
         await self._call(fanout.close_spawn, store.client, store.ks, parent_id, prefix)
 
     # -- what the runner's blocking helpers are given ---------------------------------------
     def queued(self, task: Task) -> ExecutionStore:
-        return self._store.of(task)
+        return self._of(task)
 
     def limit_store(self) -> FlowLimitStore:
         if self._limits is None:
