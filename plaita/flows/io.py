@@ -9,8 +9,8 @@ structurally (no import runs upwards):
 - ``plaita.store.executions.execution_io.StoreIO``: Redis, through ``ExecutionStore``. It is built once per
   runner mode and that choice fixes how every call travels: here, on the caller's thread (a
   handler thread: nothing else runs there), or from the runner's event loop (script calls
-  pipelined on the loop's own connection or by one thread, ``plaita.store.executions.batch``; any other
-  call on a thread of the loop's executor).
+  pipelined on the loop's own connection or by one thread: the adapter's ``CallBatcher``; any
+  other call on a thread of the loop's executor).
 - ``plaita.flows.memory_io.MemoryIO``: no server and no Redis semantics, only the engine's
   decisions recorded (what was written after a step, a suspension, a retry, a spawn), for unit
   tests of those decisions. Every Redis behaviour is tested on real servers through ``StoreIO``.
