@@ -75,6 +75,8 @@ class StepLoop:
         self._loops_lock = threading.Lock()
 
     def thread_loop(self) -> asyncio.AbstractEventLoop:
+        """The calling handler thread's own loop, where its ``async def`` steps and hooks run
+        (made at its first use, closed by ``close``)."""
         loop: asyncio.AbstractEventLoop | None = getattr(self._local, "loop", None)
         if loop is None:
             loop = self._local.loop = asyncio.new_event_loop()
