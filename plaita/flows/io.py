@@ -70,10 +70,6 @@ class ExecutionIO(Protocol):
         """The stream the runner consumes (spans, hand-over)."""
         ...
 
-    def slot_tag(self, execution_id: str) -> str:
-        """The hash tag a key written with the execution must carry (``ctx.slot_tag``)."""
-        ...
-
     def tenant(self, task: Task) -> str | None:
         """The tenant ``task``'s executions belong to (what children's tasks name)."""
         ...
@@ -130,8 +126,10 @@ class ExecutionIO(Protocol):
         """Each task's cancel flag (blocking: the cancel watch's own thread calls it)."""
         ...
 
-    def events(self, task: Task) -> EventWriter:
-        """Where ``task``'s steps publish (called from the step, wherever it runs)."""
+    def for_step(self, task: Task) -> tuple[EventWriter, str]:
+        """What a step of ``task`` is handed, in one call: where its ``ctx.publish`` writes
+        (called from the step, wherever it runs) and the hash tag a key written with the
+        execution must carry (``ctx.slot_tag``)."""
         ...
 
     # -- other executions: children -------------------------------------------------------

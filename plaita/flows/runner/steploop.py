@@ -149,6 +149,7 @@ class StepLoop:
     def _context(self, run: Run, step: Step) -> StepContext:
         ex = run.execution
         resume = ex.resume
+        writer, slot_tag = run.io.for_step(run.task)
         return StepContext(
             execution_id=run.task.execution_id,
             flow_id=run.flow.flow_id,
@@ -160,8 +161,8 @@ class StepLoop:
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
             deadline_at=ex.deadline_at,
-            publisher=publisher(run.io.events(run.task), run.task, step.name, self._clock),
-            slot_tag=run.io.slot_tag(run.task.execution_id),
+            publisher=publisher(writer, run.task, step.name, self._clock),
+            slot_tag=slot_tag,
         )
 
     async def _succeeded(self, run: Run, step: Step, ctx: StepContext, value: Any, started_s: float) -> None:

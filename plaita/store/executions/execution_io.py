@@ -85,9 +85,6 @@ class StoreIO:
     def queue(self) -> str:
         return self._store.ks.queue
 
-    def slot_tag(self, execution_id: str) -> str:
-        return self._store.ks.slot_tag(execution_id)
-
     def tenant(self, task: Task) -> str | None:
         return self._of(task).ks.tenant
 
@@ -163,8 +160,8 @@ class StoreIO:
                 flags[i] = flag
         return flags
 
-    def events(self, task: Task) -> ExecutionStore:
-        return self._of(task)
+    def for_step(self, task: Task) -> tuple[ExecutionStore, str]:
+        return self._of(task), self._store.ks.slot_tag(task.execution_id)
 
     # -- other executions: children -------------------------------------------------------
     async def get(self, task: Task, execution_id: str) -> dict[str, Any] | None:
