@@ -9,8 +9,8 @@ structurally (no import runs upwards):
 - ``plaita.store.executions.execution_io.StoreIO``: Redis, through ``ExecutionStore``. It is built once per
   runner mode and that choice fixes how every call travels: here, on the caller's thread (a
   handler thread: nothing else runs there), or from the runner's event loop (script calls
-  pipelined on the loop's own connection or by one thread, ``plaita.store.executions.batch``; any other
-  call on a thread of the loop's executor).
+  pipelined on the loop's own connection or by one thread: the adapter's ``CallBatcher``; any
+  other call on a thread of the loop's executor).
 - ``plaita.flows.memory_io.MemoryIO``: no server and no Redis semantics, only the engine's
   decisions recorded (what was written after a step, a suspension, a retry, a spawn), for unit
   tests of those decisions. Every Redis behaviour is tested on real servers through ``StoreIO``.
@@ -70,10 +70,6 @@ class ExecutionIO(Protocol):
         """The stream the runner consumes (spans, hand-over)."""
         ...
 
-    def slot_tag(self, execution_id: str) -> str:
-        """The hash tag a key written with the execution must carry (``ctx.slot_tag``)."""
-        ...
-
     def tenant(self, task: Task) -> str | None:
         """The tenant ``task``'s executions belong to (what children's tasks name)."""
         ...
@@ -130,8 +126,10 @@ class ExecutionIO(Protocol):
         """Each task's cancel flag (blocking: the cancel watch's own thread calls it)."""
         ...
 
-    def events(self, task: Task) -> EventWriter:
-        """Where ``task``'s steps publish (called from the step, wherever it runs)."""
+    def for_step(self, task: Task) -> tuple[EventWriter, str]:
+        """What a step of ``task`` is handed, in one call: where its ``ctx.publish`` writes
+        (called from the step, wherever it runs) and the hash tag a key written with the
+        execution must carry (``ctx.slot_tag``)."""
         ...
 
     # -- other executions: children -------------------------------------------------------

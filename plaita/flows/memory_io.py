@@ -149,9 +149,6 @@ class MemoryIO:
     def queue(self) -> str:
         return self._queue
 
-    def slot_tag(self, execution_id: str) -> str:
-        return ""
-
     def tenant(self, task: Task) -> str | None:
         return task.tenant_id or None
 
@@ -231,8 +228,8 @@ class MemoryIO:
     def cancel_flags(self, tasks: Sequence[Task]) -> list[bool]:
         return [t.execution_id in self.cancelled for t in tasks]
 
-    def events(self, task: Task) -> _Events:
-        return _Events(self)
+    def for_step(self, task: Task) -> tuple[_Events, str]:
+        return _Events(self), ""
 
     async def get(self, task: Task, execution_id: str) -> dict[str, Any] | None:
         return self.docs.get(execution_id)

@@ -1,6 +1,6 @@
 """Script calls as values: built without I/O, sent alone (``ScriptCall.run``) or many in one
 pipelined round trip (``run_calls``: the flow runner's checkpoints and creates of concurrent
-executions, ``plaita.store.executions.batch``).
+executions, ``CallBatcher`` in ``plaita.store.executions.execution_io``).
 
 A batch is a plain pipeline, not a transaction: each call is one EVALSHA, atomic on its own,
 and each gets its own reply or error, as if sent alone. On NOSCRIPT only the calls Redis

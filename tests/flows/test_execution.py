@@ -79,6 +79,24 @@ def test_a_new_execution_has_exactly_the_stored_fields() -> None:
     assert doc["created_at"] == doc["updated_at"] == 100.0 and doc["ended_at"] is None
 
 
+def test_a_start_creates_the_started_execution_and_its_document_with_a_childs_parent() -> None:
+    parent = {"execution_id": "p1", "spawn": "s", "index": 0}
+    execution, text = Execution.created(
+        "e1", make_flow(), {"p": 1}, dedup_key="d", now_s=100.0, deadline_at=160.0, parent=parent
+    )
+    assert execution.status == "running" and execution.step == "one" and execution.deadline_at == 160.0
+    assert json.loads(text) == execution.to_doc() and json.loads(text)["parent"] == parent
+    alone, _ = Execution.created("e2", make_flow(), {}, dedup_key=None, now_s=100.0, deadline_at=None, parent=None)
+    assert "parent" not in alone.to_doc()
+
+
+def test_a_flow_has_a_limit_to_pass_only_with_a_slot_limit_or_for_a_start_a_rate() -> None:
+    assert not Flow("free").limited(start=True)
+    assert Flow("slots", max_concurrent=2).limited(start=False)
+    rated = Flow("rated", max_starts_per_s=5.0)
+    assert rated.limited(start=True) and not rated.limited(start=False)
+
+
 def test_an_old_document_decodes_and_encodes_back_to_the_same_document() -> None:
     execution = Execution.decode(OLD_DOC)
     assert execution.status == "suspended" and execution.suspensions == 1 and execution.versions == ["1", "2"]

@@ -26,7 +26,7 @@ from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import start_worker
 from plaita.store.calls import ScriptCall
 from plaita.store.executions import loop_calls
-from plaita.store.executions.batch import CallBatcher
+from plaita.store.executions.execution_io import CallBatcher
 from plaita.store.executions.store import ExecutionStore, Staged
 from plaita.store.leases import Lease, LeaseManager
 from tests.support.lease_workers import QUEUE, settings
@@ -90,7 +90,7 @@ def test_without_the_socket_attribute_calls_go_through_the_thread_with_one_warni
     async def calls() -> list[Any]:
         return await asyncio.gather(*(batcher.run(step(store, e, gens[e], 1)) for e in eids), return_exceptions=True)
 
-    with caplog.at_level(logging.WARNING, logger="plaita.store.executions.batch"):
+    with caplog.at_level(logging.WARNING, logger="plaita.store.executions.execution_io"):
         try:
             outcomes = asyncio.run(calls())
         finally:

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from plaita.store.calls import ScriptCall, batchable, run_calls
-from plaita.store.executions.batch import CallBatcher
+from plaita.store.executions.execution_io import CallBatcher
 from plaita.store.executions.store import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.leases import Lease, LeaseManager
 
@@ -308,7 +308,7 @@ def test_a_batch_of_more_than_max_batch_calls_answers_every_call(client: redis.R
     was queued past the first 256 (``self._queued = []``), left 43 of 300 awaits unanswered
     for ever (here: the bounded wait fails). The server is paused while the calls queue, so the
     thread finds all 299 queued at once behind the first call."""
-    from plaita.store.executions import batch as batch_module
+    from plaita.store.executions import execution_io as batch_module
 
     store = ExecutionStore(client)
     n = batch_module.MAX_BATCH + 44

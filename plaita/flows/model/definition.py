@@ -148,6 +148,11 @@ class Flow:
                 f"got {keep!r}"
             )
 
+    def limited(self, *, start: bool) -> bool:
+        """True when a task of this flow (a start, or not) has a fleet-wide limit to pass
+        (``plaita.flows.runner.limits``): asked by the runner before it takes a slot."""
+        return self.max_concurrent is not None or (start and self.limits_starts)
+
     @property
     def limits_starts(self) -> bool:
         """True when a start of this flow waits for a start rate (``max_starts_per_s``, ``rate_limit``)."""

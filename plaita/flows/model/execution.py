@@ -114,6 +114,25 @@ class Execution:
         )
 
     @classmethod
+    def created(
+        cls,
+        execution_id: str,
+        flow: Flow,
+        params: dict[str, Any],
+        *,
+        dedup_key: str | None,
+        now_s: float,
+        deadline_at: float | None,
+        parent: dict[str, Any] | None,
+    ) -> tuple[Execution, str]:
+        """What a start task creates: its new execution (``start``; a child's ``parent`` kept
+        in it, to tell it when it ends) and that execution's document, in one call."""
+        execution = cls.start(execution_id, flow, params, dedup_key=dedup_key, now_s=now_s, deadline_at=deadline_at)
+        if parent is not None:
+            execution = replace(execution, extra={"parent": parent})
+        return execution, execution.encode()
+
+    @classmethod
     def queued(
         cls,
         execution_id: str,

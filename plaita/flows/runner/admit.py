@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from plaita.config import DEFAULT_VERSION_WAIT_S
@@ -187,11 +187,11 @@ class Admission:
             raise BadTaskError(f"start 'params' must be a JSON object (got {type(params).__name__})")
         dedup = str(body["dedup_key"]) if body.get("dedup_key") not in (None, "") else None
         deadline_at = task_deadline(body)
-        execution = Execution.start(eid, flow, params, dedup_key=dedup, now_s=self._clock(), deadline_at=deadline_at)
-        if isinstance(body.get("parent"), dict):  # a child execution: it tells its parent when it ends
-            execution = replace(execution, extra={"parent": body["parent"]})
         require_task_json(params, "start 'params'")
-        text = execution.encode()
+        parent = body["parent"] if isinstance(body.get("parent"), dict) else None  # a child: it tells its parent
+        execution, text = Execution.created(
+            eid, flow, params, dedup_key=dedup, now_s=self._clock(), deadline_at=deadline_at, parent=parent
+        )
         if len(text.encode("utf-8")) > self.max_state_bytes:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
         return execution, text, dedup

@@ -1,7 +1,7 @@
 """Script calls sent from an event loop on a connection of the loop's own (``LoopCalls``).
 
-The flow runner's thread batcher (``plaita.store.executions.batch``) costs, per batch, a hand-off to its
-I/O thread and one back to the loop, and both threads want the GIL: the loop computes while
+The flow runner's thread batcher (``CallBatcher``, ``plaita.store.executions.execution_io``) costs,
+per batch, a hand-off to its I/O thread and one back to the loop, and both threads want the GIL: the loop computes while
 Redis waits for the next batch and Redis works while the loop waits for the reply. Here the
 loop writes the calls to an asyncio connection (one write for every call queued in a loop
 iteration, or while ``MAX_WRITES_IN_FLIGHT`` writes are unanswered) and reads their replies
