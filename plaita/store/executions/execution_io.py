@@ -56,9 +56,8 @@ class StoreIO:
         self._limits: FlowLimitStore | None = None
 
     def _of(self, task: Task) -> ExecutionStore:
-        """The store of ``task``'s tenant (``ExecutionStore.of``); the default tenant's without a
-        call into it: a call's way down to the store is then the call itself."""
-        return self._store.for_tenant(task.tenant_id) if task.tenant_id else self._store
+        """The store of ``task``'s tenant."""
+        return self._store.of(task)
 
     # -- how calls travel: decided once, here ---------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
