@@ -1,6 +1,6 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo | dev | executions | keeper | schedules | doctor | dashboard | migrate``. The only place
-that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
+diagram | demo | dev | executions | keeper | schedules | limits | doctor | dashboard | migrate``. The
+only place that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
 ``enqueue``), 2 bad configuration (``doctor``: 1 a warning, 3 an error finding). A Redis failure
@@ -13,7 +13,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plaita.cli import dashboard as dashboard_cli
@@ -21,6 +21,7 @@ from plaita.cli import dev as dev_cli
 from plaita.cli import doctor as doctor_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
+from plaita.cli import limits as limits_cli
 from plaita.cli import migrate as migrate_cli
 from plaita.cli import schedules as schedules_cli
 from plaita.cli.options import (
@@ -213,6 +214,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         add, lambda p: add_redis_options(p, env), alert_options=lambda p: add_alert_options(p, env, worker=False)
     )
     schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
+    limits_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     doctor_cli.add_parser(add, lambda p: add_redis_options(p, env), env)
     migrate_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     return parser
@@ -220,6 +222,19 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+
+
+#: The commands whose module parses and runs them all (imported at start anyway, for their parsers).
+_RUNNERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "executions": executions_cli.run_executions,
+    "keeper": keeper_cli.run_keeper,
+    "schedules": schedules_cli.run_schedules,
+    "limits": limits_cli.run_limits,
+    "doctor": doctor_cli.run_doctor,
+    "migrate": migrate_cli.run_migrate,
+    "dashboard": dashboard_cli.run_dashboard,
+    "dev": dev_cli.run_dev,
+}
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -235,20 +250,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from plaita.cli.admin import run_admin
 
         return run_admin(args)
-    if args.command == "executions":
-        return executions_cli.run_executions(args)
-    if args.command == "keeper":
-        return keeper_cli.run_keeper(args)
-    if args.command == "schedules":
-        return schedules_cli.run_schedules(args)
-    if args.command == "doctor":
-        return doctor_cli.run_doctor(args)
-    if args.command == "migrate":
-        return migrate_cli.run_migrate(args)
-    if args.command == "dashboard":
-        return dashboard_cli.run_dashboard(args)
-    if args.command == "dev":
-        return dev_cli.run_dev(args)
+    runner = _RUNNERS.get(args.command)
+    if runner is not None:
+        return runner(args)
     if args.command == "demo":
         from plaita.cli.demo import run_demo
 
