@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from plaita.errors import BadTaskError, ConfigError
+from plaita.errors import BadTaskError, ConfigError, NotForThisWorker
 from plaita.flows import Flow, LimitControl, StepContext
 from plaita.flows.producer.client import FlowClient
 from plaita.store.executions.flow_limits import (
@@ -24,7 +24,7 @@ from plaita.store.executions.flow_limits import (
     key_scope,
 )
 from plaita.store.keyspace import Keyspace, hash_tag
-from tests.flows.support import Harness, start
+from tests.flows.support import Harness, resume, start
 from tests.support.lease_workers import wait_for
 
 pytestmark = pytest.mark.redis
@@ -225,3 +225,32 @@ def test_a_per_key_limit_changes_at_run_time(h: Harness, redis_url: str) -> None
         assert hold(h, "charge", "other", key="z") == TAKEN
     finally:
         client.close()
+
+
+def test_a_resume_waits_for_its_key_read_from_the_execution(h: Harness) -> None:
+    """A resume carries no params: its key comes from the execution's. Busy, it is handed back
+    (NotForThisWorker); another key's resume runs."""
+    assert h.run(start("r1", "charge", customer_id="busy"))["status"] == "suspended"  # type: ignore[index]
+    assert h.run(start("r2", "charge", customer_id="free"))["status"] == "suspended"  # type: ignore[index]
+    assert hold(h, "charge", "holder", key="busy") == TAKEN
+    with pytest.raises(NotForThisWorker, match="every slot"):
+        h.run(resume("r1"))
+    assert h.run(resume("r2"))["status"] == "completed"  # type: ignore[index]
+    assert limits(h).release("charge", "holder", "tok", max_concurrent=1, ttl_s=30.0, key="busy")
+    assert h.run(resume("r1"))["status"] == "completed"  # type: ignore[index]
+
+
+def test_a_cancelled_start_parked_behind_its_key_ends_cancelled(h: Harness) -> None:
+    """The cancel finds a start parked behind a busy key (its body is in the flow's parked
+    bodies) and puts it back on its stream; read, it leaves its key's parked starts and ends
+    ``cancelled`` without a slot."""
+    assert hold(h, "charge", "holder", key="k") == TAKEN
+    h.flows.start("charge", {"customer_id": "k"}, execution_id="c1")
+    [body] = [json.loads(f[b"payload"]) for _, f in h.client.xrange(h.queue.stream)]  # type: ignore[union-attr]
+    assert (h.run(body) or {}).get("status") == "queued"  # parked
+    assert limits(h).waiting("charge") == 1
+    h.flows.cancel("c1")
+    doc = h.run(body)
+    assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
+    assert limits(h).waiting("charge") == 0
+    assert h.client.zcard(flow_keys(h.store.ks, "charge", "k").parked) == 0
