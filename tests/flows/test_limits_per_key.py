@@ -254,3 +254,13 @@ def test_a_cancelled_start_parked_behind_its_key_ends_cancelled(h: Harness) -> N
     assert doc is not None and doc["status"] == "cancelled" and doc["history"] == [], doc
     assert limits(h).waiting("charge") == 0
     assert h.client.zcard(flow_keys(h.store.ks, "charge", "k").parked) == 0
+
+
+def test_a_key_slot_is_renewed_with_its_key(h: Harness) -> None:
+    """The renewal of a key's slot extends that key's entry (the worker's renewer passes the key):
+    a 500 ms slot renewed for 30 s is still held, and a slot of another key is not renewed."""
+    assert hold(h, "charge", "m", key="r:1", ttl_s=0.5) == TAKEN
+    assert limits(h).renew([("charge", "m", "tok", "r:1"), ("charge", "m", "tok", "r:2")], 30.0) == [True, False]
+    now_s, micros = h.client.time()
+    score = h.client.zscore(flow_keys(h.store.ks, "charge", "r:1").slots, "m")
+    assert score is not None and score - (now_s * 1000 + micros // 1000) > 20_000
