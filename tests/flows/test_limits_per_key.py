@@ -264,3 +264,13 @@ def test_a_key_slot_is_renewed_with_its_key(h: Harness) -> None:
     now_s, micros = h.client.time()
     score = h.client.zscore(flow_keys(h.store.ks, "charge", "r:1").slots, "m")
     assert score is not None and score - (now_s * 1000 + micros // 1000) > 20_000
+
+
+def test_a_cancelled_start_without_its_key_ends_cancelled(h: Harness) -> None:
+    """A start with no key that is cancelled before it is read never parked: it ends cancelled
+    (not dead-lettered for its missing key)."""
+    h.flows.start("charge", {"other": 1}, execution_id="nk")
+    [body] = [json.loads(f[b"payload"]) for _, f in h.client.xrange(h.queue.stream)]  # type: ignore[union-attr]
+    h.flows.cancel("nk")
+    doc = h.run(body)
+    assert doc is not None and doc["status"] == "cancelled", doc

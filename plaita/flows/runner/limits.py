@@ -207,7 +207,10 @@ class FlowLimits:
     def forget(self, flow: Flow, task: Task) -> None:
         """``task``'s start waits no more (it ends cancelled): drop it from the parked starts."""
         if limit := _slots_of(flow):
-            key = _key_of(flow, task, None)
+            try:
+                key = _key_of(flow, task, None)
+            except BadTaskError:  # no key: it never parked, and it ends cancelled all the same
+                return
             self.store.forget(flow.flow_id, slot_member(task), max_concurrent=limit, ttl_s=self.ttl_s, key=key)
 
     def leave(self, task: Task) -> None:
