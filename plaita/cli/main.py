@@ -1,6 +1,6 @@
 """Command line: ``plaita worker | enqueue | workers | status | stop | pause | resume | dlq |
-diagram | demo | dev | executions | keeper | schedules | tasks | doctor | dashboard | migrate``. The only place
-that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
+diagram | demo | dev | executions | keeper | schedules | limits | tasks | doctor | dashboard | migrate``.
+The only place that configures logging (``plaita.fsm.machine`` only quiets the ``transitions`` library's logger).
 
 Exit codes: 0 normal stop, 1 a command failed (for example Redis unreachable for
 ``enqueue``), 2 bad configuration (``doctor``: 1 a warning, 3 an error finding). A Redis failure
@@ -21,6 +21,7 @@ from plaita.cli import dev as dev_cli
 from plaita.cli import doctor as doctor_cli
 from plaita.cli import executions as executions_cli
 from plaita.cli import keeper as keeper_cli
+from plaita.cli import limits as limits_cli
 from plaita.cli import migrate as migrate_cli
 from plaita.cli import schedules as schedules_cli
 from plaita.cli import tasks as tasks_cli
@@ -215,6 +216,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     tasks_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
+    limits_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     doctor_cli.add_parser(add, lambda p: add_redis_options(p, env), env)
     migrate_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
     return parser
@@ -222,6 +224,20 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+
+
+#: The commands whose module parses and runs them all (imported at start anyway, for their parsers).
+_RUNNERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "executions": executions_cli.run_executions,
+    "keeper": keeper_cli.run_keeper,
+    "schedules": schedules_cli.run_schedules,
+    "limits": limits_cli.run_limits,
+    "tasks": tasks_cli.run_tasks,
+    "doctor": doctor_cli.run_doctor,
+    "migrate": migrate_cli.run_migrate,
+    "dashboard": dashboard_cli.run_dashboard,
+    "dev": dev_cli.run_dev,
+}
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -237,19 +253,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from plaita.cli.admin import run_admin
 
         return run_admin(args)
-    # The sub-commands that live in a module of their own, each with its one entry point.
-    runners: dict[str, Callable[[argparse.Namespace], int]] = {
-        "executions": executions_cli.run_executions,
-        "keeper": keeper_cli.run_keeper,
-        "schedules": schedules_cli.run_schedules,
-        "tasks": tasks_cli.run_tasks,
-        "doctor": doctor_cli.run_doctor,
-        "migrate": migrate_cli.run_migrate,
-        "dashboard": dashboard_cli.run_dashboard,
-        "dev": dev_cli.run_dev,
-    }
-    if args.command in runners:
-        return runners[args.command](args)
+    runner = _RUNNERS.get(args.command)
+    if runner is not None:
+        return runner(args)
     if args.command == "demo":
         from plaita.cli.demo import run_demo
 

@@ -9,6 +9,7 @@ document), ``runner`` (the worker handler), ``keeper`` (deadlines, orphans, sche
 """
 
 from plaita.errors import ChildProcessDied, LeaseLostError, StepCancelled, StepTimeLimit
+from plaita.flows.limit_control import LimitControl
 from plaita.flows.model.context import Child, Resume, Sleep, Spawn, StepContext, Suspend
 from plaita.flows.model.definition import Flow, FlowRegistry, NonRetryableError, RetryPolicy, Step, load_flows
 from plaita.flows.model.execution import Execution
@@ -28,6 +29,7 @@ __all__ = [
     "FlowRegistry",
     "FlowRunner",
     "LeaseLostError",
+    "LimitControl",
     "NonRetryableError",
     "Resume",
     "RetryPolicy",

@@ -33,11 +33,12 @@ WORKER_ACL_RULES = (
 #: Rules for a flow worker (``--flows``, with or without ``--keeper``) and ``plaita keeper``:
 #: ``ACL SETUSER plaita-flow-worker on >PASSWORD <rules>``. The worker's, plus hashes (schedules,
 #: events, staged writes), sets (tenants, children), sorted sets (status indexes, deadlines,
-#: flow slots), INCRBY/PERSIST (staged writes, counters), TIME (limits and ticks) and
-#: WATCH/UNWATCH (the keeper's compare-and-set on a zombie).
+#: flow slots), INCRBY/PERSIST (staged writes, counters), TIME (limits and ticks),
+#: SREM/SRANDMEMBER (the concurrency keys with parked starts) and WATCH/UNWATCH (the keeper's
+#: compare-and-set on a zombie).
 FLOW_WORKER_ACL_RULES = (
     WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +hsetnx +incrby +persist +sadd +scard +smembers "
-    "+zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
+    "+srem +srandmember +zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
 )
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
@@ -59,18 +60,24 @@ PRODUCER_ACL_RULES = (
 #: status indexes by end time), ZRANGE, HSETNX/HDEL (a schedule's ``paused`` field). No channel.
 FLOW_ADMIN_ACL_RULES = PRODUCER_ACL_RULES + " +del +zrem +zrangebyscore +zcount +zrange +hset +hsetnx +hdel"
 
-#: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.
+#: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``. The operator
+#: changes flow limits at run time too (``plaita limits set | clear | show``): HSET/SADD/SREM of
+#: the limits record, and the sweep script (EVALSHA: TYPE, ZRANGEBYSCORE, ZRANGE, ZSCORE, ZADD,
+#: ZREM, HGET, HSET, HDEL, HLEN, SREM, PTTL, PEXPIRE, TIME) that gives a raised limit's slots to
+#: parked starts, which it puts back on their streams (XADD).
 ADMIN_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels &plaita:* -@all "
     "+scan +mget +exists +xlen +xinfo|groups +xpending +xrange +xadd +xdel +del "
-    "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard +hgetall +smembers"
+    "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard +hgetall +smembers +hlen "
+    "+hset +hmget +sadd +srem +sunion +srandmember +time +zcount +evalsha +script|load +type +zrangebyscore "
+    "+zrange +zscore +zadd +zrem +hget +hdel +pttl +pexpire"
 )
 
 #: Rules for a read-only dashboard (``plaita dashboard`` without ``--allow-actions``): registry,
 #: queue statistics, the DLQ and executions pages, nothing that writes or publishes.
 DASHBOARD_READ_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange "
-    "+get +zrevrange +zcard +hgetall +smembers"
+    "+get +zrevrange +zcard +hgetall +smembers +hlen"
 )
 
 #: The worker's rules under the name the issue uses.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from plaita.flows import Flow, StepContext
@@ -65,5 +66,26 @@ def hold(ctx: StepContext) -> None:
         client.eval(_ENTER, 2, "plaita:test:{capped}:running", "plaita:test:{capped}:max")
         ctx.cancel.wait(0.1)
         client.decr("plaita:test:{capped}:running")
+    finally:
+        client.close()
+
+
+#: One execution per customer at a time, fleet-wide: its slots live in the flow's own hash tag
+#: while its executions live on every master. Counts per customer; a gated one holds its key
+#: until the test sets ``plaita:test:{keyedc}:gate`` (bounded: 60 s).
+keyedc = Flow("keyedc", max_concurrent_per_key=1, concurrency_key="customer")
+
+
+@keyedc.step
+def hold_key(ctx: StepContext) -> None:
+    client = server_client(os.environ["PLAITA_TEST_REDIS_URL"])
+    running, most = (f"plaita:test:{{keyedc}}:{kind}:{ctx.params['customer']}" for kind in ("running", "max"))
+    try:
+        client.eval(_ENTER, 2, running, most)
+        deadline = time.monotonic() + 60
+        while ctx.params.get("gate") and not client.exists("plaita:test:{keyedc}:gate") and time.monotonic() < deadline:
+            ctx.cancel.wait(0.02)
+        ctx.cancel.wait(float(ctx.params.get("hold_s", 0)))
+        client.decr(running)
     finally:
         client.close()

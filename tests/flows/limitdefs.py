@@ -88,3 +88,49 @@ def record(ctx: StepContext) -> None:
 
 
 FLOWS = [pair, solo, paced, ordered]
+
+
+def _gated(ctx: StepContext, scope: str) -> None:
+    """Count itself running in ``scope`` (and its highest count), record its start order there,
+    and hold until the test sets the gate named by ``params.gate`` (bounded: 60 s)."""
+    c = client()
+    c.incr(f"plaita:test:ledger:{ctx.execution_id}:{ctx.step}")
+    c.rpush(order_key(scope), ctx.execution_id)
+    c.eval(_ENTER, 2, running_key(scope), max_key(scope))
+    try:
+        deadline = time.monotonic() + 60
+        gate = ctx.params.get("gate")
+        while gate and not c.exists(gate_key(gate)) and time.monotonic() < deadline:
+            ctx.cancel.wait(0.02)
+    finally:
+        c.decr(running_key(scope))
+
+
+#: One execution per customer at a time; counts per customer (``keyed:<customer>``) and per flow.
+keyed = Flow("keyed", max_concurrent_per_key=1, concurrency_key="customer")
+
+
+@keyed.step
+def charge(ctx: StepContext) -> None:
+    c = client()
+    c.eval(_ENTER, 2, running_key("keyed"), max_key("keyed"))
+    try:
+        if ctx.params.get("block_first") and int(c.incr(f"plaita:test:blocked-n:{ctx.execution_id}")) == 1:  # type: ignore[arg-type]
+            c.set(f"plaita:test:blocked:{ctx.execution_id}", "1")  # the kill test's victim
+            ctx.cancel.wait(60)
+            raise RuntimeError("the victim's first run was meant to be killed")
+        _gated(ctx, f"keyed:{ctx.params['customer']}")
+    finally:
+        c.decr(running_key("keyed"))
+
+
+#: Declares one slot; the tests change it at run time (``plaita limits set``).
+tunable = Flow("tunable", max_concurrent=1)
+
+
+@tunable.step
+def tuned(ctx: StepContext) -> None:
+    _gated(ctx, f"tunable:{ctx.params['phase']}")
+
+
+FLOWS += [keyed, tunable]

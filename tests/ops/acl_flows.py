@@ -82,3 +82,13 @@ ticking = Flow("acl-tick", schedule=Schedule("* * * * * *", missed="skip"))
 def tick(ctx: StepContext) -> dict[str, int]:
     ctx.stage_incr(ctx.key("plaita:test:acl:ticks"))
     return {"tick_s": int(ctx.params["scheduled"]["tick_s"])}
+
+
+#: One execution per ``who`` at a time: its starts of one key park behind each other.
+keyed = Flow("acl-keyed", max_concurrent_per_key=1, concurrency_key="who")
+
+
+@keyed.step
+def one_per_key(ctx: StepContext) -> dict[str, bool]:
+    ctx.cancel.wait(0.2)  # held a moment, so the other starts of its key find it busy
+    return {"ok": True}

@@ -20,12 +20,14 @@ import redis
 from plaita.flows.model.definition import load_flows
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient
-from plaita.store.acl import FLOW_WORKER_ACL_RULES, PRODUCER_ACL_RULES
+from plaita.store.acl import ADMIN_ACL_RULES, FLOW_WORKER_ACL_RULES, PRODUCER_ACL_RULES
+from plaita.store.executions.flow_limits import FlowLimitStore
+from plaita.store.keyspace import Keyspace
 from plaita.store.leases import Lease
 from tests.flows.support import Harness
 from tests.ops import test_security
 from tests.ops.test_security import OPERATIONS_DOC, MakeUser, _denials
-from tests.support.ops import QUEUE, ROOT, clean_env, plaita, wait_until
+from tests.support.ops import QUEUE, ROOT, clean_env, plaita, plaita_json, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -119,10 +121,12 @@ class TestFlowWorkerAcl:
             parent = flows.start("acl-parent", {"n": 3})
             tenant_parent = tenant.start("acl-parent", {"n": 2})
             limited = [flows.start("acl-limited") for _ in range(3)]
+            keyed = [flows.start("acl-keyed", {"who": "w:1"}) for _ in range(3)]
             late = flows.start("acl-waiter", {"sleep_s": 20}, deadline_s=1)
             assert flows.wait(parent, 30)["results"]["tally"] == {"sum": 6}
             assert tenant.wait(tenant_parent, 30)["results"]["tally"] == {"sum": 2}
             assert [flows.wait(e, 30)["status"] for e in limited] == ["completed"] * 3
+            assert [flows.wait(e, 30)["status"] for e in keyed] == ["completed"] * 3
             ended = flows.wait(late, 30)
             assert ended["status"] == "cancelled" and ended["error"]["type"] == "DeadlineExceeded", ended
             assert flows.get_event(parent, "progress") == {"sum": 6}
@@ -165,6 +169,33 @@ def _orphan(h: Harness, eid: str, *, age_s: float) -> None:
     body = doc.to_doc()
     assert h.store.create(eid, lease.generation, json.dumps(body), body["created_at"], None)[0] == 1
     h.leases.release(lease)
+
+
+class TestAdminLimitsAcl:
+    def test_the_operator_changes_limits_at_run_time(self, acl_user: MakeUser, rclient: redis.Redis) -> None:
+        """``plaita limits set | show | clear`` under the admin ACL, with a start parked behind a held
+        slot and one behind a busy concurrency key: the raised limits put both back on the stream
+        (the sweep script and the XADD run as the operator); nothing denied."""
+        admin_url = acl_user("plaita-admin", "admin-pw", ADMIN_ACL_RULES)
+        store = FlowLimitStore(rclient, Keyspace(QUEUE))
+        for flow_id, key in (("acl-gate", None), ("acl-keyed", "w:1")):
+            body = {"type": "start", "flow_id": flow_id, "execution_id": f"parked-{flow_id}", "params": {"who": key}}
+            for member, park in (("holder", None), (body["execution_id"], (1.0, body, None))):
+                store.acquire(
+                    flow_id, member, "tok", max_concurrent=1, ttl_s=30, starts_per_s=0, burst=1, park=park, key=key
+                )
+            store.register_parking(flow_id)
+        assert plaita_json(admin_url, "limits", "set", "acl-gate", "--max-concurrent", "2")["max_concurrent"] == 2
+        assert plaita_json(admin_url, "limits", "set", "acl-keyed", "--per-key", "2")["max_concurrent_per_key"] == 2
+        requeued = [json.loads(f["payload"])["execution_id"] for _, f in rclient.xrange(QUEUE)]
+        assert sorted(requeued) == ["parked-acl-gate", "parked-acl-keyed"]
+        rows = plaita_json(admin_url, "limits", "show")
+        assert [(r["flow_id"], r["max_concurrent"], r["max_concurrent_per_key"]) for r in rows] == [
+            ("acl-gate", 2, None),
+            ("acl-keyed", None, 2),
+        ]
+        assert plaita_json(admin_url, "limits", "clear", "acl-gate")["cleared"] is True
+        assert _denials(rclient) == [], "no command of `plaita limits` may be denied"
 
 
 class TestProducerAcl:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from plaita.errors import ConfigError, PlaitaError
+from plaita.errors import BadTaskError, ConfigError, PlaitaError
 from plaita.flows.model.schedules import Schedule, schedule_of
 
 StepFn = Callable[[Any], Any]
@@ -119,6 +119,15 @@ class Flow:
     #: worker (a sliding log of start times, so the first window lets N through when N wait);
     #: None = no limit. Resumes are not counted. May be combined with ``max_starts_per_s``.
     rate_limit: tuple[int, float] | None = None
+    #: At most this many executions with the same ``concurrency_key`` run at once across every
+    #: worker (one charge per customer at a time); a start whose key is busy parks until that
+    #: key's slot frees, in start order per key, and other keys' starts run meanwhile. None = no
+    #: limit. Not combined with ``max_concurrent`` (a start would wait in two queues).
+    max_concurrent_per_key: int | None = None
+    #: The key of ``max_concurrent_per_key``: the name of a param (``"customer_id"``), or a
+    #: function of the params returning the key (``lambda p: p["account"]["id"]``); the key is
+    #: its ``str()``. A start without it (a missing param, a function that raises) is dead-lettered.
+    concurrency_key: str | Callable[[dict[str, Any]], Any] | None = field(default=None, compare=False)
     #: Seconds an ended execution of this flow is kept (its document, events and index entry),
     #: 0 = for ever; None = the worker's default, 7 days (``plaita.flows.retention``).
     retention_s: int | None = None
@@ -139,6 +148,7 @@ class Flow:
             raise ConfigError(f"flow {self.flow_id!r}: max_starts_per_s must be a number > 0 or None, got {rate!r}")
         if self.rate_limit is not None:
             self.rate_limit = _rate_limit(self.flow_id, self.rate_limit)
+        _check_per_key(self)
         keep = self.retention_s
         if keep is not None and (
             isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= MAX_RETENTION_S
@@ -151,7 +161,23 @@ class Flow:
     def limited(self, *, start: bool) -> bool:
         """True when a task of this flow (a start, or not) has a fleet-wide limit to pass
         (``plaita.flows.runner.limits``): asked by the runner before it takes a slot."""
-        return self.max_concurrent is not None or (start and self.limits_starts)
+        return self.max_concurrent is not None or self.max_concurrent_per_key is not None or (
+            start and self.limits_starts
+        )
+
+    def key_of(self, params: Any) -> str:
+        """The concurrency key of an execution with ``params`` (``concurrency_key``); BadTaskError
+        when it has none."""
+        how = self.concurrency_key
+        try:
+            value = how(params) if callable(how) else params[how]
+        except Exception as exc:
+            raise BadTaskError(
+                f"flow {self.flow_id!r}: no concurrency key in the params ({type(exc).__name__}: {exc})"
+            ) from None
+        if value is None:
+            raise BadTaskError(f"flow {self.flow_id!r}: the concurrency key is None")
+        return str(value)
 
     @property
     def limits_starts(self) -> bool:
@@ -265,6 +291,21 @@ def _replace(policy: RetryPolicy, changes: dict[str, Any]) -> RetryPolicy:
         return RetryPolicy(**{**policy.__dict__, **changes})
     except TypeError as exc:
         raise ConfigError(f"unknown step option: {exc}") from None
+
+
+def _check_per_key(flow: Flow) -> None:
+    """``max_concurrent_per_key`` and ``concurrency_key`` come together, without ``max_concurrent``."""
+    limit, how = flow.max_concurrent_per_key, flow.concurrency_key
+    if limit is None and how is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"flow {flow.flow_id!r}: max_concurrent_per_key must be an int >= 1, got {limit!r}")
+    if not (callable(how) or (isinstance(how, str) and how)):
+        raise ConfigError(
+            f"flow {flow.flow_id!r}: concurrency_key must be a param name or a function of the params, got {how!r}"
+        )
+    if flow.max_concurrent is not None:
+        raise ConfigError(f"flow {flow.flow_id!r}: max_concurrent_per_key cannot be combined with max_concurrent")
 
 
 def _rate_limit(flow_id: str, value: Any) -> tuple[int, float]:

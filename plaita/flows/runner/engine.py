@@ -219,7 +219,7 @@ class FlowRunner:
             await self._steps.commit(run, run.ending)
             return run
         if start_flow is None:  # a resume with work to do
-            await self._enter(run.flow, task, io, start=False)
+            await self._enter(run.flow, task, io, start=False, params=run.execution.params)
         self._tell("run_began", flow_id)
         try:
             await self._steps.advance(run)
@@ -227,7 +227,7 @@ class FlowRunner:
             self._tell("run_ended", flow_id)
         return run
 
-    async def _enter(self, flow: Flow, task: Task, io: ExecutionIO, *, start: bool) -> bool:
+    async def _enter(self, flow: Flow, task: Task, io: ExecutionIO, *, start: bool, params: Any = None) -> bool:
         """Pass ``flow``'s fleet-wide limits (``plaita.flows.runner.limits``): True to run. False: a start
         parked until a slot is free (its task ends here, counted ``parked``). Over a start rate, or
         a resume over the limit, the task goes back to the queue (NotForThisWorker, counted
@@ -235,7 +235,7 @@ class FlowRunner:
         if not flow.limited(start=start):
             return True
         try:
-            entered = await self._limits.passed(io, flow, task, start=start)
+            entered = await self._limits.passed(io, flow, task, start=start, params=params)
         except NotForThisWorker:
             self._tell("execution_event", flow.flow_id, "throttled")
             raise

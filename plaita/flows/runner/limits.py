@@ -28,6 +28,12 @@ deadline takes no slot and waits for none (``FlowLimits.passed``): it leaves the
 created and ends ``cancelled`` without a step, so a cancel lands on a start waiting for a slot as
 on any other queued start (``plaita.flows.producer.cancel`` puts a parked start back on its stream).
 
+``max_concurrent_per_key`` works the same way per concurrency key (``Flow.key_of`` the params): the
+key's own slots and parked starts (still in the flow's hash tag), so a busy key parks only its own
+starts; the sweep also visits the keys with parked starts (at most SWEEP_KEYS_MAX a round, picked
+at random: one script call each). The limits in force are the flow's run-time record where it has
+one (``plaita limits set``, ``plaita.store.executions.limit_overrides``): the scripts read it.
+
 A resume over the limit, and a start over a start rate, is handed back to the queue
 (``NotForThisWorker``: no delivery is charged, it never reaches the DLQ) after a bounded, growing
 wait (or the rate's own wait), with its handler slot free meanwhile. The slots held here are
@@ -44,6 +50,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from plaita.errors import BadTaskError, NotForThisWorker
 from plaita.flows.io import ExecutionIO
@@ -71,8 +78,10 @@ class Held:
     flow_id: str
     execution_id: str
     token: str
-    #: The flow's ``max_concurrent``: a release gives the freed slot to a parked start.
+    #: The flow's ``max_concurrent`` (or per key): a release gives the freed slot to a parked start.
     limit: int
+    #: The concurrency key whose slot it is (None: the flow's own).
+    key: str | None = None
 
 
 class FlowLimits:
@@ -92,7 +101,7 @@ class FlowLimits:
         self.ttl_s = ttl_s
         self._clock = clock
         #: Flows whose parked starts this runner sweeps, and how many wait in each (last sweep).
-        self._parking = [f for f in flows if f.max_concurrent is not None]
+        self._parking = [f for f in flows if _slots_of(f)]
         self.waiting: dict[str, int] = {}
         self._registered: set[str] = set()
         self._rng = rng or random.Random()
@@ -109,17 +118,18 @@ class FlowLimits:
     # -- one task -------------------------------------------------------------------------
     @staticmethod
     def limited(flow: Flow, *, start: bool) -> bool:
-        """True when a task of ``flow`` (a start, or not) has a limit to pass."""
-        return flow.max_concurrent is not None or (start and flow.limits_starts)
+        """True when a task of ``flow`` (a start, or not) has a limit to pass (the model's answer)."""
+        return flow.limited(start=start)
 
-    async def passed(self, io: ExecutionIO, flow: Flow, task: Task, *, start: bool) -> bool:
+    async def passed(self, io: ExecutionIO, flow: Flow, task: Task, *, start: bool, params: Any = None) -> bool:
         """The runner's check, through its door: True to run, False for a start parked (its task
         ends here). NotForThisWorker over a start rate, or for a resume over the limit. A start
-        that will end ``cancelled`` anyway passes at once, leaving the parked starts."""
+        that will end ``cancelled`` anyway passes at once, leaving the parked starts. ``params``:
+        a resume's execution's (a start's are in its body), for a concurrency key."""
         if start and await self._start_cancelled(io, task):
             await io.blocking(self.forget, flow, task)
             return True
-        return await io.blocking(self.enter, flow, task, start=start)
+        return await io.blocking(self.enter, flow, task, start=start, params=params)
 
     async def _start_cancelled(self, io: ExecutionIO, task: Task) -> bool:
         """Whether ``task``'s start is past its deadline, or its cancel flag is set (one GET)."""
@@ -136,28 +146,29 @@ class FlowLimits:
         with self._lock:
             return id(task) in self._held
 
-    def enter(self, flow: Flow, task: Task, *, start: bool) -> bool:
+    def enter(self, flow: Flow, task: Task, *, start: bool, params: Any = None) -> bool:
         """Take ``flow``'s slot (and, for a start, pass its start rates) for ``task``; returns at
         once for an unlimited flow. False: a start parked (its task is done here, acked). Raises
         NotForThisWorker (a delayed hand-back) when refused otherwise."""
         if not self.limited(flow, start=start):
             return True
-        limit, token, member = flow.max_concurrent or 0, uuid.uuid4().hex, slot_member(task)
-        admit = self._acquire(flow, task, member, token, start=start)
+        limit, token, member = _slots_of(flow), uuid.uuid4().hex, slot_member(task)
+        key = _key_of(flow, task, params)
+        admit = self._acquire(flow, task, member, token, start=start, key=key)
         name = task_name(task)
         if admit.code not in (TAKEN, PARKED):
             raise self._refused(flow, task, admit)
         with self._lock:
             self._refusals.pop(name, None)
             if admit.code == TAKEN and limit:
-                self._held[id(task)] = Held(flow.flow_id, member, token, limit)
+                self._held[id(task)] = Held(flow.flow_id, member, token, limit, key)
                 self._start_renewing()
         if admit.code == PARKED:
             logger.debug("start %s (execution %s) of flow %r parked for a slot", task.message_id, name, flow.flow_id)
         return admit.code == TAKEN
 
-    def _acquire(self, flow: Flow, task: Task, member: str, token: str, *, start: bool) -> Admit:
-        limit = flow.max_concurrent or 0
+    def _acquire(self, flow: Flow, task: Task, member: str, token: str, *, start: bool, key: str | None) -> Admit:
+        limit = _slots_of(flow)
         park = None
         if start and limit:  # a start finding every slot held parks, its body kept to re-add it
             body = {**task.body, "execution_id": task.execution_id}
@@ -173,6 +184,7 @@ class FlowLimits:
             burst=flow.start_burst,
             window=flow.rate_limit if start else None,
             park=park,
+            key=key,
         )
 
     def _refused(self, flow: Flow, task: Task, admit: Admit) -> NotForThisWorker:
@@ -180,7 +192,7 @@ class FlowLimits:
         name = task_name(task)
         delay_s = self._delay(name, admit.wait_s)
         if admit.code == FULL:
-            what = f"all {flow.max_concurrent} slots of flow {flow.flow_id!r} are taken"
+            what = f"every slot of flow {flow.flow_id!r} is taken"
         else:
             what = f"flow {flow.flow_id!r} is at its start rate"
         logger.debug("task %s (execution %s): %s; back to the queue in %.2f s", task.message_id, name, what, delay_s)
@@ -194,8 +206,12 @@ class FlowLimits:
 
     def forget(self, flow: Flow, task: Task) -> None:
         """``task``'s start waits no more (it ends cancelled): drop it from the parked starts."""
-        if flow.max_concurrent is not None:
-            self.store.forget(flow.flow_id, slot_member(task), max_concurrent=flow.max_concurrent, ttl_s=self.ttl_s)
+        if limit := _slots_of(flow):
+            try:
+                key = _key_of(flow, task, None)
+            except BadTaskError:  # no key: it never parked, and it ends cancelled all the same
+                return
+            self.store.forget(flow.flow_id, slot_member(task), max_concurrent=limit, ttl_s=self.ttl_s, key=key)
 
     def leave(self, task: Task) -> None:
         """Give back ``task``'s slot, if it holds one. Never raises: a slot that cannot be given
@@ -205,7 +221,9 @@ class FlowLimits:
         if held is None:
             return
         try:
-            self.store.release(held.flow_id, held.execution_id, held.token, max_concurrent=held.limit, ttl_s=self.ttl_s)
+            self.store.release(
+                held.flow_id, held.execution_id, held.token, max_concurrent=held.limit, ttl_s=self.ttl_s, key=held.key
+            )
         except Exception as exc:
             logger.warning(
                 "could not give back the slot of execution %s (flow %r): %s: %s; it expires within %.0f s",
@@ -247,16 +265,23 @@ class FlowLimits:
         for flow in self._parking:
             try:
                 n = self.store.promote(flow.flow_id, max_concurrent=flow.max_concurrent or 0, ttl_s=self.ttl_s)
+                if flow.max_concurrent_per_key:
+                    self._sweep_keys(flow.flow_id, flow.max_concurrent_per_key)
             except Exception as exc:  # Redis unreachable, or one flow's key of a wrong type: the next round
                 logger.debug("sweeping parked starts of flow %r failed (%s: %s)", flow.flow_id, type(exc).__name__, exc)
                 continue
             with self._lock:
                 self.waiting[flow.flow_id] = n
 
+    def _sweep_keys(self, flow_id: str, per_key: int) -> None:
+        """The sweep of ``flow_id``'s concurrency keys with parked starts (a bounded pick)."""
+        for scope in self.store.parked_keys(flow_id):
+            self.store.promote_scope(flow_id, scope, max_concurrent=per_key, ttl_s=self.ttl_s)
+
     def renew_once(self) -> None:
         with self._lock:
             held = list(self._held.values())
-        results = self.store.renew([(h.flow_id, h.execution_id, h.token) for h in held], self.ttl_s)
+        results = self.store.renew([(h.flow_id, h.execution_id, h.token, h.key) for h in held], self.ttl_s)
         for h, ok in zip(held, results, strict=True):
             if not ok and self._forget(h):
                 logger.warning(
@@ -279,6 +304,18 @@ class FlowLimits:
 
     def close(self) -> None:
         self._stop.set()
+
+
+def _slots_of(flow: Flow) -> int:
+    """The slots a task of ``flow`` takes from: ``max_concurrent`` or per key; 0 = none."""
+    return flow.max_concurrent or flow.max_concurrent_per_key or 0
+
+
+def _key_of(flow: Flow, task: Task, params: Any) -> str | None:
+    """The concurrency key of ``task`` (BadTaskError: none in its params); None without one."""
+    if not flow.max_concurrent_per_key:
+        return None
+    return flow.key_of(task.body.get("params") if params is None else params)
 
 
 def _deadline(task: Task) -> float | None:

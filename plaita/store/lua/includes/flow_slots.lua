@@ -14,6 +14,18 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The limit in force: the flow's run-time limits record (``plaita limits set``) overrides the
+-- declared `limit` of a scope that has one (> 0): `max_concurrent` for the flow's own slots,
+-- `max_concurrent_per_key` for a concurrency key's (`scope` ~= '').
+local function override_limit(limits, limit, scope)
+  if limit <= 0 then return limit end
+  local field = 'max_concurrent'
+  if scope ~= '' then field = 'max_concurrent_per_key' end
+  local set = tonumber(redis.call('HGET', limits, field))
+  if set and set >= 1 then return set end
+  return limit
+end
+
 local function prune_slots(slots, owners, now_ms)
   local expired = redis.call('ZRANGEBYSCORE', slots, '-inf', now_ms)
   for _, member in ipairs(expired) do

@@ -10,26 +10,37 @@
 -- KEYS[3]  the flow's parked starts (zset)
 -- KEYS[4]  the flow's parked start tasks (hash)
 -- KEYS[5]  the flow's parked start deadlines (zset, score = deadline in epoch ms)
+-- KEYS[6]  the flow's run-time limits (hash): its max_concurrent replaces ARGV's when set
+-- KEYS[7]  the flow's concurrency keys with parked starts (set): a key's entry leaves it once
+--          none of its starts is parked
 -- ARGV[1]  max_concurrent
 -- ARGV[2]  slot ttl (ms), for a reservation
--- ARGV[3]  most starts past their deadline put back in one call
+-- ARGV[3]  most starts past their deadline put back in one call (0 for a concurrency key: the
+--          flow's own sweep does it)
+-- ARGV[4]  the concurrency key ('' = the flow's own slots; KEYS[1..3] are then that key's)
 -- Returns  {waiting, body...}: how many starts are parked (promoted ones not yet running
---          included), and the bodies given a slot or past their deadline, for the caller to put
---          back on their streams
+--          included; the concurrency key's, or the whole flow's), and the bodies given a slot
+--          or past their deadline, for the caller to put back on their streams
 --- @include "flow_slots"
-local kinds = {'zset', 'hash', 'zset', 'hash', 'zset'}
-for i = 1, 5 do
+local kinds = {'zset', 'hash', 'zset', 'hash', 'zset', 'hash', 'set'}
+for i = 1, 7 do
   local kind = redis.call('TYPE', KEYS[i]).ok
   if kind ~= kinds[i] and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is not a ' .. kinds[i])
   end
 end
-local limit, ttl_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit, ttl_ms = override_limit(KEYS[6], tonumber(ARGV[1]), ARGV[4]), tonumber(ARGV[2])
 local now_ms = server_ms()
 prune_slots(KEYS[1], KEYS[2], now_ms)
 local bodies = promote_parked(KEYS[1], KEYS[2], KEYS[3], KEYS[4], limit, ttl_ms, now_ms, '')
 if #bodies > 0 then keep_slot_keys(KEYS[1], KEYS[2], ttl_ms) end
-local out = {redis.call('ZCARD', KEYS[3])}
+local waiting = redis.call('ZCARD', KEYS[3])
+if ARGV[4] ~= '' then
+  if waiting == 0 then redis.call('SREM', KEYS[7], ARGV[4]) end
+else
+  waiting = redis.call('HLEN', KEYS[4])  -- every parked start of the flow, of every concurrency key
+end
+local out = {waiting}
 for _, body in ipairs(bodies) do out[#out + 1] = body end
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, tonumber(ARGV[3]))) do
   redis.call('ZREM', KEYS[5], member)

@@ -2,6 +2,9 @@
 -- (max_starts_per_s, a token bucket; rate_limit, a sliding window), atomically. A start that
 -- finds no slot is parked in order of its start (when ARGV[9] is set); every key has the flow's
 -- own hash tag.
+-- With a concurrency key (ARGV[12]: max_concurrent_per_key), KEYS[1], KEYS[2] and KEYS[5] are
+-- that key's own slot set, owners and parked starts (the flow's hash tag still), so a busy key
+-- parks only its own starts.
 -- KEYS[1]  the flow's slot set: zset, member = execution, score = expiry (server ms)
 -- KEYS[2]  the flow's slot owners: hash, execution -> token of the task holding its slot
 -- KEYS[3]  the flow's start bucket: hash {tokens, at_ms}
@@ -9,6 +12,9 @@
 -- KEYS[5]  the flow's parked starts: zset, member = execution, score = start order
 -- KEYS[6]  the flow's parked start tasks: hash, execution -> task body (JSON)
 -- KEYS[7]  the flow's parked start deadlines: zset, member = execution, score = deadline (ms)
+-- KEYS[8]  the flow's run-time limits (``plaita limits set``): hash; a field there replaces the
+--          matching ARGV of a limit the flow declares (max_concurrent, max_starts_per_s)
+-- KEYS[9]  the flow's concurrency keys with parked starts: set (the sweep visits them)
 -- ARGV[1]  execution (member)
 -- ARGV[2]  token (unique per acquire)
 -- ARGV[3]  max_concurrent (0 = no slot is taken)
@@ -20,6 +26,7 @@
 -- ARGV[9]  park order ('' = do not park: a resume), the start's stream id as a number
 -- ARGV[10] task body to park (JSON)
 -- ARGV[11] the start's deadline (epoch ms; '' = none), for the sweep to end it in time
+-- ARGV[12] the concurrency key's name in KEYS[9] ('' = the flow's own slots)
 -- Returns  {code, wait_ms, body...}: code 1 taken, 0 every slot is held, 2 a start rate is
 --          spent (no slot taken; wait_ms until the next start may pass), 3 parked; the bodies
 --          are parked starts this call gave a slot to, for the caller to put back on their
@@ -27,8 +34,8 @@
 --          proves it; or reserved for it as a parked start) is taken over. Expired slots are
 --          pruned first.
 --- @include "flow_slots"
-local kinds = {'zset', 'hash', 'hash', 'zset', 'zset', 'hash', 'zset'}
-for i = 1, 7 do
+local kinds = {'zset', 'hash', 'hash', 'zset', 'zset', 'hash', 'zset', 'hash', 'set'}
+for i = 1, 9 do
   local kind = redis.call('TYPE', KEYS[i]).ok
   if kind ~= kinds[i] and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is not a ' .. kinds[i])
@@ -38,6 +45,11 @@ local now_ms = server_ms()
 local limit, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6])
 local window_n, window_ms = tonumber(ARGV[7]), tonumber(ARGV[8])
+limit = override_limit(KEYS[8], limit, ARGV[12])
+if rate > 0 then
+  local set_rate = tonumber(redis.call('HGET', KEYS[8], 'max_starts_per_s'))
+  if set_rate and set_rate > 0 then rate, burst = set_rate, math.max(1, set_rate) end
+end
 local parking = ARGV[9] ~= ''
 local promoted = {}
 
@@ -61,6 +73,7 @@ if limit > 0 then
       redis.call('ZADD', KEYS[5], 'NX', tonumber(ARGV[9]), ARGV[1])
       redis.call('HSETNX', KEYS[6], ARGV[1], ARGV[10])
       if ARGV[11] ~= '' then redis.call('ZADD', KEYS[7], 'NX', tonumber(ARGV[11]), ARGV[1]) end
+      if ARGV[12] ~= '' then redis.call('SADD', KEYS[9], ARGV[12]) end
       return reply(3, 0)
     end
   end

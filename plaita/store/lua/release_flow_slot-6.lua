@@ -5,18 +5,20 @@
 -- KEYS[3]  the flow's parked starts (zset)
 -- KEYS[4]  the flow's parked start tasks (hash)
 -- KEYS[5]  the flow's parked start deadlines (zset)
+-- KEYS[6]  the flow's run-time limits (hash): its max_concurrent replaces ARGV's when set
 -- ARGV[1]  execution (member)
 -- ARGV[2]  the token it was taken with ('~promoted': a slot reserved for a parked start)
 -- ARGV[3]  max_concurrent (0 = promote no parked start)
 -- ARGV[4]  slot ttl (ms), for a reservation
 -- ARGV[5]  '1': the start is no longer waiting (cancelled, past its deadline): drop it from the
 --          parked starts too
+-- ARGV[6]  the concurrency key ('' = the flow's own slots): which limit KEYS[6] overrides
 -- Returns  {1 released or 0 not ours (expired, or taken over by the execution's next task),
 --          body...}: the bodies are parked starts given a slot, for the caller to put back on
 --          their streams.
 --- @include "flow_slots"
-local kinds = {'zset', 'hash', 'zset', 'hash', 'zset'}
-for i = 1, 5 do
+local kinds = {'zset', 'hash', 'zset', 'hash', 'zset', 'hash'}
+for i = 1, 6 do
   local kind = redis.call('TYPE', KEYS[i]).ok
   if kind ~= kinds[i] and kind ~= 'none' then
     return {0}
@@ -33,7 +35,7 @@ if ARGV[5] == '1' then
   redis.call('HDEL', KEYS[4], ARGV[1])
   redis.call('ZREM', KEYS[5], ARGV[1])
 end
-local limit, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
+local limit, ttl_ms = override_limit(KEYS[6], tonumber(ARGV[3]), ARGV[6]), tonumber(ARGV[4])
 if limit > 0 then
   local now_ms = server_ms()
   prune_slots(KEYS[1], KEYS[2], now_ms)
