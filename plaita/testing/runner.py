@@ -23,6 +23,8 @@ from typing import Any
 
 from plaita import Settings, WorkerService, start_worker
 from plaita.flows import Flow, FlowClient, Schedule, WaitTimeout, load_flows
+from plaita.tasking import TaskRegistry
+from plaita.tasking.client import TaskClient
 from plaita.testing.clock import TestClock
 
 #: How long ``run``, ``run_until_done`` and the waits wait unless told: generous for a loaded CI
@@ -55,8 +57,15 @@ class FlowTestRunner:
         self._flows: dict[str, Flow] = {}
         self._service: WorkerService | None = None
         self._client: FlowClient | None = None
+        #: The queue of named tasks (``load_tasks``): a queue of its own, as ``plaita dev --tasks``.
+        self.tasks_queue = f"{self.queue_name}:tasks"
+        self._tasks_service: WorkerService | None = None
+        self._task_client: TaskClient | None = None
         #: (execution id, history length) of failed attempts whose backoff was already skipped.
         self._skipped: set[tuple[str, int]] = set()
+        #: Resume ids this runner sent, by execution, not yet seen applied: the clock is not moved
+        #: over a wait whose resume or message is still on its way (it would time the wait out).
+        self._in_flight: dict[str, set[str]] = {}
 
     # -- the worker ------------------------------------------------------------------------
     def load(self, *sources: FlowSource) -> FlowTestRunner:
@@ -95,19 +104,44 @@ class FlowTestRunner:
             self._service = start_worker(settings, flows=list(self._flows.values()), keeper=True)
         return self._service
 
+    def load_tasks(self, tasks: TaskRegistry | str) -> TaskClient:
+        """Run a named-task worker (``plaita worker --tasks``) for ``tasks`` (a registry, or a
+        module name holding one) on ``tasks_queue``; returns the ``TaskClient`` of that queue."""
+        if self._tasks_service is not None:
+            raise ValueError("a task worker already runs: one registry per runner")
+        settings = Settings(
+            redis_url=self.redis_url,
+            queue_name=self.tasks_queue,
+            consumer_name=f"test-tasks-{secrets.token_hex(3)}",
+            concurrency=self.concurrency,
+            registry_ttl_s=5.0,
+            heartbeat_interval_s=1.0,
+        )
+        self._tasks_service = start_worker(settings, tasks=tasks)
+        return self.task_client
+
+    @property
+    def task_client(self) -> TaskClient:
+        """The ``TaskClient`` of ``tasks_queue`` (opened on first use; closed by ``close``)."""
+        if self._task_client is None:
+            self._task_client = TaskClient.from_url(self.redis_url, queue_name=self.tasks_queue)
+        return self._task_client
+
     def _stop_worker(self) -> None:
         service, self._service = self._service, None
-        if service is not None and not service.stop(STOP_TIMEOUT_S):
-            service.stop(STOP_TIMEOUT_S, now=True)
+        _stop(service)
 
     def close(self) -> None:
-        """Stop the worker (gracefully, at once past ``STOP_TIMEOUT_S``) and close the client."""
+        """Stop the workers (gracefully, at once past ``STOP_TIMEOUT_S``) and close the clients."""
         try:
             self._stop_worker()
+            tasks, self._tasks_service = self._tasks_service, None
+            _stop(tasks)
         finally:
-            client, self._client = self._client, None
-            if client is not None:
-                client.close()
+            for client in (self._client, self._task_client):
+                if client is not None:
+                    client.close()
+            self._client = self._task_client = None
 
     def __enter__(self) -> FlowTestRunner:
         return self
@@ -186,12 +220,20 @@ class FlowTestRunner:
             time.sleep(POLL_S)
 
     def resume(self, execution_id: str, data: Any = None, **options: Any) -> Any:
-        """``FlowClient.resume`` (``resume_type`` "event" by default, ``wait_for``, ``resume_id``)."""
-        return self.flow_client.resume(execution_id, data=data, **options)
+        """``FlowClient.resume`` (``resume_type`` "event" by default, ``wait_for``, ``resume_id``).
+        Until the execution took it, ``run_until_done`` moves no clock over its wait."""
+        options.setdefault("resume_id", f"test:{secrets.token_hex(8)}")
+        sent = self.flow_client.resume(execution_id, data=data, **options)
+        self._in_flight.setdefault(execution_id, set()).add(options["resume_id"])
+        return sent
 
     def send(self, execution_id: str, topic: str, data: Any = None, **options: Any) -> Any:
-        """``FlowClient.send``: a message a step takes with ``ctx.recv(topic)`` (``idempotency_key``)."""
-        return self.flow_client.send(execution_id, topic, data, **options)
+        """``FlowClient.send``: a message a step takes with ``ctx.recv(topic)`` (``idempotency_key``).
+        Until the execution took it, ``run_until_done`` moves no clock over its wait."""
+        key = options.setdefault("idempotency_key", f"test:{secrets.token_hex(8)}")
+        sent = self.flow_client.send(execution_id, topic, data, **options)
+        self._in_flight.setdefault(execution_id, set()).add(f"msg:{topic}:{key}")
+        return sent
 
     def cancel(self, execution_id: str) -> Any:
         return self.flow_client.cancel(execution_id)
@@ -230,7 +272,13 @@ class FlowTestRunner:
         return execution_id
 
     def _advance_for(self, execution_id: str, doc: dict[str, Any]) -> None:
-        """Move the clock to what the execution waits for, if that is a time."""
+        """Move the clock to what the execution waits for, if that is a time (and no resume this
+        runner sent is still on its way to it)."""
+        in_flight = self._in_flight.get(execution_id)
+        if in_flight:
+            in_flight -= set(doc.get("applied_resumes") or ())
+            if in_flight:
+                return
         status, suspension = doc.get("status"), doc.get("suspension") or {}
         if status == "suspended" and isinstance(suspension.get("deadline"), int | float):
             due_s = float(suspension["deadline"])
@@ -295,3 +343,9 @@ def _flows_of(sources: Iterable[FlowSource]) -> list[Flow]:
         else:
             raise TypeError(f"a flow source is a Flow, a module or a module name, not {type(source).__name__}")
     return flows
+
+
+def _stop(service: WorkerService | None) -> None:
+    """Stop ``service`` gracefully, at once past ``STOP_TIMEOUT_S``."""
+    if service is not None and not service.stop(STOP_TIMEOUT_S):
+        service.stop(STOP_TIMEOUT_S, now=True)

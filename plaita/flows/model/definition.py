@@ -161,8 +161,8 @@ class Flow:
     def limited(self, *, start: bool) -> bool:
         """True when a task of this flow (a start, or not) has a fleet-wide limit to pass
         (``plaita.flows.runner.limits``): asked by the runner before it takes a slot."""
-        return self.max_concurrent is not None or self.max_concurrent_per_key is not None or (
-            start and self.limits_starts
+        return (
+            self.max_concurrent is not None or self.max_concurrent_per_key is not None or (start and self.limits_starts)
         )
 
     def key_of(self, params: Any) -> str:

