@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         load_flows,
     )
     from plaita.flows.producer.client import DuplicateStart, ExecutionNotFound, FlowClient, WaitTimeout
+    from plaita.flows.producer.listing import ExecutionPage, ExecutionRow, StepRow
     from plaita.ops.service import WorkerService, build_worker, run_worker, start_worker
     from plaita.tasks import Task
 
@@ -80,6 +81,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         ("DuplicateStart", "ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.producer.client"
     ),
+    **dict.fromkeys(("ExecutionPage", "ExecutionRow", "StepRow"), "plaita.flows.producer.listing"),
     **dict.fromkeys(("WorkerService", "build_worker", "run_worker", "start_worker"), "plaita.ops.service"),
 }
 
@@ -89,6 +91,8 @@ __all__ = [
     "ConfigError",
     "DuplicateStart",
     "ExecutionNotFound",
+    "ExecutionPage",
+    "ExecutionRow",
     "Flow",
     "FlowClient",
     "FlowRegistry",
@@ -104,6 +108,7 @@ __all__ = [
     "Step",
     "StepCancelled",
     "StepContext",
+    "StepRow",
     "StepTimeLimit",
     "Suspend",
     "Task",

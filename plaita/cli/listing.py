@@ -1,56 +1,102 @@
-"""What ``plaita executions list`` reads: the newest executions of each status, paged through
-the status index as far as ``--limit`` needs (not just its first page), of one tenant or, with
-``--all-tenants``, of the default tenant and every tenant with executions. Reads only."""
+"""What ``plaita executions list`` reads: ``FlowClient.list`` (``plaita.flows.producer.listing``),
+page after page until ``--limit`` rows, of one tenant or, with ``--all-tenants``, of the default
+tenant and every tenant with executions; ``--cursor`` goes on where an earlier list stopped (the
+cursor is on stderr when more rows follow). Reads only."""
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import re
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
-#: Index entries read per call (one ZRANGE and one pipelined read of the documents).
-PAGE = 200
+from plaita.cli.retention import duration_s
+from plaita.flows.producer.listing import MAX_LIMIT as PAGE
+from plaita.flows.producer.listing import ExecutionRow
+
 #: Most rows ``--limit`` may ask for.
 MAX_LIMIT = 100_000
-#: Most index entries one status of one tenant is scanned for (``--flow`` keeps only some):
-#: a bound on what one command reads from a server in production.
+#: Most index entries one command reads (calls that stop at their own bound are continued up to it).
 MAX_SCANNED = 200_000
 
-
-def newest(
-    stores: list[Any], statuses: tuple[str, ...] | list[str], *, flow: str | None, limit: int
-) -> tuple[list[dict[str, Any]], list[Any], bool]:
-    """(rows newest first, at most ``limit``; unreadable keys; True when a scan stopped at
-    ``MAX_SCANNED`` before it found ``limit`` rows). Each row carries its ``tenant``."""
-    rows: list[dict[str, Any]] = []
-    bad: list[Any] = []
-    capped = False
-    for store in stores:
-        tenant = store.ks.tenant or "default"
-        totals = store.counts()
-        for status in statuses:
-            found, unreadable, stopped = _of_status(store, status, totals.get(status, 0), flow, limit)
-            rows.extend({**doc, "tenant": tenant} for doc in found)
-            bad.extend(unreadable)
-            capped = capped or stopped
-    rows.sort(key=lambda d: number_or_zero(d.get("updated_at")), reverse=True)
-    return rows[:limit], bad, capped
+_AGO = re.compile(r"\d+(?:\.\d+)?[smhdw]")
 
 
-def _of_status(
-    store: Any, status: str, total: int, flow: str | None, limit: int
-) -> tuple[list[dict[str, Any]], list[Any], bool]:
-    """The newest ``limit`` rows of one status (of ``flow``), a page at a time."""
-    found: list[dict[str, Any]] = []
-    bad: list[Any] = []
-    offset = 0
-    while len(found) < limit and offset < total:
-        if offset >= MAX_SCANNED:
-            return found, bad, True
-        size = PAGE if flow is not None else min(PAGE, limit - len(found))
-        docs, unreadable = store.listing(status, size, offset=offset)
-        found.extend(d for d in docs if flow in (None, d.get("flow_id")))
-        bad.extend(unreadable)
-        offset += size
-    return found[:limit], bad, False
+@dataclass
+class Listed:
+    """The rows one command lists, the unreadable keys it met, and where a next one goes on."""
+
+    rows: list[ExecutionRow] = field(default_factory=list)
+    bad: list[Any] = field(default_factory=list)
+    cursor: str | None = None
+    capped: bool = False
+
+
+def list_rows(flows: Any, args: argparse.Namespace) -> Listed:
+    """Up to ``args.limit`` rows matching the command's filters, newest update first."""
+    listed = Listed(cursor=args.cursor)
+    scanned = 0
+    while len(listed.rows) < args.limit:
+        page = flows.list(
+            status=args.status,
+            flow=args.flow,
+            all_tenants=args.all_tenants,
+            parent_id=args.parent,
+            created_after=args.created_after,
+            created_before=args.created_before,
+            version=args.version,
+            limit=min(PAGE, args.limit - len(listed.rows)),
+            cursor=listed.cursor,
+        )
+        listed.rows += page.rows
+        listed.bad += page.unreadable
+        listed.cursor, scanned = page.cursor, scanned + page.scanned
+        if listed.cursor is None:
+            break
+        if scanned >= MAX_SCANNED:
+            listed.capped = True
+            break
+    return listed
+
+
+def moment_s(raw: str) -> float:
+    """An argparse type: an ISO 8601 date or time (UTC unless it says), epoch seconds, or a
+    duration ago (``7d``, ``12h``, ``30m``: that long before now)."""
+    text = raw.strip()
+    if _AGO.fullmatch(text):
+        return time.time() - duration_s(text)
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {raw!r} (ISO 8601 such as 2026-01-31T12:00, epoch seconds, or ago: 7d, 12h)"
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=datetime.UTC)).timestamp()
+
+
+def summary(row: ExecutionRow, *, tenant: bool) -> dict[str, Any]:
+    """A row as ``--json`` prints it (``tenant`` with ``--all-tenants``: ``default`` for the default one)."""
+    out = {
+        "execution_id": row.execution_id,
+        "flow_id": row.flow_id,
+        "status": row.status,
+        "step": row.step,
+        "steps_run": row.steps_run,
+        "version": row.version,
+        "parent_id": row.parent_id,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "ended_at": row.ended_at,
+    }
+    if tenant:
+        out["tenant"] = row.tenant or "default"
+    return out
 
 
 def number_or_zero(value: Any) -> float:
