@@ -56,8 +56,9 @@ def test_rows_are_typed_and_each_filter_selects(h: Harness, rclient: redis.Redis
     v2 = flows.start("ledger3", {"i": 9}, version="v2")
     h.run(start("done-1", "ledger3"))
     h.run(start("err-1", "flaky", fail_times=5))
-    child = {"execution_id": "kid", "flow_id": "ledger3", "status": "completed", "step": "three",
-             "parent": {"id": "done-1", "step": "one", "index": 0}, "created_at": time.time(), "results": {}}  # fmt: skip
+    link = {"id": "done-1", "step": "one", "index": 0}  # a child's link to its parent, as spawn writes it
+    child = {"execution_id": "kid", "flow_id": "ledger3", "status": "completed", "step": "three", "parent": link}
+    child |= {"created_at": time.time(), "results": {}}
     rclient.set("plaita:execution:kid", json.dumps(child))
     rclient.zadd("plaita:executions:status:completed", {"kid": time.time()})
 
@@ -135,8 +136,9 @@ def test_a_filter_the_index_cannot_serve_scans_a_bounded_number_of_entries(flows
 
 
 def test_bad_arguments_are_value_errors(flows: FlowClient) -> None:
-    for bad in ({"status": "done"}, {"status": []}, {"limit": 0}, {"limit": 1001}, {"cursor": "not-one"},
-                {"created_after": float("nan")}, {"tenant": "bad:tenant"}):  # fmt: skip
+    bads = [{"status": "done"}, {"status": []}, {"limit": 0}, {"limit": 1001}, {"cursor": "not-one"}]
+    bads += [{"created_after": float("nan")}, {"tenant": "bad:tenant"}, {"cursor": "WyJuYW4iLCAiIiwgIngiXQ"}]
+    for bad in bads:
         with pytest.raises(ValueError):
             flows.list(**bad)  # type: ignore[arg-type]
 
