@@ -162,3 +162,29 @@ def test_steps_after_retries_and_after_an_error(h: Harness) -> None:
     assert all(s.output is None for s in steps)
     with pytest.raises(ExecutionNotFound):
         h.flows.steps("nobody")
+
+
+def test_entries_of_one_score_page_by_id_past_a_whole_chunk(flows: FlowClient, rclient: redis.Redis) -> None:
+    """Ties (a batch of creates shares its time): more than one chunk (200) of them, in two tenants."""
+    pipe = rclient.pipeline(transaction=False)
+    for ns in ("plaita", "plaita:t1"):
+        for i in range(450):
+            doc = {"execution_id": f"tie-{i:03d}", "flow_id": "f", "status": "completed", "step": "s"}
+            pipe.set(f"{ns}:execution:tie-{i:03d}", json.dumps(doc))
+            pipe.zadd(f"{ns}:executions:status:completed", {f"tie-{i:03d}": 1000.0})
+    pipe.sadd("plaita:tenants", "t1")
+    pipe.execute()
+    found = [(r.execution_id, r.tenant) for r in everything_of(flows, 83)]
+    expected = [(f"tie-{i:03d}", t) for t in ("t1", "") for i in reversed(range(450))]
+    assert found == expected  # (score, tenant, id) descending, none twice, none missed
+
+
+def everything_of(flows: FlowClient, limit: int) -> list[ExecutionRow]:
+    rows: list[ExecutionRow] = []
+    page = flows.list(all_tenants=True, limit=limit)
+    for _ in range(100):
+        rows += page.rows
+        if page.cursor is None:
+            return rows
+        page = flows.list(all_tenants=True, limit=limit, cursor=page.cursor)
+    raise AssertionError("more than 100 pages")

@@ -52,17 +52,17 @@ class Scan:
 _Entry = tuple[Position, str, Any]  # (position, status, the tenant's ExecutionStore)
 
 
-def _entries(store: Any, status: str, p: int, after: Position | None, min_score: float | None) -> Iterator[_Entry]:
-    """Entries of one index strictly after ``after``, newest first, a chunk per call. Redis orders
-    equal scores by member, descending in a REV range: the tuple order of ``Position`` within one
-    tenant (ids compare by code point, which is their UTF-8 byte order)."""
+def _entries(
+    store: Any, status: str, p: int, after: Position | None, min_score: float | None, first: list[Any]
+) -> Iterator[_Entry]:
+    """Entries of one index strictly after ``after``, newest first, a chunk per call (``first``:
+    the reply of the first, read for every index in one pipeline). Redis orders equal scores by
+    member, descending in a REV range: the tuple order of ``Position`` within one tenant (ids
+    compare by code point, which is their UTF-8 byte order)."""
     key, tenant = store.ks.status_key(p, status), store.ks.tenant
-    low = "-inf" if min_score is None else repr(min_score)
-    bound, offset = after, 0
+    bound, offset, raw = after, 0, first
     while True:
-        high = "+inf" if bound is None else repr(bound.score)
-        raw = store.client.zrevrangebyscore(key, high, low, start=offset, num=CHUNK, withscores=True)
-        got = [Position(float(s), tenant, reply_text(m)) for m, s in cast(list[Any], raw)]
+        got = [Position(float(s), tenant, reply_text(m)) for m, s in raw]
         kept = [pos for pos in got if bound is None or pos < bound]
         for pos in kept:
             yield pos, status, store
@@ -71,6 +71,30 @@ def _entries(store: Any, status: str, p: int, after: Position | None, min_score:
         # The next chunk starts at the last kept entry's score (entries at it already taken are
         # skipped); a whole chunk of ties at the bound is stepped over by offset.
         bound, offset = (kept[-1], 0) if kept else (bound, offset + CHUNK)
+        raw = cast(list[Any], store.client.zrevrangebyscore(key, *_range(bound, min_score), offset, CHUNK, True))
+
+
+def _range(bound: Position | None, min_score: float | None) -> tuple[str, str]:
+    """(max, min) of a ZREVRANGEBYSCORE: from ``bound``'s score (inclusive: ties follow it) down."""
+    return ("+inf" if bound is None else repr(bound.score)), ("-inf" if min_score is None else repr(min_score))
+
+
+def _first_chunks(
+    indexes: list[tuple[Any, str, int]], after: Position | None, min_score: float | None
+) -> list[list[Any]]:
+    """The first chunk of every index, in one pipeline per client (a page of a few dozen rows is
+    then one round trip for the indexes, however many statuses, partitions and tenants)."""
+    by_client: dict[int, list[int]] = {}
+    for i, (store, _, _) in enumerate(indexes):
+        by_client.setdefault(id(store.client), []).append(i)
+    found: dict[int, list[Any]] = {}
+    for members in by_client.values():
+        pipe = indexes[members[0]][0].client.pipeline(transaction=False)
+        for i in members:
+            store, status, p = indexes[i]
+            pipe.zrevrangebyscore(store.ks.status_key(p, status), *_range(after, min_score), 0, CHUNK, True)
+        found.update(zip(members, pipe.execute(), strict=True))
+    return [found[i] for i in range(len(indexes))]
 
 
 def scan(
@@ -88,12 +112,9 @@ def scan(
     index entries. A document whose status is no longer its entry's (it moved meanwhile; its new
     entry is elsewhere in the order) or that is gone (expired, its entry not trimmed yet) is
     skipped; ``min_score``: entries updated before it are not read at all."""
-    sources = [
-        _entries(store, status, p, after, min_score)
-        for store in stores
-        for status in statuses
-        for p in range(len(store.ks.tags))
-    ]
+    indexes = [(store, status, p) for store in stores for status in statuses for p in range(len(store.ks.tags))]
+    firsts = _first_chunks(indexes, after, min_score)
+    sources = [_entries(*index, after, min_score, first) for index, first in zip(indexes, firsts, strict=True)]
     merged = heapq.merge(*sources, key=lambda e: e[0], reverse=True)
     rows: list[tuple[Position, str, dict[str, Any]]] = []
     bad: list[UnreadableExecution] = []
