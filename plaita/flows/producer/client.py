@@ -30,7 +30,7 @@ from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.validate import check_deadline_s, check_wait_name, require_json
 from plaita.flows.producer.cancel import CancelOutcome, request_cancel
-from plaita.flows.producer.listing import ExecutionPage, StepRow, list_executions, steps_of
+from plaita.flows.producer.listing import ExecutionPage, StepRow, list_executions, steps_of, stores_of
 from plaita.flows.retention import Deleted
 from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
@@ -434,15 +434,8 @@ class FlowClient:
         ``cursor`` for the next page, None at the end); this client's tenant's, ``tenant``'s, or
         with ``all_tenants`` every tenant's. Filters, bounds and cost: ``plaita.flows.producer.listing``.
         ValueError for a bad filter, limit, tenant or cursor."""
-        if all_tenants and tenant is not None:
-            raise ValueError("all_tenants lists every tenant: give it without tenant")
-        home = self.store if tenant is None else self.store.for_tenant(tenant)
-        stores = [home]
-        if all_tenants:
-            default = self.store.for_tenant(None)
-            stores = [default, *(default.for_tenant(t) for t in default.tenants())]
         return list_executions(
-            stores,
+            stores_of(self.store, tenant=tenant, all_tenants=all_tenants),
             status=status,
             flow=flow,
             parent_id=parent_id,

@@ -1,7 +1,8 @@
 """Listing executions and their steps as typed rows: ``FlowClient.list`` and ``FlowClient.steps``.
 
 ``list_executions`` pages through the status indexes newest update first
-(``plaita.store.executions.index_scan``); the CLI's ``executions list`` and the dashboard call it.
+(``plaita.store.executions.index_scan``) of the tenants ``stores_of`` names; ``FlowClient.list``,
+the CLI's ``executions list`` (through it) and the dashboard call it.
 No index is added for it, so a start costs what it did (one ZADD to the queued index, about 145
 bytes per entry of a 32-character id on Redis 7.0; no write at all for the listing):
 
@@ -140,6 +141,18 @@ def list_executions(
     rows = [_row(pos, status_, doc, include_params, include_result) for pos, status_, doc in found.rows]
     following = None if found.next_after is None else encode_cursor(found.next_after)
     return ExecutionPage(rows, following, found.unreadable, found.capped, found.scanned)
+
+
+def stores_of(store: Any, *, tenant: str | None = None, all_tenants: bool = False) -> list[Any]:
+    """The ``ExecutionStore`` of each tenant a listing reads: ``store``'s own tenant, ``tenant``'s,
+    or with ``all_tenants`` the default tenant's and every one in ``plaita:tenants``. ValueError
+    for both, or an invalid tenant id."""
+    if all_tenants and tenant is not None:
+        raise ValueError("all_tenants lists every tenant: give it without tenant")
+    if not all_tenants:
+        return [store if tenant is None else store.for_tenant(tenant)]
+    default = store.for_tenant(None)
+    return [default, *(default.for_tenant(t) for t in default.tenants())]
 
 
 def steps_of(doc: dict[str, Any], *, include_output: bool = False) -> list[StepRow]:
