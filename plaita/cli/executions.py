@@ -5,7 +5,7 @@
 
 Exit codes: 0 done, 1 unknown or unreadable execution, a Redis failure or a wait that timed
 out (one line on stderr), 2 bad arguments; ``cancel`` 3 when the execution had already ended
-``completed`` or ``error`` (nothing was cancelled). Read commands (``list``, ``show``) never write;
+``completed`` or ``error`` (nothing was cancelled). Read commands (``list``, ``show``, ``steps``) never write;
 ``list`` names each unreadable execution key on stderr and lists the others.
 """
 
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plaita.cli import retention
+from plaita.cli import listing, retention
 from plaita.cli.common import json_text, redis_failed
 from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, list_rows, moment_s, number_or_zero, summary
 from plaita.cli.options import WithParents, flow_client_of, seconds
@@ -42,7 +42,8 @@ def add_parsers(
         "executions",
         help="start, steer and inspect flow executions",
         description=(
-            "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | delete ID... | "
+            "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | steps ID | "
+            "delete ID... | "
             "prune | cancel-many (the Redis flags may follow the action too)"
         ),
     )
@@ -134,6 +135,7 @@ def _add_reading(sub: WithParents) -> None:
     sh = sub.add_parser("show", help="one execution: state and step timeline")
     sh.add_argument("id", help="execution id")
     sh.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_steps_parser(sub)
 
 
 def _json_arg(text: str | None, what: str) -> Any:
@@ -402,5 +404,6 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "fork": _fork,
     "list": _list,
     "show": _show,
+    "steps": listing.run_steps,
     **retention.COMMANDS,
 }

@@ -1,17 +1,22 @@
 """What ``plaita executions list`` reads: ``FlowClient.list`` (``plaita.flows.producer.listing``),
 page after page until ``--limit`` rows, of one tenant or, with ``--all-tenants``, of the default
 tenant and every tenant with executions; ``--cursor`` goes on where an earlier list stopped (the
-cursor is on stderr when more rows follow). Reads only."""
+cursor is on stderr when more rows follow). And ``plaita executions steps ID``: ``FlowClient.steps``.
+Reads only."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import json
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from plaita.cli.common import json_text
+from plaita.cli.options import WithParents
 from plaita.cli.retention import duration_s
 from plaita.flows.producer.listing import MAX_LIMIT as PAGE
 from plaita.flows.producer.listing import ExecutionRow
@@ -102,3 +107,36 @@ def summary(row: ExecutionRow, *, tenant: bool) -> dict[str, Any]:
 def number_or_zero(value: Any) -> float:
     """A timestamp field as a float; 0 for anything that is not a number (sorted last)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def add_steps_parser(sub: WithParents) -> None:
+    st = sub.add_parser("steps", help="each step an execution ran: attempts, start, end, last error")
+    st.add_argument("id", help="execution id")
+    st.add_argument("--output", action="store_true", help="each step's output too")
+    st.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run_steps(flows: Any, args: argparse.Namespace) -> int:
+    """ExecutionNotFound (exit 1, one line) when there is no execution."""
+    steps = flows.steps(args.id, include_output=args.output)
+    if args.json:
+        print(json_text([dataclasses.asdict(s) for s in steps], indent=2, ensure_ascii=False))
+        return 0
+    print(f"{'STEP':18} {'ATTEMPTS':>8} {'OUTCOME':10} {'STARTED':19} {'ENDED':19} ERROR")
+    for s in steps:
+        when = f"{_when(s.started_at):19} {_when(s.ended_at):19}"
+        print(f"{s.name:18} {s.attempts:>8} {s.outcome:10} {when} {s.error or ''}")
+        if args.output:
+            print(f"  output {json.dumps(s.output, ensure_ascii=False)[:500]}")
+    if not steps:
+        print("(no steps run yet)")
+    return 0
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    try:
+        return datetime.datetime.fromtimestamp(ts, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # out of the calendar's range, or NaN
+        return repr(ts)

@@ -124,3 +124,24 @@ def test_filter_flags_select_as_the_python_api_does(redis_url: str, rclient: red
     assert listed(redis_url, "--created-before", "2000-01-01") == []
     r = run("executions", "list", "--created-after", "someday", "--redis-url", redis_url)
     assert r.returncode == 2 and "--created-after" in one_line(r)
+
+
+def test_steps_prints_each_step_and_json(redis_url: str, rclient: redis.Redis) -> None:
+    history = [
+        {"step": "a", "attempt": 0, "started_at": 10.0, "ended_at": 11.0, "outcome": "ok"},
+        {"step": "b", "attempt": 1, "started_at": 12.0, "ended_at": 13.0, "outcome": "failed", "error": "E: boom"},
+        {"step": "b", "attempt": 2, "started_at": 14.0, "ended_at": 15.0, "outcome": "error", "error": "E: again"},
+    ]
+    put(rclient, "stepped", "error", step="b", history=history, results={"a": {"x": 1}})
+    r = run("executions", "steps", "stepped", "--json", "--output", "--redis-url", redis_url)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(d["name"], d["attempts"], d["outcome"], d["error"], d["output"]) for d in rows] == [
+        ("a", 1, "ok", None, {"x": 1}),
+        ("b", 2, "error", "E: again", None),
+    ]
+    assert rows[1]["started_at"] == 12.0 and rows[1]["ended_at"] == 15.0
+    table = run("executions", "steps", "stepped", "--redis-url", redis_url)
+    assert table.returncode == 0 and table.stdout.startswith("STEP") and "E: again" in table.stdout
+    missing = run("executions", "steps", "nobody", "--redis-url", redis_url)
+    assert missing.returncode == 1 and "nobody" in one_line(missing)
