@@ -68,7 +68,8 @@ class ExecutionRow:
 
 @dataclass(frozen=True)
 class ExecutionPage:
-    """One page: ``rows`` newest update first; ``cursor`` for the next page (None: no more);
+    """One page: ``rows`` newest update first; ``cursor`` for the next page (None: no index entry
+    follows; with a filter, the next page may still come back empty);
     ``unreadable`` keys met (left out, never touched); ``capped``: ``MAX_SCANNED`` entries were
     read before ``limit`` rows were found (``cursor`` goes on from there)."""
 
