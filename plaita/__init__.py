@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         load_flows,
     )
     from plaita.flows.producer.client import DuplicateStart, ExecutionNotFound, FlowClient, WaitTimeout
+    from plaita.flows.producer.listing import ExecutionPage, ExecutionRow, StepRow
     from plaita.ops.service import WorkerService, build_worker, run_worker, start_worker
     from plaita.tasking import TaskFailed, TaskRegistry, TaskResultTimeout, UnknownTaskResult
     from plaita.tasking.client import TaskClient, enqueue
@@ -82,6 +83,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         ("DuplicateStart", "ExecutionNotFound", "FlowClient", "WaitTimeout"), "plaita.flows.producer.client"
     ),
+    **dict.fromkeys(("ExecutionPage", "ExecutionRow", "StepRow"), "plaita.flows.producer.listing"),
     **dict.fromkeys(("WorkerService", "build_worker", "run_worker", "start_worker"), "plaita.ops.service"),
     **dict.fromkeys(("TaskFailed", "TaskRegistry", "TaskResultTimeout", "UnknownTaskResult"), "plaita.tasking"),
     **dict.fromkeys(("TaskClient", "enqueue"), "plaita.tasking.client"),
@@ -93,6 +95,8 @@ __all__ = [
     "ConfigError",
     "DuplicateStart",
     "ExecutionNotFound",
+    "ExecutionPage",
+    "ExecutionRow",
     "Flow",
     "FlowClient",
     "FlowRegistry",
@@ -108,6 +112,7 @@ __all__ = [
     "Step",
     "StepCancelled",
     "StepContext",
+    "StepRow",
     "StepTimeLimit",
     "Suspend",
     "Task",

@@ -5,7 +5,7 @@
 
 Exit codes: 0 done, 1 unknown or unreadable execution, a Redis failure or a wait that timed
 out (one line on stderr), 2 bad arguments; ``cancel`` 3 when the execution had already ended
-``completed`` or ``error`` (nothing was cancelled). Read commands (``list``, ``show``) never write;
+``completed`` or ``error`` (nothing was cancelled). Read commands (``list``, ``show``, ``steps``) never write;
 ``list`` names each unreadable execution key on stderr and lists the others.
 """
 
@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from plaita.cli import retention
+from plaita.cli import listing, retention
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, newest, number_or_zero
+from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, list_rows, moment_s, number_or_zero, summary
 from plaita.cli.options import WithParents, flow_client_of, seconds
 from plaita.errors import ConfigError, PlaitaError
 from plaita.tasks import tenant_ns
@@ -42,7 +42,8 @@ def add_parsers(
         "executions",
         help="start, steer and inspect flow executions",
         description=(
-            "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | delete ID... | "
+            "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | steps ID | "
+            "delete ID... | "
             "prune | cancel-many (the Redis flags may follow the action too)"
         ),
     )
@@ -124,10 +125,17 @@ def _add_reading(sub: WithParents) -> None:
         help=f"most rows, newest first, read page by page (default %(default)s; at most {MAX_LIMIT})",
     )  # fmt: skip
     ls.add_argument("--all-tenants", action="store_true", help="every tenant's executions (a TENANT column)")
+    ls.add_argument("--parent", metavar="ID", help="only the children of execution ID")
+    ls.add_argument("--version", help="only executions of this flow version")
+    when = "ISO 8601 (UTC unless it says), epoch seconds, or ago: 7d, 12h"
+    ls.add_argument("--created-after", type=moment_s, metavar="TIME", help=f"only those created at or after ({when})")
+    ls.add_argument("--created-before", type=moment_s, metavar="TIME", help=f"only those created before ({when})")
+    ls.add_argument("--cursor", help="go on after the rows an earlier list printed (it names its cursor on stderr)")
     ls.add_argument("--json", action="store_true", help="print JSON")
     sh = sub.add_parser("show", help="one execution: state and step timeline")
     sh.add_argument("id", help="execution id")
     sh.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_steps_parser(sub)
 
 
 def _json_arg(text: str | None, what: str) -> Any:
@@ -251,27 +259,24 @@ def _cancel(flows: Any, args: argparse.Namespace) -> int:
 
 def _list(flows: Any, args: argparse.Namespace) -> int:
     """Reads only (never prunes the index); an unreadable execution key is one line on stderr
-    and the others are listed."""
-    stores = [flows.store]
-    if args.all_tenants:
-        stores += [flows.store.for_tenant(t) for t in flows.store.tenants()]
-    rows, bad, capped = newest(stores, args.status or LIST_STATUSES, flow=args.flow, limit=args.limit)
-    _report_unreadable(bad)
-    if capped:
-        print(f"plaita executions list: stopped after {MAX_SCANNED} index entries of a status", file=sys.stderr)
+    and the others are listed. When more rows follow, the cursor to go on with is on stderr."""
+    listed = list_rows(flows, args)
+    _report_unreadable(listed.bad)
+    if listed.capped:
+        print(f"plaita executions list: stopped after {MAX_SCANNED} index entries", file=sys.stderr)
+    if listed.cursor is not None:
+        print(f"plaita executions list: more: --cursor {listed.cursor}", file=sys.stderr)
     if args.json:
-        extra = ("tenant",) if args.all_tenants else ()
-        print(json_text([_summary(d, extra) for d in rows], indent=2, ensure_ascii=False))
+        print(json_text([summary(r, tenant=args.all_tenants) for r in listed.rows], indent=2, ensure_ascii=False))
         return 0
     tenant_head = f"{'TENANT':16} " if args.all_tenants else ""
     print(f"{tenant_head}{'EXECUTION':34} {'FLOW':16} {'STATUS':10} {'STEP':18} UPDATED")
-    for d in rows:
-        tenant = f"{d['tenant']!s:16} " if args.all_tenants else ""
+    for r in listed.rows:
+        tenant = f"{r.tenant or 'default':16} " if args.all_tenants else ""
         print(
-            f"{tenant}{d.get('execution_id', '?')!s:34} {d.get('flow_id', '?')!s:16} {d.get('status', '?')!s:10} "
-            f"{d.get('step', '')!s:18} {_when(d.get('updated_at'))}"
+            f"{tenant}{r.execution_id:34} {r.flow_id or '?':16} {r.status:10} {r.step or '':18} {_when(r.updated_at)}"
         )
-    if not rows:
+    if not listed.rows:
         print("(no executions)")
     return 0
 
@@ -319,11 +324,6 @@ def _print_events(events: dict[str, Any]) -> None:
     for name, record in events.items():
         value = json.dumps(record.get("value"), ensure_ascii=False)[:200]
         print(f"  {name!s:18} {value}  (step {record.get('step')}, {_when(record.get('at'))})")
-
-
-def _summary(d: dict[str, Any], extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    keys = ("execution_id", "flow_id", "status", "step", "steps_run", "created_at", "updated_at", "ended_at", *extra)
-    return {k: d.get(k) for k in keys}
 
 
 def _when(ts: Any) -> str:
@@ -404,5 +404,6 @@ _COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "fork": _fork,
     "list": _list,
     "show": _show,
+    "steps": listing.run_steps,
     **retention.COMMANDS,
 }

@@ -43,14 +43,15 @@ FLOW_WORKER_ACL_RULES = (
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
 #: ``ACL SETUSER plaita-producer on >PASSWORD <rules>``. XADD (tasks), GET/MGET (states, dedup),
-#: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE/ZCARD (listing, counts), XRANGE
+#: SET (cancel flags), HGET/HGETALL (published events), ZREVRANGE/ZCARD/ZREVRANGEBYSCORE (listing
+#: by cursor, counts), XRANGE
 #: (a cancel of an id with no document looks for its start in the stream), SMEMBERS + HGET (... or
 #: its parked start); EVALSHA and SCRIPT LOAD for the start's script, which runs TYPE, EXISTS, GET,
 #: SET, ZADD, ZREMRANGEBYSCORE (expired queued records leave their index) and XADD; SADD (a
 #: tenant's first start registers the tenant); no channels.
 PRODUCER_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange +zcard "
-    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers"
+    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers +zrevrangebyscore"
 )
 
 #: Rules for an operator of flows (``plaita executions fork | delete | prune | cancel-many`` and
@@ -70,14 +71,14 @@ ADMIN_ACL_RULES = (
     "+scan +mget +exists +xlen +xinfo|groups +xpending +xrange +xadd +xdel +del "
     "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard +hgetall +smembers +hlen "
     "+hset +hmget +sadd +srem +sunion +srandmember +time +zcount +evalsha +script|load +type +zrangebyscore "
-    "+zrange +zscore +zadd +zrem +hget +hdel +pttl +pexpire"
+    "+zrange +zscore +zadd +zrem +hget +hdel +pttl +pexpire +zrevrangebyscore"
 )
 
 #: Rules for a read-only dashboard (``plaita dashboard`` without ``--allow-actions``): registry,
 #: queue statistics, the DLQ and executions pages, nothing that writes or publishes.
 DASHBOARD_READ_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels -@all +scan +mget +exists +xlen +xinfo|groups +xpending +xrange "
-    "+get +zrevrange +zcard +hgetall +smembers +hlen"
+    "+get +zrevrange +zcard +hgetall +smembers +hlen +zrevrangebyscore"
 )
 
 #: The worker's rules under the name the issue uses.

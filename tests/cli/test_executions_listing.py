@@ -82,3 +82,66 @@ def test_a_table_piped_into_head_ends_quietly(redis_url: str, rclient: redis.Red
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("EXECUTION") and r.stdout.count("\n") == 1
     assert r.stderr == "", r.stderr
+
+
+def _cursor_of(stderr: str) -> str | None:
+    marks = [line.split("--cursor ", 1)[1] for line in stderr.splitlines() if "more: --cursor " in line]
+    return marks[0] if marks else None
+
+
+def test_cursor_pages_on_where_the_last_list_stopped(redis_url: str, rclient: redis.Redis) -> None:
+    """The CLI calls ``FlowClient.list``: more than a page of rows, then ``--cursor`` from stderr."""
+    put_many(rclient, 120)
+    seen: list[str] = []
+    cursor: str | None = None
+    for _ in range(10):
+        extra = ("--cursor", cursor) if cursor else ()
+        r = run("executions", "list", "--json", "--limit", "50", "--redis-url", redis_url, *extra)
+        assert r.returncode == 0, r.stderr
+        seen += [str(d["execution_id"]) for d in json.loads(r.stdout)]
+        cursor = _cursor_of(r.stderr)
+        if cursor is None:
+            break
+    assert seen == [f"row-f-{i:05d}" for i in reversed(range(120))]
+    bad = run("executions", "list", "--cursor", "nonsense", "--redis-url", redis_url)
+    assert bad.returncode == 2 and "cursor" in one_line(bad)
+
+
+def test_filter_flags_select_as_the_python_api_does(redis_url: str, rclient: redis.Redis) -> None:
+    with FlowClient.from_url(redis_url) as flows:
+        early = flows.start("f", version="v1")
+        mid_s = time.time() + 0.001
+        while time.time() <= mid_s:  # bounded: the clock moves
+            pass
+        late = flows.start("g", version="v2")
+    put(rclient, "kid", "completed", parent={"id": early}, created_at=time.time())
+    assert [r["execution_id"] for r in listed(redis_url, "--version", "v2")] == [late]
+    assert [r["execution_id"] for r in listed(redis_url, "--parent", early)] == ["kid"]
+    assert [r["execution_id"] for r in listed(redis_url, "--created-before", repr(mid_s))] == [early]
+    after = listed(redis_url, "--created-after", repr(mid_s), "--status", "queued")
+    assert [(r["execution_id"], r["version"]) for r in after] == [(late, "v2")]
+    assert {r["execution_id"] for r in listed(redis_url, "--created-after", "1h")} == {early, late, "kid"}
+    assert listed(redis_url, "--created-before", "2000-01-01") == []
+    r = run("executions", "list", "--created-after", "someday", "--redis-url", redis_url)
+    assert r.returncode == 2 and "--created-after" in one_line(r)
+
+
+def test_steps_prints_each_step_and_json(redis_url: str, rclient: redis.Redis) -> None:
+    history = [
+        {"step": "a", "attempt": 0, "started_at": 10.0, "ended_at": 11.0, "outcome": "ok"},
+        {"step": "b", "attempt": 1, "started_at": 12.0, "ended_at": 13.0, "outcome": "failed", "error": "E: boom"},
+        {"step": "b", "attempt": 2, "started_at": 14.0, "ended_at": 15.0, "outcome": "error", "error": "E: again"},
+    ]
+    put(rclient, "stepped", "error", step="b", history=history, results={"a": {"x": 1}})
+    r = run("executions", "steps", "stepped", "--json", "--output", "--redis-url", redis_url)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(d["name"], d["attempts"], d["outcome"], d["error"], d["output"]) for d in rows] == [
+        ("a", 1, "ok", None, {"x": 1}),
+        ("b", 2, "error", "E: again", None),
+    ]
+    assert rows[1]["started_at"] == 12.0 and rows[1]["ended_at"] == 15.0
+    table = run("executions", "steps", "stepped", "--redis-url", redis_url)
+    assert table.returncode == 0 and table.stdout.startswith("STEP") and "E: again" in table.stdout
+    missing = run("executions", "steps", "nobody", "--redis-url", redis_url)
+    assert missing.returncode == 1 and "nobody" in one_line(missing)

@@ -9,6 +9,7 @@ execution's lease is the only writer of an execution's document, so a producer n
 
 from __future__ import annotations
 
+import builtins
 import getpass
 import logging
 import math
@@ -29,6 +30,7 @@ from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.validate import check_deadline_s, check_wait_name, require_json
 from plaita.flows.producer.cancel import CancelOutcome, request_cancel
+from plaita.flows.producer.listing import ExecutionPage, StepRow, list_executions, steps_of, stores_of
 from plaita.flows.retention import Deleted
 from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
@@ -411,6 +413,45 @@ class FlowClient:
                 status = doc.get("status") if doc else "not started"
                 raise WaitTimeout(f"execution {execution_id} still {status} after {timeout_s} s")
             time.sleep(min(poll_s, left_s))
+
+    def list(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        flow: str | None = None,
+        tenant: str | None = None,
+        all_tenants: bool = False,
+        parent_id: str | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        version: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        include_params: bool = False,
+        include_result: bool = False,
+    ) -> ExecutionPage:
+        """A page of executions, newest update first, as typed rows (``ExecutionPage``: ``rows``,
+        ``cursor`` for the next page, None at the end); this client's tenant's, ``tenant``'s, or
+        with ``all_tenants`` every tenant's. Filters, bounds and cost: ``plaita.flows.producer.listing``.
+        ValueError for a bad filter, limit, tenant or cursor."""
+        return list_executions(
+            stores_of(self.store, tenant=tenant, all_tenants=all_tenants),
+            status=status,
+            flow=flow,
+            parent_id=parent_id,
+            created_after=created_after,
+            created_before=created_before,
+            version=version,
+            limit=limit,
+            cursor=cursor,
+            include_params=include_params,
+            include_result=include_result,
+        )
+
+    def steps(self, execution_id: str, *, include_output: bool = False) -> builtins.list[StepRow]:
+        """Each step the execution ran, in the order each first ran: attempts, first start, end,
+        last error, and its output with ``include_output`` (``StepRow``). ExecutionNotFound."""
+        return steps_of(self._require(_checked_id(execution_id)), include_output=include_output)
 
     def _enqueue(self, body: dict[str, Any]) -> str:
         """Enqueue ``body`` with the caller's trace context (``plaita.flows.tracing``), if any."""
