@@ -43,7 +43,7 @@ def add_parsers(
         help="start, steer and inspect flow executions",
         description=(
             "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | delete ID... | "
-            "prune | cancel-many (the Redis flags may follow the action too)"
+            "prune | cancel-many | resume-many (the Redis flags may follow the action too)"
         ),
     )
     redis_options(ex)
@@ -162,6 +162,7 @@ def run_executions(args: argparse.Namespace) -> int:
                 raise ConfigError(f"--deadline-s: {exc}") from None
     if args.executions_command == "send":
         _json_arg(args.data, "--data")  # bad JSON is a bad flag (exit 2), refused before connecting
+    retention.check_flags(args)
     if args.executions_command == "list" and args.all_tenants and args.tenant is not None:
         raise ConfigError("--all-tenants lists every tenant: give it without --tenant")
     flows = _client(args)
