@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.dashboard.conftest import SAME_ORIGIN, MakeDashboard, dead_letter, login, sample
+from plaita.store.acl import ADMIN_ACL_RULES, FLOW_ADMIN_ACL_RULES
+from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, sample
+from tests.dashboard.test_executions import acl_user
 from tests.flows.support import Harness, harness, start
 from tests.support.ops import DLQ, QUEUE, ops_worker, wait_until
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -174,3 +177,18 @@ class TestForkAndDelete:
         live = dash.post("/executions/delete", data={**form, "csrf": csrf, "execution_id": "s1"}, headers=SAME_ORIGIN)
         assert live.url.path == "/executions/s1" and "is suspended: only an ended one" in _notice(live.text)
         assert (h.store.get("s1") or {}).get("status") == "suspended"
+
+    def test_the_admin_user_with_the_flow_admin_commands_forks_and_deletes_without_a_denial(
+        self, make_dashboard: MakeDashboard, redis_server: RedisServer, rclient: redis.Redis, h: Harness
+    ) -> None:
+        """As docs/operations.md says: the admin line plus the flow-admin line's commands."""
+        h.run(start("acl-f", "ledger3"))
+        rules = f"{ADMIN_ACL_RULES} {FLOW_ADMIN_ACL_RULES.split(' -@all ', 1)[1]}"
+        dash = make_dashboard(url=acl_user(redis_server, "plaita-admin-flows", rules))
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        forked = dash.post("/executions/fork", data={"execution_id": "acl-f", "from_step": "three"}, headers=bearer)
+        assert "forked from" in _notice(forked.text) and rclient.xlen(QUEUE) == 1, _notice(forked.text)
+        form = {"execution_id": "acl-f", "confirm": "yes"}
+        deleted = dash.post("/executions/delete", data=form, headers=bearer)
+        assert "deleted with every key" in _notice(deleted.text) and h.store.get("acl-f") is None
+        assert [e for e in rclient.acl_log() if e.get("reason") != "auth"] == []
