@@ -11,14 +11,13 @@ Redis failed, 2 bad flags (or a confirmation needed where no one can answer it).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from plaita.cli.common import json_text
+from plaita.cli.common import json_arg, json_text
 from plaita.cli.options import WithParents
 from plaita.errors import ConfigError
 
@@ -49,24 +48,23 @@ def add_parsers(sub: WithParents) -> None:
     pr.add_argument("--all-tenants", action="store_true", help="the default tenant's and every tenant's")
     pr.add_argument("--json", action="store_true", help="print JSON")
     cm = sub.add_parser("cancel-many", help="cancel every execution a filter selects (asks first)")
-    cm.add_argument("--status", action="append", choices=["queued", "running", "suspended"], help="only this")
-    cm.add_argument("--flow", help="only this flow")
-    cm.add_argument("--limit", type=int, default=1000, help="at most this many (default %(default)s)")
-    cm.add_argument("--dry-run", action="store_true", help="list them, cancel nothing")
-    cm.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
-    cm.add_argument("--all-tenants", action="store_true", help="the default tenant's and every tenant's")
-    cm.add_argument("--json", action="store_true", help="print JSON")
+    _many_flags(cm, "cancel", ["queued", "running", "suspended"])
     rm = sub.add_parser("resume-many", help="resume every suspended execution a filter selects (asks first)")
-    rm.add_argument("--status", action="append", choices=["suspended"], help="only this (the default)")
-    rm.add_argument("--flow", help="only this flow")
+    _many_flags(rm, "resume", ["suspended"])
     rm.add_argument("--wait", metavar="NAME", help="only those in the wait NAME (ctx.suspend(wait_for=NAME)); "
                     "the event is addressed to it")  # fmt: skip
     rm.add_argument("--data", help="the event's data as JSON")
-    rm.add_argument("--limit", type=int, default=1000, help="at most this many (default %(default)s)")
-    rm.add_argument("--dry-run", action="store_true", help="list them, resume nothing")
-    rm.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
-    rm.add_argument("--all-tenants", action="store_true", help="the default tenant's and every tenant's")
-    rm.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _many_flags(parser: argparse.ArgumentParser, verb: str, statuses: list[str]) -> None:
+    """The filter and confirmation flags ``cancel-many`` and ``resume-many`` share."""
+    parser.add_argument("--status", action="append", choices=statuses, help="only this (repeatable)")
+    parser.add_argument("--flow", help="only this flow")
+    parser.add_argument("--limit", type=int, default=1000, help="at most this many (default %(default)s)")
+    parser.add_argument("--dry-run", action="store_true", help=f"list them, {verb} nothing")
+    parser.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
+    parser.add_argument("--all-tenants", action="store_true", help="the default tenant's and every tenant's")
+    parser.add_argument("--json", action="store_true", help="print JSON")
 
 
 def run_delete(flows: Any, args: argparse.Namespace) -> int:
@@ -128,7 +126,7 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.all_tenants and args.tenant is not None:
         raise ConfigError("--all-tenants selects in every tenant: give it without --tenant")
     if args.executions_command == "resume-many":
-        _json_data(args.data)
+        json_arg(args.data, "--data")
 
 
 def run_cancel_many(flows: Any, args: argparse.Namespace) -> int:
@@ -140,7 +138,7 @@ def run_cancel_many(flows: Any, args: argparse.Namespace) -> int:
 
 
 def run_resume_many(flows: Any, args: argparse.Namespace) -> int:
-    data = _json_data(args.data)
+    data = json_arg(args.data, "--data")
     which = (
         "suspended"
         + (f" of flow {args.flow}" if args.flow else "")
@@ -183,15 +181,6 @@ def _run_many(
 def _tenants(flows: Any, args: argparse.Namespace) -> list[str]:
     """The tenants a command acts in: this client's, or ("" first) every one (``--all-tenants``)."""
     return ["", *flows.store.tenants()] if args.all_tenants else [flows.tenant_id or ""]
-
-
-def _json_data(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"--data is not valid JSON: {exc}") from None
 
 
 def _print_ids(ids: dict[str, list[str]], args: argparse.Namespace, what: str) -> None:

@@ -4,20 +4,22 @@ an execution's fork and delete against the real flow engine."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from plaita.store.acl import ADMIN_ACL_RULES, FLOW_ADMIN_ACL_RULES
+from tests.dashboard import test_executions
 from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, sample
 from tests.dashboard.test_executions import acl_user
-from tests.flows.support import Harness, harness, start
+from tests.flows.support import Harness, start
 from tests.support.ops import DLQ, QUEUE, ops_worker, wait_until
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
+
+h = test_executions.h  # the real flow engine over the test flows, fed tasks by hand
 
 
 def _notice(page: str) -> str:
@@ -120,14 +122,6 @@ class TestWorkerControl:
         assert "no worker is listening" in _notice(dash.post("/workers/control", data=nobody, headers=SAME_ORIGIN).text)
         bad = {"instance": "all", "command": "explode", "csrf": csrf}
         assert "unknown command" in _notice(dash.post("/workers/control", data=bad, headers=SAME_ORIGIN).text)
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    """The real flow engine over the test flows, fed tasks by hand (the tests' worker)."""
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with harness(redis_url) as h:
-        yield h
 
 
 class TestForkAndDelete:

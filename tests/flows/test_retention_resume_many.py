@@ -5,26 +5,17 @@ took the first resumes nothing twice."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.flows import flowdefs, msgdefs, sleepdefs
+from tests.flows import test_retention
 from tests.flows.support import Harness, start
 from tests.flows.test_retention import cli
 
 pytestmark = pytest.mark.redis
 
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    harness = Harness(redis_url, flows=[*flowdefs.FLOWS, *sleepdefs.FLOWS, msgdefs.inbox])
-    try:
-        yield harness
-    finally:
-        harness.close()
+h = test_retention.h  # the real flow engine over the test flows (msg-inbox too), fed tasks by hand
 
 
 def _bodies(h: Harness) -> list[dict[str, Any]]:
