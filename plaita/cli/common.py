@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from plaita.config import DEFAULT_REDIS_URL, redact_url
+from plaita.errors import ConfigError
 from plaita.store.errors import is_redis_failure
 
 
@@ -30,6 +31,16 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
+
+
+def json_arg(text: str | None, what: str) -> Any:
+    """A flag's JSON value (None when not given); ConfigError (exit 2) naming ``what`` when not JSON."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} is not valid JSON: {exc}") from None
 
 
 def json_text(value: Any, **options: Any) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from plaita.cli import listing, retention
-from plaita.cli.common import json_text, redis_failed
+from plaita.cli.common import json_arg, json_text, redis_failed
 from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, list_rows, moment_s, number_or_zero, summary
 from plaita.cli.options import WithParents, flow_client_of, seconds
 from plaita.errors import ConfigError, PlaitaError
@@ -43,8 +43,7 @@ def add_parsers(
         help="start, steer and inspect flow executions",
         description=(
             "start FLOW | resume ID | send ID TOPIC | cancel ID | retry ID | fork ID | list | show ID | steps ID | "
-            "delete ID... | "
-            "prune | cancel-many (the Redis flags may follow the action too)"
+            "delete ID... | prune | cancel-many | resume-many (the Redis flags may follow the action too)"
         ),
     )
     redis_options(ex)
@@ -138,15 +137,6 @@ def _add_reading(sub: WithParents) -> None:
     listing.add_steps_parser(sub)
 
 
-def _json_arg(text: str | None, what: str) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{what} is not valid JSON: {exc}") from None
-
-
 def _client(args: argparse.Namespace) -> Any:
     return flow_client_of(args, tenant_id=args.tenant)
 
@@ -158,7 +148,7 @@ def run_executions(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--tenant: {exc}") from None
     if args.executions_command == "start":
-        params = _json_arg(args.input, "--input")
+        params = json_arg(args.input, "--input")
         if not isinstance(params, dict):
             raise ConfigError("--input must be a JSON object")
         if args.deadline_s is not None:
@@ -169,7 +159,8 @@ def run_executions(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 raise ConfigError(f"--deadline-s: {exc}") from None
     if args.executions_command == "send":
-        _json_arg(args.data, "--data")  # bad JSON is a bad flag (exit 2), refused before connecting
+        json_arg(args.data, "--data")  # bad JSON is a bad flag (exit 2), refused before connecting
+    retention.check_flags(args)
     if args.executions_command == "list" and args.all_tenants and args.tenant is not None:
         raise ConfigError("--all-tenants lists every tenant: give it without --tenant")
     flows = _client(args)
@@ -212,14 +203,14 @@ def _start(flows: Any, args: argparse.Namespace) -> int:
 
 
 def _resume(flows: Any, args: argparse.Namespace) -> int:
-    data = _json_arg(args.data, "--data")
+    data = json_arg(args.data, "--data")
     task_id = flows.resume(args.id, args.type, data, resume_id=args.resume_id, wait_for=args.wait_for)
     print(task_id)
     return 0
 
 
 def _send(flows: Any, args: argparse.Namespace) -> int:
-    data = _json_arg(args.data, "--data")
+    data = json_arg(args.data, "--data")
     print(flows.send(args.id, args.topic, data, idempotency_key=args.idempotency_key))
     return 0
 

@@ -37,6 +37,9 @@ class ActionError(PlaitaError):
 class Outcome:
     message: str
     replies: list[dict[str, Any]]
+    #: The page to go to instead of the one the action came from ("": that one): a fork's new
+    #: execution, the list after a delete.
+    goto: str = ""
 
 
 def control(fleet: FleetAccess, target: str, command: str) -> Outcome:

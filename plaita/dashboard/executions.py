@@ -1,9 +1,10 @@
-"""The executions tab's reads and buttons: lists from the status index, one execution, cancel, resume.
+"""The executions tab's reads and buttons: lists from the status index, one execution, cancel,
+resume, fork and delete.
 
 Listing reads the per-status sorted sets newest first (never SCAN), then the states in one MGET
 per page; a flow filter is applied to those states, so it reads at most MAX_SCANNED index
 entries per status before it stops looking. Reads never prune the index: the read-only ACL user
-may not write. Cancel and resume go through FlowClient, exactly like ``plaita executions``.
+may not write. Cancel, resume, fork and delete go through FlowClient, exactly like ``plaita executions``.
 A tenant filter (``?tenant=T``) reads and steers that tenant's executions (its own index and keys).
 """
 
@@ -15,8 +16,10 @@ from typing import Any
 
 from plaita.dashboard.actions import ActionError, Outcome
 from plaita.dashboard.lineage import WAITING_KINDS, parent_of, waits_as
+from plaita.flows.fork import NotForkable
 from plaita.flows.model import bodies as model
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient
+from plaita.flows.retention import NotDeletable
 from plaita.store.executions.store import ALL_STATUSES as STATUSES
 from plaita.store.executions.store import TERMINAL, ExecutionStore
 
@@ -169,6 +172,42 @@ def resume(
         raise ActionError(str(exc)) from None
     to = f" for wait {wait_for!r}" if wait_for else ""
     return Outcome(f"{resume_type} resume{to} of execution {execution_id!r} enqueued as task {task_id}", [])
+
+
+def fork_steps(doc: dict[str, Any]) -> list[str]:
+    """The steps a fork may start at: those the execution ran, in the order it first ran them
+    (none while it is queued: it ran nothing)."""
+    if doc.get("status") == "queued":
+        return []
+    order = [e.get("step") for e in doc.get("history") or [] if isinstance(e, dict)]
+    order += [*(doc.get("results") or {}), doc.get("step")]
+    return [s for s in dict.fromkeys(order) if isinstance(s, str)]
+
+
+def fork(flows: FlowClient, execution_id: str, from_step: str) -> tuple[str, Outcome]:
+    """``FlowClient.fork`` at ``from_step``: (the new id, the outcome); the original is left as it is."""
+    _known(execution_id, lambda: flows.get(execution_id))
+    if not from_step:
+        raise ActionError("pick the step the new execution starts at")
+    try:
+        new_id = flows.fork(execution_id, from_step)
+    except NotForkable as exc:
+        raise ActionError(str(exc)) from None
+    return new_id, Outcome(f"execution {new_id!r} forked from {execution_id!r} at step {from_step!r} and started", [])
+
+
+def delete(flows: FlowClient, execution_id: str) -> Outcome:
+    """``FlowClient.delete`` of an ended execution (never forced: cancel a live one first)."""
+    doc = _known(execution_id, lambda: flows.get(execution_id))
+    try:
+        (done,) = flows.delete(execution_id)
+    except NotDeletable:
+        raise ActionError(
+            f"execution {execution_id!r} is {doc.get('status')}: only an ended one is deleted (cancel it first)"
+        ) from None
+    if done.outcome == "missing":
+        return Outcome(f"execution {execution_id!r} was gone already (expired or deleted)", [])
+    return Outcome(f"execution {execution_id!r} ({done.status}) deleted with every key it owned", [])
 
 
 def _data(text: str) -> Any:

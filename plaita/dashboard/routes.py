@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -151,6 +152,7 @@ class Views:
             request, "execution.html", active="executions", doc=doc, eid=eid, page_error=error, tenant=tenant,
             steps=executions.timeline(doc) if doc else [], pretty=executions.pretty, terminal=executions.TERMINAL,
             resume_types=executions.RESUME_TYPES, resume_id=secrets.token_hex(8), composed=composed,
+            fork_steps=executions.fork_steps(doc) if doc else [],
             limit_children=lineage.CHILD_ROWS,
         )  # fmt: skip
 
@@ -178,6 +180,37 @@ class Views:
 
         return await self.act(request, _execution_path(eid, tenant), run)
 
+    async def fork_execution(self, request: Request) -> Response:
+        form = await _form(request)
+        eid, tenant = str(form.get("execution_id", "")), str(form.get("tenant", ""))
+
+        def run(form: dict[str, Any]) -> Outcome:
+            flows = executions.tenant_flows(self.dash.action_flows, tenant)
+            new_id, outcome = executions.fork(flows, eid, str(form.get("from_step", "")))
+            return replace(outcome, goto=_execution_path(new_id, tenant))
+
+        return await self.act(request, _execution_path(eid, tenant), run)
+
+    async def delete_execution(self, request: Request) -> Response:
+        form = await _form(request)
+        eid, tenant = str(form.get("execution_id", "")), str(form.get("tenant", ""))
+        listing = "/executions" + (f"?tenant={quote(tenant, safe='')}" if tenant else "")
+        if form.get("confirm") != "yes":  # step one: say what goes, ask again
+            try:
+                self.dash.guard.check_action(request, form.get("csrf"))
+            except Forbidden as exc:
+                return self.dash.render(request, "message.html", 403, title="Refused", text=str(exc))
+            return self.dash.render(
+                request, "delete_execution.html", active="executions", eid=eid, tenant=tenant,
+                back=_execution_path(eid, tenant),
+            )  # fmt: skip
+
+        def run(_form: dict[str, Any]) -> Outcome:
+            flows = executions.tenant_flows(self.dash.action_flows, tenant)
+            return replace(executions.delete(flows, eid), goto=listing)
+
+        return await self.act(request, _execution_path(eid, tenant), run)
+
     async def act(self, request: Request, back: str, run: Callable[[dict[str, Any]], Outcome]) -> Response:
         form = await _form(request)
         try:
@@ -187,6 +220,7 @@ class Views:
         try:
             outcome = await run_in_threadpool(run, form)
             notice = self.dash.notices.add("ok", outcome.message, outcome.replies)
+            back = outcome.goto or back
         except ActionError as exc:
             notice = self.dash.notices.add("error", str(exc))
         except Exception as exc:
@@ -263,6 +297,8 @@ def routes(dash: Dashboard) -> list[Route]:
         Route("/executions", v.execution_list),
         Route("/executions/cancel", v.cancel_execution, methods=["POST"]),
         Route("/executions/resume", v.resume_execution, methods=["POST"]),
+        Route("/executions/fork", v.fork_execution, methods=["POST"]),
+        Route("/executions/delete", v.delete_execution, methods=["POST"]),
         Route("/executions/{execution_id:path}", v.execution_page),
         Route("/schedules", v.schedules),
         Route("/login", v.login_page),

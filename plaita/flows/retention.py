@@ -4,14 +4,15 @@
 them); a queued, running or suspended one is refused unless ``force``: then it is cancelled first,
 and deleted once it has ended (within ``timeout_s``). ``prune`` deletes the executions that ended
 before a time, found through the status indexes in bounded batches (a run cut short is resumed by
-running it again). ``cancel_many`` cancels the executions a status (and flow) filter selects.
+running it again). ``cancel_many`` cancels the executions a status (and flow) filter selects,
+``resume_many`` resumes the suspended ones (in a wait of a given name, when asked) the same way.
 The retention of an ended execution (its TTL) is the flow's ``retention_s`` (default 7 days).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,7 +39,9 @@ ENDED = ("completed", "error", "cancelled")
 NOT_ENDED = ("queued", "running", "suspended")
 #: Executions one prune batch reads and deletes.
 PRUNE_BATCH = 500
-#: Executions ``cancel_many`` selects at most (``limit``).
+#: Statuses ``resume_many`` selects: only a suspended execution waits for a resume.
+RESUMABLE = ("suspended",)
+#: Executions ``cancel_many`` (and ``resume_many``) selects at most (``limit``).
 CANCEL_MANY_LIMIT = 1000
 #: Spawn done sets deleted per execution at most (a step that spawned in a loop).
 MAX_SPAWNS = 10_000
@@ -182,12 +185,35 @@ def prune(
     return result
 
 
-def select(store: ExecutionStore, statuses: Sequence[str], flow_id: str | None, limit: int) -> list[dict[str, Any]]:
-    """Up to ``limit`` documents of ``statuses`` (of ``flow_id`` only, when given), newest first:
-    what ``FlowClient.cancel_many`` cancels (not ended ones only: ValueError for another status)."""
-    bad = [s for s in statuses if s not in NOT_ENDED]
+def check_statuses(statuses: Sequence[str], allowed: Sequence[str], which: str) -> None:
+    """ValueError unless every status is one of ``allowed``; ``which``: the executions that can
+    be steered so ("not ended ones can be cancelled")."""
+    bad = [s for s in statuses if s not in allowed]
     if bad:
-        raise ValueError(f"only executions not ended ({', '.join(NOT_ENDED)}) can be cancelled, not {', '.join(bad)}")
+        raise ValueError(f"only {which} ({', '.join(allowed)}), not {', '.join(bad)}")
+
+
+def waits_for_resume(doc: dict[str, Any], wait_for: str | None) -> bool:
+    """``doc`` is suspended in a wait a resume ends (not a sleep, not a join of its children),
+    named ``wait_for`` when given: what ``resume_many`` selects."""
+    suspension = doc.get("suspension")
+    if doc.get("status") != "suspended" or not isinstance(suspension, dict):
+        return False
+    if suspension.get("kind") == "sleep" or isinstance(suspension.get("children"), dict):
+        return False
+    return wait_for is None or suspension.get("wait_for") == wait_for
+
+
+def select(
+    store: ExecutionStore,
+    statuses: Sequence[str],
+    flow_id: str | None,
+    limit: int,
+    where: Callable[[dict[str, Any]], bool] | None = None,
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` documents of ``statuses`` (of ``flow_id`` only, when given; only those
+    ``where`` accepts, when given), newest first: what ``FlowClient.cancel_many`` cancels and
+    ``resume_many`` resumes (the callers check the statuses: ``check_statuses``)."""
     out: list[dict[str, Any]] = []
     seen: set[Any] = set()
     counts = store.counts()
@@ -196,7 +222,13 @@ def select(store: ExecutionStore, statuses: Sequence[str], flow_id: str | None, 
             if len(out) >= limit:
                 break
             docs, _ = store.listing(status, PRUNE_BATCH, offset=offset)
-            fresh = [d for d in docs if flow_id in (None, d.get("flow_id")) and d.get("execution_id") not in seen]
+            fresh = [
+                d
+                for d in docs
+                if flow_id in (None, d.get("flow_id"))
+                and d.get("execution_id") not in seen
+                and (where is None or where(d))
+            ]
             seen.update(d.get("execution_id") for d in fresh)
             out += fresh[: limit - len(out)]
     return out

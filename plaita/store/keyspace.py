@@ -67,6 +67,8 @@ DEDUP_PREFIX = "plaita:start-dedup:"
 VERSION_WAIT_PREFIX = "plaita:execution:version-wait:"
 STATUS_PREFIX = "plaita:executions:status:"
 DEADLINES_KEY = "plaita:executions:deadlines"
+#: How long each writer's status index keeps ended entries (``checkpoint_execution``'s trim).
+INDEX_KEEPS_KEY = "plaita:executions:index-keeps"
 #: A set of the tenant ids (not the default one) whose executions were created: the keeper reads it.
 TENANTS_KEY = "plaita:tenants"
 
@@ -235,6 +237,10 @@ class Keyspace:
 
     def deadlines_key(self, p: int) -> str:
         key = self.named(DEADLINES_KEY)
+        return f"{key}:{self.tags[p]}" if self.tagged else key
+
+    def index_keeps_key(self, p: int) -> str:
+        key = self.named(INDEX_KEEPS_KEY)
         return f"{key}:{self.tags[p]}" if self.tagged else key
 
     def slot_tag(self, execution_id: str) -> str:

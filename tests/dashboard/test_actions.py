@@ -1,4 +1,5 @@
-"""The dashboard's buttons against real Redis and a real worker: control replies, requeue, purge."""
+"""The dashboard's buttons against real Redis and a real worker: control replies, requeue, purge;
+an execution's fork and delete against the real flow engine."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.dashboard.conftest import SAME_ORIGIN, MakeDashboard, dead_letter, login, sample
+from plaita.store.acl import ADMIN_ACL_RULES, FLOW_ADMIN_ACL_RULES
+from tests.dashboard import test_executions
+from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, sample
+from tests.dashboard.test_executions import acl_user
+from tests.flows.support import Harness, start
 from tests.support.ops import DLQ, QUEUE, ops_worker, wait_until
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
+
+h = test_executions.h  # the real flow engine over the test flows, fed tasks by hand
 
 
 def _notice(page: str) -> str:
@@ -114,3 +122,67 @@ class TestWorkerControl:
         assert "no worker is listening" in _notice(dash.post("/workers/control", data=nobody, headers=SAME_ORIGIN).text)
         bad = {"instance": "all", "command": "explode", "csrf": csrf}
         assert "unknown command" in _notice(dash.post("/workers/control", data=bad, headers=SAME_ORIGIN).text)
+
+
+class TestForkAndDelete:
+    def test_fork_from_a_picked_step_runs_the_new_execution_and_leaves_the_original(
+        self, make_dashboard: MakeDashboard, rclient: redis.Redis, h: Harness
+    ) -> None:
+        h.run(start("o1", "ledger3"))
+        before = h.store.get("o1")
+        dash = make_dashboard()
+        csrf = login(dash)
+        page = dash.get("/executions/o1").text
+        steps = page.split('id="fork-step">')[1].split("</select>")[0]
+        assert [s.split('"')[0] for s in steps.split('value="')[1:]] == ["one", "two", "three"]
+        form = {"csrf": csrf, "execution_id": "o1", "from_step": "two"}
+        after = dash.post("/executions/fork", data=form, headers=SAME_ORIGIN)
+        new_id = after.url.path.removeprefix("/executions/")
+        assert new_id != "o1" and "forked from &#39;o1&#39; at step &#39;two&#39;" in _notice(after.text)
+        (body,) = [json.loads(f["payload"]) for _, f in rclient.xrange(QUEUE)]
+        doc = h.run(body)
+        assert doc is not None and doc["status"] == "completed" and doc["forked_from"]["execution_id"] == "o1"
+        assert [e["step"] for e in doc["history"] if e["outcome"] == "ok"] == ["two", "three"]
+        assert h.store.get("o1") == before, "the original is never written"
+        bad = dash.post("/executions/fork", data={**form, "from_step": "nine"}, headers=SAME_ORIGIN)
+        assert bad.url.path == "/executions/o1" and "never ran a step &#39;nine&#39;" in _notice(bad.text)
+        assert dash.post("/executions/fork", data={**form, "csrf": "x"}, headers=SAME_ORIGIN).status_code == 403
+        assert rclient.xlen(QUEUE) == 1
+
+    def test_delete_asks_first_deletes_an_ended_one_and_refuses_a_live_one(
+        self, make_dashboard: MakeDashboard, h: Harness
+    ) -> None:
+        h.run(start("d1", "ledger3"))
+        h.run(start("s1", "signup"))
+        read_only = make_dashboard(allow_actions=False)
+        assert 'id="delete"' not in read_only.get("/executions/d1").text
+        form = {"execution_id": "d1", "confirm": "yes"}
+        assert read_only.post("/executions/delete", data=form, headers=SAME_ORIGIN).status_code == 403
+        dash = make_dashboard()
+        csrf = login(dash)
+        assert 'id="delete"' in dash.get("/executions/d1").text and 'id="delete"' not in dash.get("/executions/s1").text
+        ask = dash.post("/executions/delete", data={"csrf": csrf, "execution_id": "d1"}, headers=SAME_ORIGIN)
+        assert 'id="delete-confirm"' in ask.text and h.store.get("d1") is not None, "asked, nothing deleted yet"
+        cross = dash.post("/executions/delete", data={**form, "csrf": csrf}, headers={"Origin": "http://evil.example"})
+        assert cross.status_code == 403 and h.store.get("d1") is not None
+        done = dash.post("/executions/delete", data={**form, "csrf": csrf}, headers=SAME_ORIGIN)
+        assert done.url.path == "/executions" and "&#39;d1&#39; (completed) deleted" in _notice(done.text)
+        assert h.store.get("d1") is None and dash.get("/executions/d1").status_code == 404
+        live = dash.post("/executions/delete", data={**form, "csrf": csrf, "execution_id": "s1"}, headers=SAME_ORIGIN)
+        assert live.url.path == "/executions/s1" and "is suspended: only an ended one" in _notice(live.text)
+        assert (h.store.get("s1") or {}).get("status") == "suspended"
+
+    def test_the_admin_user_with_the_flow_admin_commands_forks_and_deletes_without_a_denial(
+        self, make_dashboard: MakeDashboard, redis_server: RedisServer, rclient: redis.Redis, h: Harness
+    ) -> None:
+        """As docs/operations.md says: the admin line plus the flow-admin line's commands."""
+        h.run(start("acl-f", "ledger3"))
+        rules = f"{ADMIN_ACL_RULES} {FLOW_ADMIN_ACL_RULES.split(' -@all ', 1)[1]}"
+        dash = make_dashboard(url=acl_user(redis_server, "plaita-admin-flows", rules))
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        forked = dash.post("/executions/fork", data={"execution_id": "acl-f", "from_step": "three"}, headers=bearer)
+        assert "forked from" in _notice(forked.text) and rclient.xlen(QUEUE) == 1, _notice(forked.text)
+        form = {"execution_id": "acl-f", "confirm": "yes"}
+        deleted = dash.post("/executions/delete", data=form, headers=bearer)
+        assert "deleted with every key" in _notice(deleted.text) and h.store.get("acl-f") is None
+        assert [e for e in rclient.acl_log() if e.get("reason") != "auth"] == []

@@ -21,3 +21,11 @@ def keep(ctx: StepContext) -> dict[str, Any]:
 
 
 FLOWS = [brief, forever]
+
+#: A flow of a worker of its own in the mixed-fleet test (``test_retention_mixed_fleet``).
+month = Flow("month", retention_s=30 * 86400)
+
+
+@month.step
+def monthly(ctx: StepContext) -> dict[str, Any]:
+    return {"done": True}

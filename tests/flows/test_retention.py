@@ -20,7 +20,7 @@ from plaita.flows import Flow
 from plaita.flows.producer.client import FlowClient, NotDeletable
 from plaita.flows.retention import index_keep_s
 from plaita.store.keyspace import DEFAULT, key_id
-from tests.flows import flowdefs, retentiondefs, sleepdefs
+from tests.flows import flowdefs, msgdefs, retentiondefs, sleepdefs
 from tests.flows.support import Harness, start
 from tests.flows.test_sleep import WORKER_ARGS
 from tests.support.lease_workers import QUEUE, ROOT, wait_for, worker_env, worker_proc
@@ -42,7 +42,7 @@ def cli(url: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProc
 @pytest.fixture
 def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    harness = Harness(redis_url, flows=[*flowdefs.FLOWS, *sleepdefs.FLOWS, *retentiondefs.FLOWS])
+    harness = Harness(redis_url, flows=[*flowdefs.FLOWS, *sleepdefs.FLOWS, *retentiondefs.FLOWS, msgdefs.inbox])
     try:
         yield harness
     finally:

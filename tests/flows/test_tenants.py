@@ -43,6 +43,7 @@ def test_the_default_tenants_keys_are_todays_byte_for_byte() -> None:
         assert ks.dedup_key(0, "k") == "plaita:start-dedup:k"
         assert ks.status_key(0, "running") == "plaita:executions:status:running"
         assert ks.deadlines_key(0) == "plaita:executions:deadlines"
+        assert ks.index_keeps_key(0) == "plaita:executions:index-keeps"
         assert ks.lease_prefix(0) == "plaita:execution:lease:"
         assert done_key(ks, "e1", "e1:fan:0") == "plaita:execution:children:e1:fan:0"
         assert ks.named("plaita:execution:keeper-retry:") == "plaita:execution:keeper-retry:"
@@ -52,6 +53,7 @@ def test_the_default_tenants_keys_are_todays_byte_for_byte() -> None:
     assert tagged.lease_key("e1") == f"plaita:execution:lease:{t}:e1"
     assert tagged.execution_key("e1") == f"plaita:execution:{t}:e1"
     assert tagged.deadlines_key(0) == f"plaita:executions:deadlines:{tagged.tags[0]}"
+    assert tagged.index_keeps_key(0) == f"plaita:executions:index-keeps:{tagged.tags[0]}"
 
 
 def test_a_tenants_keys_follow_the_original_layout_in_the_same_slot() -> None:
@@ -64,6 +66,7 @@ def test_a_tenants_keys_follow_the_original_layout_in_the_same_slot() -> None:
     assert ks.dedup_key(0, "k") == "plaita:t1:start-dedup:k"
     assert ks.status_key(0, "error") == "plaita:t1:executions:status:error"
     assert ks.deadlines_key(0) == "plaita:t1:executions:deadlines"
+    assert ks.index_keeps_key(0) == "plaita:t1:executions:index-keeps"
     assert done_key(ks, "ID", "ID:s:0") == "plaita:t1:execution:children:ID:s:0"
     # The platform's keys are not the tenant's.
     assert ks.stream(0) == DEFAULT.stream(0) and ks.dlq(0) == DEFAULT.dlq(0)
@@ -345,6 +348,7 @@ def test_every_key_of_a_tenants_execution_is_in_the_tenants_namespace(redis_url:
         ks.dedup_key(p, "order:1"),
         ks.status_key(p, "completed"),
         ks.deadlines_key(p),
+        ks.index_keeps_key(p),
         ks.execution_key(f"{eid}:fanned:0:0"),
         ks.events_key(f"{eid}:fanned:0:0"),
         ks.cancel_key("ord:2"),

@@ -1,5 +1,5 @@
 """Least privilege for the flow operator's commands the producer may not run: fork, delete, prune,
-cancel-many and the schedule controls (pause, resume, trigger, backfill) under the documented
+cancel-many, resume-many and the schedule controls (pause, resume, trigger, backfill) under the documented
 ``plaita-flow-admin`` rules, with nothing denied; and the producer is still refused them."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class TestDocs:
 
 class TestFlowAdminAcl:
     @pytest.mark.timeout(240)  # a dozen CLI processes: each interpreter start is seconds on a loaded machine
-    def test_fork_delete_prune_cancel_many_and_schedule_controls(
+    def test_fork_delete_prune_cancel_resume_many_and_schedule_controls(
         self, acl_user: MakeUser, rclient: redis.Redis, tmp_path: Path
     ) -> None:
         with worker_and_client(acl_user, tmp_path, "plaita-flow-admin", FLOW_ADMIN_ACL_RULES) as (proc, flows, url):
@@ -63,9 +63,13 @@ class TestFlowAdminAcl:
             assert flows.wait(failed, 30)["status"] == "error"
             pruned = _cli(url, "executions", "prune", "--ended-before", "0s", "--status", "error", "--json")
             assert [r["deleted"] for r in pruned] == [1] and flows.get(failed) is None, pruned
-            waiting = [flows.start("acl-waiter") for _ in range(2)]
+            waiting = [flows.start("acl-waiter") for _ in range(3)]
             for eid in waiting:
                 wait_status(flows, eid, "suspended")
+            args = ("executions", "resume-many", "--flow", "acl-waiter", "--data", '{"go": 1}', "--limit", "1")
+            (resumed,) = _cli(url, *args, "--yes", "--json")["execution_ids"]
+            assert flows.wait(resumed, 30)["results"]["wait_event"] == {"resume": "event", "data": {"go": 1}}
+            waiting.remove(resumed)
             args = ("executions", "cancel-many", "--status", "suspended", "--flow", "acl-waiter", "--yes", "--json")
             _cli(url, *args)
             assert [flows.wait(e, 30)["status"] for e in waiting] == ["cancelled", "cancelled"]

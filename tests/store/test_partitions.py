@@ -54,6 +54,7 @@ class TestKeyspace:
             keys = [
                 ks.stream(p), ks.dlq(p), ks.lease_key(eid), ks.fence_key(eid), ks.execution_key(eid),
                 ks.cancel_key(eid), ks.status_key(p, "running"), ks.deadlines_key(p), ks.dedup_key(p, "d"),
+                ks.index_keeps_key(p),
             ]  # fmt: skip
             assert len({slot(k) for k in keys}) == 1, keys
             assert all(k.startswith("plaita:") for k in keys)  # inside the ACL's ~plaita:* pattern

@@ -358,6 +358,7 @@ class FlowClient:
         """Cancel every execution of ``statuses`` (not ended ones; of ``flow_id`` only, when
         given), at most ``limit``, newest first; returns their ids (``dry_run``: those it would
         cancel, nothing done). One that ended or went meanwhile is left out."""
+        retention.check_statuses(statuses, retention.NOT_ENDED, "executions not ended can be cancelled")
         ids = [str(d.get("execution_id")) for d in retention.select(self.store, statuses, flow_id, limit)]
         if dry_run:
             return ids
@@ -368,6 +369,40 @@ class FlowClient:
                     done.append(eid)
             except ExecutionNotFound:  # deleted or expired since it was listed
                 continue
+        return done
+
+    def resume_many(
+        self,
+        flow_id: str | None = None,
+        *,
+        wait_for: str | None = None,
+        data: Any = None,
+        statuses: Sequence[str] = retention.RESUMABLE,
+        dry_run: bool = False,
+        limit: int = retention.CANCEL_MANY_LIMIT,
+    ) -> list[str]:
+        """Resume (an ``event`` with ``data``) every suspended execution waiting for a resume (of
+        ``flow_id`` only, in a wait named ``wait_for`` only, when given: the event is addressed
+        to it), at most ``limit``, newest first, as ``resume`` does; returns their ids (``dry_run``:
+        those it would resume). Each resume id names the suspension it ends, so a second run
+        before the workers took the first never resumes a later wait. Sleeps and joins are not
+        selected; one that ended or went meanwhile is left out."""
+        retention.check_statuses(statuses, retention.RESUMABLE, "suspended executions can be resumed")
+        check_wait_name(wait_for)
+        require_json(data, "data")
+        found = retention.select(
+            self.store, statuses, flow_id, limit, lambda d: retention.waits_for_resume(d, wait_for)
+        )
+        if dry_run:
+            return [str(d.get("execution_id")) for d in found]
+        done: list[str] = []
+        for doc in found:
+            eid, since = str(doc.get("execution_id")), (doc.get("suspension") or {}).get("since")
+            try:
+                self.resume(eid, "event", data, resume_id=f"bulk:{since}:{eid}", wait_for=wait_for)
+            except (ExecutionNotFound, NotResumable):  # deleted, expired or ended since it was listed
+                continue
+            done.append(eid)
         return done
 
     def cancel(self, execution_id: str) -> CancelOutcome:

@@ -245,7 +245,9 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
         """``checkpoint`` as a call to send (alone or in a batch: ``run_calls``); its bad
         values (deadline, staged writes) are refused here, before anything is sent.
         ``index_keep_s``: the status index drops entries older than that (0: none; None: as
-        ``retention_s``), so a flow kept longer than this one stays listed (``Flow.retention_s``)."""
+        ``retention_s``), so a flow kept longer than this one stays listed (``Flow.retention_s``);
+        or older than the longest keep another writer used within that keep (the index keeps
+        key: workers of other flows in the same tenant)."""
         if deadline_s is not None and not math.isfinite(deadline_s):
             raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
         ks, p = self.ks, self.ks.partition_of(execution_id)
@@ -253,6 +255,8 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
         keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
         keys += [s.key for s in staged]
         keys.append(ks.events_key(execution_id))  # expires with the state once terminal
+        if status in TERMINAL:  # the trim keeps what any writer of this partition's index owes
+            keys.append(ks.index_keeps_key(p))
         args: list[Any] = [
             generation,
             state_json,

@@ -15,6 +15,8 @@
 -- KEYS[11..]   one key per staged write
 -- KEYS[11+n]   optional, after the n staged keys: the execution's events hash (given the
 --              retention with the state once terminal)
+-- KEYS[12+n]   optional, after the events hash: the partition's index keeps (sorted set: how
+--              long a writer's index keeps entries, in seconds, scored by when it last trimmed)
 -- ARGV[1]  the writer's generation
 -- ARGV[2]  state JSON
 -- ARGV[3]  status, 1-based index into KEYS[6..10]
@@ -26,7 +28,10 @@
 --          (0 = none), and what the key must hold now: '' anything, 'list' a list or nothing,
 --          'int:<lo>:<hi>' nothing or an integer string in [lo, hi]
 -- ARGV[9+4n] optional: index entries older than this many seconds are dropped from the status
---          index once terminal (0: none); absent, ARGV[7] (a flow kept longer stays listed)
+--          index once terminal (0: none); absent, ARGV[7] (a flow kept longer stays listed).
+--          With the index keeps key, the longest keep any writer trimmed with within that keep
+--          (0 if one keeps for ever) is used instead, when longer: a worker of short flows never
+--          drops the entries a worker of longer ones wrote in the same tenant (a mixed fleet).
 -- Returns  {1, cancel_requested} written; {0, 0} refused (fenced out, also when the lease or
 --          fence key is not a string); {2, key, why} a staged write Redis would refuse; {3, key,
 --          why} an index key of the wrong type; {4, 1} refused: a `completed` result while the
@@ -63,6 +68,22 @@ end
 local function wrong_index(key)
   return {3, key, 'holds a ' .. kind(key) .. ', not a sorted set'}
 end
+-- Record ``keep`` (seconds; 0 for ever) as used now and return the longest keep still owed: one
+-- a writer used less than that long ago (entries it wrote may be younger than it). Others are
+-- dropped. pcall: a wrong-typed keeps key leaves the trim to ``keep`` (this runs after the writes).
+local function longest_keep(key, keep, now)
+  redis.pcall('ZADD', key, now, keep)
+  local seen = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
+  if type(seen) ~= 'table' or seen.err then return keep end
+  for i = 1, #seen, 2 do
+    local k, at = tonumber(seen[i]), tonumber(seen[i + 1])
+    if k == 0 then keep = 0
+    elseif at > now - k then
+      if keep > 0 and k > keep then keep = k end
+    else redis.pcall('ZREM', key, seen[i]) end
+  end
+  return keep
+end
 local n = tonumber(ARGV[8])
 for i = 1, n do
   local why = refusal(KEYS[10 + i], ARGV[4 * i + 8])
@@ -78,10 +99,15 @@ for i = 1, 5 do
 end
 if ARGV[6] ~= '' then redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
 else redis.pcall('ZREM', KEYS[5], ARGV[5]) end
+local keep = tonumber(ARGV[9 + 4 * n] or retention)
+if #KEYS > 11 + n then  -- terminal (kept for ever too): record this keep, trim by the longest owed
+  keep = longest_keep(KEYS[12 + n], keep, tonumber(ARGV[4]))
+  if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - keep) end
+elseif retention > 0 and keep > 0 then
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - keep)
+end
 if retention > 0 then
   redis.call('EXPIRE', KEYS[3], retention)
-  local keep = tonumber(ARGV[9 + 4 * n] or retention)
-  if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - keep) end
   redis.call('DEL', KEYS[4])
   if #KEYS > 10 + n then redis.call('EXPIRE', KEYS[11 + n], retention) end
 end
