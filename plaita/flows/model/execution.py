@@ -124,10 +124,12 @@ class Execution:
         version: str | None,
         now_s: float,
         deadline_at: float | None = None,
+        due_at: float | None = None,
     ) -> Execution:
         """The record a producer's start writes (``queued``): no step and no definition yet, only
-        what the start asks for (``version``: the one requested, if any). A worker's create
-        replaces it with ``start``'s execution."""
+        what the start asks for (``version``: the one requested, if any; ``due_at``: a delayed
+        start's due time, epoch seconds, shown as ``waiting`` ``{"for": "due", "until": due_at}``).
+        A worker's create replaces it with ``start``'s execution."""
         return cls(
             execution_id=execution_id,
             flow_id=flow_id,
@@ -152,6 +154,7 @@ class Execution:
             updated_at=now_s,
             ended_at=None,
             deadline_at=deadline_at,
+            waiting=None if due_at is None else {"for": "due", "until": due_at},
         )
 
     def waiting_for_version(self, version: str, since_s: float, until_s: float, now_s: float) -> Execution:

@@ -11,15 +11,18 @@ their next checkpoint instead of its cancel task waiting behind theirs. An id wi
 yet is cancelled only if a start of it is queued (or the queue is too long to tell) or parked
 for a flow slot: a parked start is put back on its stream at once (after the flag is set), so
 the cancel lands now, not when a slot frees. A start this plaita's producer sent has a ``queued``
-document from the start, so its record answers at once.
+document from the start, so its record answers at once. A delayed start (``FlowClient.start(delay_s=…)``)
+is queued too: its flag lives until it is due plus the 7 days, and it ends cancelled when due.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.flows.model import bodies as model
 from plaita.flows.model.bodies import child_ids
 from plaita.store.executions.flow_limits import FlowLimitStore, member_of
@@ -93,7 +96,7 @@ def request_cancel(
         queued = True
     if doc is not None and doc.get("status") in TERMINAL:
         return _ended(execution_id, doc)
-    store.request_cancel(execution_id)
+    store.request_cancel(execution_id, ttl_s=_flag_ttl_s(doc))
     if parked is not None:  # read with its flag set: it takes no slot, leaves the parked starts, ends
         enqueue(parked)
     doc = store.get(execution_id)
@@ -112,6 +115,18 @@ def request_cancel(
     flow_id, tenant = doc.get("flow_id"), store.ks.tenant
     enqueue(model.resume_body(execution_id, "cancel", flow_id=flow_id, tenant_id=tenant))
     return CancelOutcome(execution_id, SUSPENDED, doc, cancel_descendants(store, doc))
+
+
+def _flag_ttl_s(doc: dict[str, Any] | None) -> int:
+    """How long the cancel flag must live: 7 days, plus the wait of a delayed start until it is
+    due (a start read past its flag would run)."""
+    waiting = doc.get("waiting") if doc is not None else None
+    if doc is None or doc.get("status") != QUEUED_STATUS or not isinstance(waiting, dict) or waiting.get("for") != "due":
+        return FLAG_TTL_S
+    until = waiting.get("until")
+    if isinstance(until, bool) or not isinstance(until, int | float) or not math.isfinite(until):
+        return FLAG_TTL_S
+    return FLAG_TTL_S + max(0, math.ceil(until - wall_s()))
 
 
 def _ended(execution_id: str, doc: dict[str, Any]) -> CancelOutcome:

@@ -34,6 +34,7 @@ from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
 from plaita.store.client import make_client
 from plaita.store.executions.store import QUEUED, TERMINAL, ExecutionStore
+from plaita.store.streams.delayed import due_ms_of
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 
@@ -166,6 +167,8 @@ class FlowClient:
         version: str | None = None,
         deadline_s: float | None = None,
         on_duplicate: str = "return",
+        delay_s: float | None = None,
+        at: float | None = None,
     ) -> str:
         """Record the execution as ``queued`` and enqueue its start, in one atomic call; returns
         its id. With ``dedup_key`` already held (by a start within 7 days, however close), nothing
@@ -175,7 +178,12 @@ class FlowClient:
 
         ``deadline_s``: the whole execution must end within that many seconds from now (this
         machine's clock); past it the execution is cancelled, its children too, and its
-        ``error`` says ``DeadlineExceeded``. ValueError unless finite, above 0, at most 10 years."""
+        ``error`` says ``DeadlineExceeded``. ValueError unless finite, above 0, at most 10 years.
+
+        ``delay_s`` (seconds from now) or ``at`` (epoch seconds): a delayed start. It is recorded
+        ``queued`` at once (``waiting`` says until when), so get, list and cancel see it; its
+        task is added to the queue when due (``plaita.store.streams.delayed``). A deadline counts
+        from now, not from the due time. ValueError for both, or one not within 10 years."""
         if params is not None and not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object)")
         if on_duplicate not in ON_DUPLICATE:
@@ -183,6 +191,7 @@ class FlowClient:
         require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
         now_s = wall_s()  # the test clock's, under plaita.testing
         deadline_at = None if deadline_s is None else now_s + check_deadline_s(deadline_s)
+        due_ms = due_ms_of(delay_s, at, now_s)
         if dedup_key is not None and execution_id is not None:
             self._check_same_partition(execution_id, dedup_key)
         eid = execution_id or self._new_id(dedup_key)
@@ -196,12 +205,21 @@ class FlowClient:
             tenant_id=self.tenant_id,
         )
         record = Execution.queued(
-            eid, flow_id, params or {}, dedup_key=dedup_key, version=version, now_s=now_s, deadline_at=deadline_at
+            eid,
+            flow_id,
+            params or {},
+            dedup_key=dedup_key,
+            version=version,
+            now_s=now_s,
+            deadline_at=deadline_at,
+            due_at=due_ms / 1000 if due_ms else None,
         )
         ks = self.queue.keyspace
         with producing([body], ks.queue):
             stream = ks.stream(ks.partition_of(eid))
-            done = self.store.enqueue_start(eid, body, record.encode(), stream=stream, now_s=now_s, dedup_key=dedup_key)
+            done = self.store.enqueue_start(
+                eid, body, record.encode(), stream=stream, now_s=now_s, dedup_key=dedup_key, due_ms=due_ms
+            )
         if done.duplicate and on_duplicate == "raise":
             raise DuplicateStart(done.execution_id, dedup_key)
         return done.execution_id

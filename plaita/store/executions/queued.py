@@ -15,6 +15,7 @@ no record too). A mixin of ``ExecutionStore``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -24,6 +25,7 @@ from plaita.store import scripts
 from plaita.store.executions.execution_docs import reply_text
 from plaita.store.executions.staged import ExecutionKeyError
 from plaita.store.keyspace import TENANTS_KEY, Keyspace
+from plaita.store.streams.delayed import delayed_key, new_member_id
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: The status of a start recorded by its producer and not yet taken over by a worker.
@@ -63,13 +65,17 @@ class QueuedAccess:
         stream: str,
         now_s: float,
         dedup_key: str | None,
+        due_ms: int = 0,
     ) -> Enqueued:
         """Record ``execution_id`` as queued (document ``queued_json``) and add the start ``body``
         to its stream, unless ``dedup_key`` is held (then nothing is written and the holder's id
         is returned). A start of an execution that exists is enqueued, its document kept.
         ``stream``: the stream of the execution's partition (the producer's queue names it).
         ExecutionKeyError (nothing written) when one of the keys holds the wrong type. The dedup
-        key must be in the execution's partition (``FlowClient`` picks ids there)."""
+        key must be in the execution's partition (``FlowClient`` picks ids there). ``due_ms`` > 0: a
+        delayed start (``plaita.store.streams.delayed``): the task waits in the stream's delayed
+        set until then, the record and dedup key live that much longer, and the record is indexed
+        at its due time (so the index drops it when the record expires)."""
         if not self._registered:  # the tenant's counts and listings must find its queued starts
             self.client.sadd(TENANTS_KEY, self.ks.tenant)
             self._registered = True
@@ -78,8 +84,13 @@ class QueuedAccess:
         keys = [ks.execution_key(execution_id), ks.status_key(p, QUEUED), stream]
         if dedup_key is not None:
             keys.append(ks.dedup_key(p, dedup_key))
-        args = [execution_id, queued_json, repr(now_s), encode_body(body), "1", DEDUP_TTL_S]
-        args += [PAYLOAD_FIELD, SCHEMA_FIELD]
+        ttl_s, member_id = DEDUP_TTL_S, ""
+        if due_ms > 0:
+            keys[2] = delayed_key(stream)
+            ttl_s += max(0, math.ceil(due_ms / 1000 - now_s))
+            now_s, member_id = due_ms / 1000, new_member_id()
+        args = [execution_id, queued_json, repr(now_s), encode_body(body), "1", ttl_s]
+        args += [PAYLOAD_FIELD, SCHEMA_FIELD, due_ms, member_id]
         code, text = cast(list[Any], ENQUEUE_START(self.client, keys, args))
         text = reply_text(text)
         if int(code) == 4:

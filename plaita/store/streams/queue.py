@@ -22,7 +22,7 @@ from plaita.store.client import bounded_clone, clients_for, close_clone, interru
 from plaita.store.errors import error_code
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
-from plaita.store.streams import reclaim
+from plaita.store.streams import delayed, reclaim
 from plaita.store.streams.entries import (
     DeadLetter,
     Entry,
@@ -375,6 +375,13 @@ class StreamQueue:
         list are touched; the backlog and pending entries never are.
         """
         return int(_SWEEP_RESIDUE(self.owner, [self.stream], [self.group, batch]))
+
+    def move_due(self, now_ms: int) -> int:
+        """Move the delayed tasks due at ``now_ms`` onto the stream (``plaita.store.streams.delayed``)."""
+        moved = delayed.move_due(self.owner, self.stream, now_ms)
+        if moved < 0:
+            logger.warning("%s or %s holds another type: delayed tasks not moved", delayed.delayed_key(self.stream), self.stream)
+        return max(0, moved)
 
     # -- shutdown helpers -------------------------------------------------------------
     def interrupt_read(self) -> None:
