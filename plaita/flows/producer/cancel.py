@@ -120,8 +120,8 @@ def request_cancel(
 def _flag_ttl_s(doc: dict[str, Any] | None) -> int:
     """How long the cancel flag must live: 7 days, plus the wait of a delayed start until it is
     due (a start read past its flag would run)."""
-    waiting = doc.get("waiting") if doc is not None else None
-    if doc is None or doc.get("status") != QUEUED_STATUS or not isinstance(waiting, dict) or waiting.get("for") != "due":
+    waiting = doc.get("waiting") if doc is not None and doc.get("status") == QUEUED_STATUS else None
+    if not isinstance(waiting, dict) or waiting.get("for") != "due":
         return FLAG_TTL_S
     until = waiting.get("until")
     if isinstance(until, bool) or not isinstance(until, int | float) or not math.isfinite(until):

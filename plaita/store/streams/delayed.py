@@ -17,16 +17,13 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import redis
 
 from plaita.clock import wall_s
 from plaita.store import scripts
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
-
-if TYPE_CHECKING:
-    from plaita.store.streams.queue import StreamQueue
 
 #: The suffix of a stream's delayed set (``<stream>:delayed``: the stream's hash tag, its slot).
 DELAYED_SUFFIX = ":delayed"
@@ -36,6 +33,23 @@ MAX_DELAY_S = 10 * 365 * 24 * 3600
 MOVE_BATCH = 1000
 
 _MOVE_DUE = scripts.script("move_due")
+
+
+class _Stream(Protocol):
+    stream: str
+
+
+class Queue(Protocol):
+    """What ``add_tasks`` needs of a queue (``StreamQueue``, ``PartitionedQueue``); a protocol, as
+    the queue itself moves due tasks through this module."""
+
+    client: redis.Redis
+
+    def partition_queues(self) -> Any: ...
+
+    def partition_for(self, body: dict[str, Any]) -> int: ...
+
+    def enqueue_many(self, bodies: list[dict[str, Any]], *, schema_version: int = 1) -> list[str]: ...
 
 
 def delayed_key(stream: str) -> str:
@@ -81,7 +95,7 @@ def delayed_member(body: dict[str, Any], due_ms: int, *, schema_version: int = 1
 
 
 def add_tasks(
-    queue: StreamQueue,
+    queue: Queue,
     bodies: list[dict[str, Any]],
     *,
     delay_s: float | None = None,
@@ -95,7 +109,7 @@ def add_tasks(
     due_ms = due_ms_of(delay_s, at_s, wall_s())
     if due_ms == 0:
         return queue.enqueue_many(bodies, schema_version=schema_version)
-    parts = queue.partition_queues()
+    parts: list[_Stream] = queue.partition_queues()
     pipe = queue.client.pipeline(transaction=False)
     ids = []
     for body in bodies:

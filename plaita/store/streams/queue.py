@@ -380,7 +380,8 @@ class StreamQueue:
         """Move the delayed tasks due at ``now_ms`` onto the stream (``plaita.store.streams.delayed``)."""
         moved = delayed.move_due(self.owner, self.stream, now_ms)
         if moved < 0:
-            logger.warning("%s or %s holds another type: delayed tasks not moved", delayed.delayed_key(self.stream), self.stream)
+            key = delayed.delayed_key(self.stream)
+            logger.warning("%s or %s holds another type: delayed tasks not moved", key, self.stream)
         return max(0, moved)
 
     # -- shutdown helpers -------------------------------------------------------------
