@@ -70,6 +70,9 @@ def _add_start(sub: WithParents) -> None:
     st.add_argument(
         "--deadline-s", type=float, help="cancel the whole execution (its children too) if not ended by then"
     )
+    st.add_argument(
+        "--delay-s", type=float, help="a delayed start: recorded queued now, its task added when due (<= 10 years)"
+    )
     st.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -190,6 +193,7 @@ def _start(flows: Any, args: argparse.Namespace) -> int:
             execution_id=args.execution_id,
             dedup_key=args.dedup_key,
             deadline_s=args.deadline_s,
+            delay_s=args.delay_s,
             on_duplicate="raise",
         )
     except DuplicateStart as dup:  # still exit 0 with the holder's id: the start is done, once

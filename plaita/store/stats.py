@@ -1,5 +1,5 @@
-"""Queue statistics for operators: stream length, pending, lag, oldest pending age, DLQ length;
-and the executions per status of every tenant (``execution_counts``)."""
+"""Queue statistics for operators: stream length, pending, lag, oldest pending age, DLQ length,
+delayed tasks not due yet (``plaita.store.streams.delayed``); and the executions per status of every tenant (``execution_counts``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import redis
 from plaita.store.client import is_cluster
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import Keyspace
+from plaita.store.streams.delayed import delayed_key
 from plaita.store.streams.entries import as_text
 from plaita.store.streams.queue import StreamQueue
 
@@ -20,7 +21,7 @@ from plaita.store.streams.queue import StreamQueue
 MAX_TENANTS_COUNTED = 50
 
 #: Counters summed over partitions.
-_SUMMED = ("length", "pending", "dlq_length")
+_SUMMED = ("length", "pending", "dlq_length", "delayed")
 
 
 def stream_stats(q: StreamQueue) -> dict[str, Any]:
@@ -55,7 +56,8 @@ def _one_stream_stats(q: StreamQueue) -> dict[str, Any]:
     pipe.xlen(q.dlq_key)
     pipe.xinfo_groups(q.stream)
     pipe.xpending(q.stream, q.group)
-    length, dlq_length, groups, summary = pipe.execute()
+    pipe.zcard(delayed_key(q.stream))
+    length, dlq_length, groups, summary, delayed = pipe.execute()
     oldest = summary.get("min") if isinstance(summary, dict) else None
     oldest_age_s = 0.0
     if oldest:
@@ -70,6 +72,7 @@ def _one_stream_stats(q: StreamQueue) -> dict[str, Any]:
         "lag": group.get("lag"),
         "consumers": int(group.get("consumers", 0) or 0),
         "dlq_length": int(dlq_length),
+        "delayed": int(delayed),
         "oldest_pending_id": as_text(oldest) if oldest else None,
         "oldest_pending_age_s": round(oldest_age_s, 3),
     }
@@ -110,6 +113,7 @@ def _one_or_empty(q: StreamQueue) -> dict[str, Any]:
         "lag": group.get("lag") if group else None,
         "consumers": int(group.get("consumers", 0) or 0) if group else 0,
         "dlq_length": int(q.client.xlen(q.dlq_key)),
+        "delayed": int(q.client.zcard(delayed_key(q.stream))),
         "oldest_pending_id": None,
         "oldest_pending_age_s": 0.0,
         "note": "stream does not exist yet" if not exists else f"group {q.group!r} does not exist yet",
