@@ -1,5 +1,6 @@
 """Queue statistics for operators: stream length, pending, lag, oldest pending age, DLQ length,
-delayed tasks not due yet (``plaita.store.streams.delayed``); and the executions per status of every tenant (``execution_counts``)."""
+delayed tasks not due yet (``plaita.store.streams.delayed``); and the executions per status of
+every tenant (``execution_counts``)."""
 
 from __future__ import annotations
 
