@@ -46,6 +46,8 @@ def test_a_start_three_days_ahead_is_queued_at_once_and_runs_when_due(runner: Fl
     assert doc["waiting"]["for"] == "due"
     assert before_s + DAYS_3_S <= doc["waiting"]["until"] <= runner.clock() + DAYS_3_S + 0.01
     assert _delayed(runner) == 1
+    q = runner.flow_client.queue
+    assert q.client.ttl(q.keyspace.execution_key(eid)) > DAYS_3_S + 6 * 86400  # outlives its wait
     # The worker's reclaim pass (every 0.25 s here) runs several times: it must not move it early.
     holds_for(lambda: runner.get(eid)["status"] == "queued" and _delayed(runner) == 1, 1.0, "not due yet")  # type: ignore[index]
     started = time.monotonic()

@@ -25,7 +25,7 @@ from plaita.store import scripts
 from plaita.store.executions.execution_docs import reply_text
 from plaita.store.executions.staged import ExecutionKeyError
 from plaita.store.keyspace import TENANTS_KEY, Keyspace
-from plaita.store.streams.delayed import delayed_key, new_member_id
+from plaita.store.streams.delayed import delayed_key, delayed_member
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: The status of a start recorded by its producer and not yet taken over by a worker.
@@ -41,7 +41,8 @@ REWRITE_QUEUED = scripts.script("rewrite_queued")
 @dataclass(frozen=True)
 class Enqueued:
     """What ``enqueue_start`` did: ``execution_id`` holds the start (the earlier execution's id
-    when ``duplicate``); ``message_id`` is the task's stream entry id (None when nothing was added)."""
+    when ``duplicate``); ``message_id`` is the task's stream entry id, or a delayed start's member id
+    (``d-…``); None when nothing was added."""
 
     execution_id: str
     duplicate: bool
@@ -84,20 +85,20 @@ class QueuedAccess:
         keys = [ks.execution_key(execution_id), ks.status_key(p, QUEUED), stream]
         if dedup_key is not None:
             keys.append(ks.dedup_key(p, dedup_key))
-        ttl_s, member_id = DEDUP_TTL_S, ""
+        ttl_s, delayed = DEDUP_TTL_S, None
         if due_ms > 0:
-            keys[2] = delayed_key(stream)
+            keys[2], delayed = delayed_key(stream), delayed_member(body, due_ms)
             ttl_s += max(0, math.ceil(due_ms / 1000 - now_s))
-            now_s, member_id = due_ms / 1000, new_member_id()
+            now_s = due_ms / 1000
         args = [execution_id, queued_json, repr(now_s), encode_body(body), "1", ttl_s]
-        args += [PAYLOAD_FIELD, SCHEMA_FIELD, due_ms, member_id]
+        args += [PAYLOAD_FIELD, SCHEMA_FIELD, due_ms, delayed.member if delayed else ""]
         code, text = cast(list[Any], ENQUEUE_START(self.client, keys, args))
         text = reply_text(text)
         if int(code) == 4:
             raise ExecutionKeyError(text, "holds the wrong type")
         if int(code) == 2:
             return Enqueued(text, True, None)
-        return Enqueued(execution_id, False, text)
+        return Enqueued(execution_id, False, delayed.member_id if delayed else text)
 
     def rewrite_queued(
         self, execution_id: str, generation: int, doc_json: str, status: str, now_s: float, retention_s: int

@@ -22,8 +22,8 @@
 -- ARGV[7]  the payload field name
 -- ARGV[8]  the schema_version field name
 -- ARGV[9]  due time in epoch ms of a delayed start; 0 (or absent): enqueue now
--- ARGV[10] the delayed member's id (unique; a delayed start only)
--- Returns  {1, stream id} recorded and enqueued (a delayed start: the delayed member's id); {2, id} the dedup key is held by execution <id>
+-- ARGV[10] the delayed member ("<id> <schema_version> <payload>"; a delayed start only)
+-- Returns  {1, stream id} recorded and enqueued (a delayed start: the delayed member); {2, id} the dedup key is held by execution <id>
 --          (nothing written); {3, stream id} the execution existed: enqueued, document kept;
 --          {4, key} key <key> holds the wrong type (nothing written)
 local due_ms = tonumber(ARGV[9] or '0')
@@ -38,7 +38,7 @@ if #KEYS >= 4 then
 end
 local function add()
   if due_ms > 0 then
-    redis.call('ZADD', KEYS[3], due_ms, ARGV[10] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4])
+    redis.call('ZADD', KEYS[3], due_ms, ARGV[10])
     return ARGV[10]
   end
   return redis.call('XADD', KEYS[3], '*', ARGV[7], ARGV[4], ARGV[8], ARGV[5])

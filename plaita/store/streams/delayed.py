@@ -83,14 +83,10 @@ class DelayedMember:
     member: str
 
 
-def new_member_id() -> str:
-    """A delayed member's unique id (so equal bodies stay two tasks)."""
-    return "d-" + uuid.uuid4().hex
-
-
 def delayed_member(body: dict[str, Any], due_ms: int, *, schema_version: int = 1) -> DelayedMember:
-    """The set member of ``body`` due at ``due_ms``."""
-    member_id = new_member_id()
+    """The set member of ``body`` due at ``due_ms``; its id is unique, so equal bodies stay two
+    tasks (the one place the member's format is written; ``move_due`` reads it)."""
+    member_id = "d-" + uuid.uuid4().hex
     return DelayedMember(member_id, due_ms, f"{member_id} {schema_version} {encode_body(body)}")
 
 
