@@ -58,17 +58,18 @@ def test_a_start_three_days_ahead_is_queued_at_once_and_runs_when_due(runner: Fl
     assert _delayed(runner) == 0
 
 
-def test_a_cancelled_delayed_start_ends_cancelled_when_due_without_a_step(runner: FlowTestRunner) -> None:
+def test_a_cancelled_delayed_start_ends_cancelled_at_once_without_a_step(runner: FlowTestRunner) -> None:
     eid = runner.start(later, delay_s=DAYS_3_S)
+    keep = runner.start(later, {"kept": True}, delay_s=DAYS_3_S)
     outcome = runner.cancel(eid)
     assert outcome.outcome == "queued"
     q = runner.flow_client.queue
-    flag_ttl_s = q.client.ttl(q.keyspace.cancel_key(eid))
-    assert flag_ttl_s > DAYS_3_S + 6 * 86400  # outlives the wait: read when due, it still lands
-    runner.advance(DAYS_3_S)
-    done = runner.run_until_done(eid, advance=False)
-    assert done["status"] == "cancelled"
+    assert q.client.ttl(q.keyspace.cancel_key(eid)) > DAYS_3_S + 6 * 86400  # outlives the wait
+    done = runner.run_until_done(eid, advance=False)  # the clock does not move: it ends now
+    assert done["status"] == "cancelled" and runner.clock.offset_s == 0
     assert done.get("steps_run", 0) == 0 and "ran" not in (done.get("state") or {})
+    assert (runner.get(keep) or {}).get("status") == "queued" and _delayed(runner) == 1  # only its own moved
+    assert runner.cancel(eid).outcome == "already_cancelled"
 
 
 def test_at_sets_the_due_time_and_a_dedup_key_holds_a_delayed_start(runner: FlowTestRunner) -> None:

@@ -11,7 +11,15 @@ import pytest
 import redis
 
 from plaita.config import Settings
-from plaita.store.streams.delayed import MAX_DELAY_S, add_tasks, delayed_count, delayed_key, due_ms_of, move_due
+from plaita.store.streams.delayed import (
+    MAX_DELAY_S,
+    add_tasks,
+    delayed_count,
+    delayed_key,
+    due_ms_of,
+    move_due,
+    move_member_now,
+)
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 
@@ -117,3 +125,15 @@ def test_a_zero_delay_is_added_now() -> None:
 def test_a_bad_delay_is_refused(delay_s: float | None, at_s: float | None, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         due_ms_of(delay_s, at_s, 100.0)
+
+
+def test_one_member_moves_now_once_and_alone(redis_url: str, bclient: redis.Redis) -> None:
+    q = _queue(redis_url)
+    at_s = time.time() + 3600
+    first, second = add_tasks(q, [{"type": "start", "flow_id": "f", "params": {"n": n}} for n in (1, 2)], at_s=at_s)
+    due_ms = due_ms_of(None, at_s, time.time())
+    assert move_member_now(bclient, QUEUE, due_ms, first) is True
+    assert [p["params"] for p in _payloads(bclient, QUEUE)] == [{"n": 1}]
+    assert move_member_now(bclient, QUEUE, due_ms, first) is False  # moved already: nothing added
+    assert move_member_now(bclient, QUEUE, due_ms + 1, second) is False  # not at that due time
+    assert bclient.xlen(QUEUE) == 1 and delayed_count(bclient, [QUEUE]) == 1

@@ -12,7 +12,8 @@ yet is cancelled only if a start of it is queued (or the queue is too long to te
 for a flow slot: a parked start is put back on its stream at once (after the flag is set), so
 the cancel lands now, not when a slot frees. A start this plaita's producer sent has a ``queued``
 document from the start, so its record answers at once. A delayed start (``FlowClient.start(delay_s=…)``)
-is queued too: its flag lives until it is due plus the 7 days, and it ends cancelled when due.
+is queued too: its task is moved onto the stream at once (after the flag is set), so it ends
+cancelled now, not when due; its flag lives until the due time plus the 7 days all the same.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def request_cancel(
     store.request_cancel(execution_id, ttl_s=_flag_ttl_s(doc))
     if parked is not None:  # read with its flag set: it takes no slot, leaves the parked starts, ends
         enqueue(parked)
+    _start_delayed_now(store, doc, stream)
     doc = store.get(execution_id)
     status = None if doc is None else doc.get("status")
     if doc is None:
@@ -127,6 +129,16 @@ def _flag_ttl_s(doc: dict[str, Any] | None) -> int:
     if isinstance(until, bool) or not isinstance(until, int | float) or not math.isfinite(until):
         return FLAG_TTL_S
     return FLAG_TTL_S + max(0, math.ceil(until - wall_s()))
+
+
+def _start_delayed_now(store: ExecutionStore, doc: dict[str, Any] | None, stream: str) -> None:
+    """A delayed start just cancelled: its task goes onto the stream now (after the flag is set),
+    so a worker reads it at once and it ends cancelled, not when it was due."""
+    waiting = doc.get("waiting") if doc is not None and doc.get("status") == QUEUED_STATUS else None
+    if isinstance(waiting, dict) and waiting.get("for") == "due":
+        due_ms, task = waiting.get("due_ms"), waiting.get("task")
+        if isinstance(due_ms, int) and not isinstance(due_ms, bool) and isinstance(task, str) and task:
+            store.start_now(stream, due_ms, task)
 
 
 def _ended(execution_id: str, doc: dict[str, Any]) -> CancelOutcome:

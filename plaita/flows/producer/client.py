@@ -34,7 +34,7 @@ from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
 from plaita.store.client import make_client
 from plaita.store.executions.store import QUEUED, TERMINAL, ExecutionStore
-from plaita.store.streams.delayed import due_ms_of
+from plaita.store.streams.delayed import delayed_member, due_ms_of, new_member_id
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 
@@ -204,6 +204,7 @@ class FlowClient:
             deadline_at=deadline_at,
             tenant_id=self.tenant_id,
         )
+        task_id = new_member_id() if due_ms else ""
         record = Execution.queued(
             eid,
             flow_id,
@@ -212,13 +213,15 @@ class FlowClient:
             version=version,
             now_s=now_s,
             deadline_at=deadline_at,
-            due_at=due_ms / 1000 if due_ms else None,
+            due=(due_ms, task_id) if due_ms else None,
         )
         ks = self.queue.keyspace
         with producing([body], ks.queue):
             stream = ks.stream(ks.partition_of(eid))
+            # Built in here: the body carries its trace context from now on.
+            delayed = delayed_member(body, due_ms, member_id=task_id) if due_ms else None
             done = self.store.enqueue_start(
-                eid, body, record.encode(), stream=stream, now_s=now_s, dedup_key=dedup_key, due_ms=due_ms
+                eid, body, record.encode(), stream=stream, now_s=now_s, dedup_key=dedup_key, delayed=delayed
             )
         if done.duplicate and on_duplicate == "raise":
             raise DuplicateStart(done.execution_id, dedup_key)

@@ -25,7 +25,7 @@ from plaita.store import scripts
 from plaita.store.executions.execution_docs import reply_text
 from plaita.store.executions.staged import ExecutionKeyError
 from plaita.store.keyspace import TENANTS_KEY, Keyspace
-from plaita.store.streams.delayed import delayed_key, delayed_member
+from plaita.store.streams.delayed import DelayedMember, delayed_key, move_member_now
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: The status of a start recorded by its producer and not yet taken over by a worker.
@@ -66,17 +66,17 @@ class QueuedAccess:
         stream: str,
         now_s: float,
         dedup_key: str | None,
-        due_ms: int = 0,
+        delayed: DelayedMember | None = None,
     ) -> Enqueued:
         """Record ``execution_id`` as queued (document ``queued_json``) and add the start ``body``
         to its stream, unless ``dedup_key`` is held (then nothing is written and the holder's id
         is returned). A start of an execution that exists is enqueued, its document kept.
         ``stream``: the stream of the execution's partition (the producer's queue names it).
         ExecutionKeyError (nothing written) when one of the keys holds the wrong type. The dedup
-        key must be in the execution's partition (``FlowClient`` picks ids there). ``due_ms`` > 0: a
-        delayed start (``plaita.store.streams.delayed``): the task waits in the stream's delayed
-        set until then, the record and dedup key live that much longer, and the record is indexed
-        at its due time (so the index drops it when the record expires)."""
+        key must be in the execution's partition (``FlowClient`` picks ids there). ``delayed``: a
+        delayed start, the body's member (``plaita.store.streams.delayed.delayed_member``): it waits
+        in the stream's delayed set until due, the record and dedup key live that much longer, and
+        the record is indexed at its due time (so the index drops it when the record expires)."""
         if not self._registered:  # the tenant's counts and listings must find its queued starts
             self.client.sadd(TENANTS_KEY, self.ks.tenant)
             self._registered = True
@@ -85,20 +85,25 @@ class QueuedAccess:
         keys = [ks.execution_key(execution_id), ks.status_key(p, QUEUED), stream]
         if dedup_key is not None:
             keys.append(ks.dedup_key(p, dedup_key))
-        ttl_s, delayed = DEDUP_TTL_S, None
-        if due_ms > 0:
-            keys[2], delayed = delayed_key(stream), delayed_member(body, due_ms)
-            ttl_s += max(0, math.ceil(due_ms / 1000 - now_s))
-            now_s = due_ms / 1000
-        args = [execution_id, queued_json, repr(now_s), encode_body(body), "1", ttl_s]
-        args += [PAYLOAD_FIELD, SCHEMA_FIELD, due_ms, delayed.member if delayed else ""]
+        ttl_s = DEDUP_TTL_S
+        if delayed is not None:
+            keys[2] = delayed_key(stream)
+            ttl_s += max(0, math.ceil(delayed.due_ms / 1000 - now_s))
+            now_s = delayed.due_ms / 1000
+        args = [execution_id, queued_json, repr(now_s), encode_body(body), "1", ttl_s, PAYLOAD_FIELD, SCHEMA_FIELD]
+        args += [delayed.due_ms, delayed.member] if delayed is not None else [0, ""]
         code, text = cast(list[Any], ENQUEUE_START(self.client, keys, args))
         text = reply_text(text)
         if int(code) == 4:
             raise ExecutionKeyError(text, "holds the wrong type")
         if int(code) == 2:
             return Enqueued(text, True, None)
-        return Enqueued(execution_id, False, delayed.member_id if delayed else text)
+        return Enqueued(execution_id, False, delayed.member_id if delayed is not None else text)
+
+    def start_now(self, stream: str, due_ms: int, member_id: str) -> bool:
+        """Move a delayed start's task (``member_id``, due at ``due_ms``) onto ``stream`` now: a
+        cancelled one is read at once and ends cancelled. False when it was moved already."""
+        return move_member_now(self.client, stream, due_ms, member_id)
 
     def rewrite_queued(
         self, execution_id: str, generation: int, doc_json: str, status: str, now_s: float, retention_s: int

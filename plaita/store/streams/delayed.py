@@ -33,6 +33,7 @@ MAX_DELAY_S = 10 * 365 * 24 * 3600
 MOVE_BATCH = 1000
 
 _MOVE_DUE = scripts.script("move_due")
+_MOVE_MEMBER = scripts.script("move_member")
 
 
 class _Stream(Protocol):
@@ -83,10 +84,17 @@ class DelayedMember:
     member: str
 
 
-def delayed_member(body: dict[str, Any], due_ms: int, *, schema_version: int = 1) -> DelayedMember:
-    """The set member of ``body`` due at ``due_ms``; its id is unique, so equal bodies stay two
-    tasks (the one place the member's format is written; ``move_due`` reads it)."""
-    member_id = "d-" + uuid.uuid4().hex
+def new_member_id() -> str:
+    """A delayed task's id: unique, so equal bodies stay two tasks."""
+    return "d-" + uuid.uuid4().hex
+
+
+def delayed_member(
+    body: dict[str, Any], due_ms: int, *, schema_version: int = 1, member_id: str | None = None
+) -> DelayedMember:
+    """The set member of ``body`` due at ``due_ms``, its id ``member_id`` or a new one (the one
+    place the member's format is written; the move scripts read it)."""
+    member_id = member_id or new_member_id()
     return DelayedMember(member_id, due_ms, f"{member_id} {schema_version} {encode_body(body)}")
 
 
@@ -121,6 +129,13 @@ def move_due(client: redis.Redis, stream: str, now_ms: int, limit: int = MOVE_BA
     how many moved, -1 when a key holds the wrong type (nothing moved)."""
     args = [now_ms, limit, PAYLOAD_FIELD, SCHEMA_FIELD]
     return int(cast(int, _MOVE_DUE(client, [delayed_key(stream), stream], args)))
+
+
+def move_member_now(client: redis.Redis, stream: str, due_ms: int, member_id: str) -> bool:
+    """Move the delayed task ``member_id`` (due at ``due_ms``) onto ``stream`` now (atomic); False
+    when it is not in the set (moved already) or a key holds the wrong type."""
+    args = [due_ms, member_id, PAYLOAD_FIELD, SCHEMA_FIELD]
+    return int(cast(int, _MOVE_MEMBER(client, [delayed_key(stream), stream], args))) == 1
 
 
 def delayed_count(client: redis.Redis, streams: list[str]) -> int:
