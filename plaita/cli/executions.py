@@ -363,7 +363,9 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
         if isinstance(kept, dict):
             print(f"resume {kept.get('id')} for wait {kept.get('wait_for')} kept since {_when(kept.get('at'))}")
     waiting = doc.get("waiting")
-    if isinstance(waiting, dict) and doc.get("status") == "queued":
+    if isinstance(waiting, dict) and doc.get("status") == "queued" and waiting.get("for") == "due":
+        print(f"delayed start: due {_when(waiting.get('until'))} (task {waiting.get('task')})")
+    elif isinstance(waiting, dict) and doc.get("status") == "queued":
         print(
             f"waiting for a worker of version {waiting.get('version')} since {_when(waiting.get('since'))}, "
             f"until {_when(waiting.get('until'))} (then dead-lettered)"

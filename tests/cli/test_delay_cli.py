@@ -48,5 +48,7 @@ def test_executions_start_with_a_delay_is_queued_and_shown_waiting(redis_url: st
     shown = plaita_json(redis_url, "executions", "show", eid)
     assert shown["status"] == "queued" and shown["waiting"]["for"] == "due"
     assert bclient.zcard(delayed_key(QUEUE)) == 1 and bclient.xlen(QUEUE) == 0
+    text = plaita(redis_url, "executions", "show", eid)
+    assert "delayed start: due " in text.stdout and "version" not in text.stdout, text.stdout
     bad = plaita(redis_url, "executions", "start", "f", "--delay-s", "-5")
     assert bad.returncode == 2 and "delay_s" in bad.stderr
