@@ -14,6 +14,9 @@ resume | dlq | enqueue`` and the dashboard's actions, including cancelling and r
 executions), ``DASHBOARD_READ_ACL_RULES`` the dashboard's read pages. All
 confine keys and channels to the ``plaita:`` prefix; widen ``~plaita:*`` if ``--queue-name``
 or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0 (``command|subcommand`` rules).
+Delayed tasks: a worker's reclaim pass moves them (a script: TYPE, ZRANGEBYSCORE, XADD, ZREM) and
+its queue statistics count them (ZCARD); ``plaita enqueue --delay-s`` adds them (ZADD); a cancel of
+a delayed start makes its task due now (ZRANGEBYSCORE, then ZADD XX).
 tests/ops/test_security.py proves the worker's and admin's suffice, tests/ops/test_flow_acl.py the
 flow worker's and producer's, tests/dashboard the dashboard's.
 """
@@ -27,7 +30,8 @@ WORKER_ACL_RULES = (
     "+xpending +xinfo|groups +xinfo|consumers +xrange +xlen "
     "+evalsha +script|load +script|exists "
     "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl +scan +mget "
-    "+multi +exec +subscribe +client|setname +info +hset +hget +hdel"
+    "+multi +exec +subscribe +client|setname +info +hset +hget +hdel "
+    "+zcard +zrangebyscore +zrem"
 )
 
 #: Rules for a flow worker (``--flows``, with or without ``--keeper``) and ``plaita keeper``:
@@ -37,7 +41,7 @@ WORKER_ACL_RULES = (
 #: WATCH/UNWATCH (the keeper's compare-and-set on a zombie).
 FLOW_WORKER_ACL_RULES = (
     WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +hsetnx +incrby +persist +sadd +scard +smembers "
-    "+zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
+    "+zadd +zrange +zremrangebyscore +zscore +time +watch +unwatch"
 )
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
@@ -49,14 +53,15 @@ FLOW_WORKER_ACL_RULES = (
 #: tenant's first start registers the tenant); no channels.
 PRODUCER_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange +zcard "
-    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers"
+    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers +zrangebyscore"
 )
 
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``.
 ADMIN_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels &plaita:* -@all "
     "+scan +mget +exists +xlen +xinfo|groups +xpending +xrange +xadd +xdel +del "
-    "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard +hgetall +smembers"
+    "+multi +exec +publish +blpop +pubsub|numsub +get +set +zrevrange +zcard +hgetall +smembers "
+    "+zadd +zrangebyscore"
 )
 
 #: Rules for a read-only dashboard (``plaita dashboard`` without ``--allow-actions``): registry,

@@ -17,8 +17,8 @@ from plaita.store.streams.delayed import (
     delayed_count,
     delayed_key,
     due_ms_of,
+    make_due_now,
     move_due,
-    move_member_now,
 )
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
@@ -127,13 +127,15 @@ def test_a_bad_delay_is_refused(delay_s: float | None, at_s: float | None, messa
         due_ms_of(delay_s, at_s, 100.0)
 
 
-def test_one_member_moves_now_once_and_alone(redis_url: str, bclient: redis.Redis) -> None:
+def test_one_member_made_due_now_moves_alone_and_once(redis_url: str, bclient: redis.Redis) -> None:
     q = _queue(redis_url)
     at_s = time.time() + 3600
     first, second = add_tasks(q, [{"type": "start", "flow_id": "f", "params": {"n": n}} for n in (1, 2)], at_s=at_s)
     due_ms = due_ms_of(None, at_s, time.time())
-    assert move_member_now(bclient, QUEUE, due_ms, first) is True
+    assert make_due_now(bclient, QUEUE, due_ms + 1, second) is False  # not at that due time
+    assert make_due_now(bclient, QUEUE, due_ms, first) is True
+    assert q.move_due(int(time.time() * 1000)) == 1
     assert [p["params"] for p in _payloads(bclient, QUEUE)] == [{"n": 1}]
-    assert move_member_now(bclient, QUEUE, due_ms, first) is False  # moved already: nothing added
-    assert move_member_now(bclient, QUEUE, due_ms + 1, second) is False  # not at that due time
+    assert make_due_now(bclient, QUEUE, due_ms, first) is False  # moved already: not added back
+    assert q.move_due(int(time.time() * 1000)) == 0
     assert bclient.xlen(QUEUE) == 1 and delayed_count(bclient, [QUEUE]) == 1

@@ -12,8 +12,8 @@ yet is cancelled only if a start of it is queued (or the queue is too long to te
 for a flow slot: a parked start is put back on its stream at once (after the flag is set), so
 the cancel lands now, not when a slot frees. A start this plaita's producer sent has a ``queued``
 document from the start, so its record answers at once. A delayed start (``FlowClient.start(delay_s=…)``)
-is queued too: its task is moved onto the stream at once (after the flag is set), so it ends
-cancelled now, not when due; its flag lives until the due time plus the 7 days all the same.
+is queued too: its task is made due now (after the flag is set), so it ends cancelled at the next
+reclaim pass of any worker, not when due; its flag lives until the due time plus 7 days all the same.
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ def _flag_ttl_s(doc: dict[str, Any] | None) -> int:
 
 
 def _start_delayed_now(store: ExecutionStore, doc: dict[str, Any] | None, stream: str) -> None:
-    """A delayed start just cancelled: its task goes onto the stream now (after the flag is set),
-    so a worker reads it at once and it ends cancelled, not when it was due."""
+    """A delayed start just cancelled: its task is made due now (after the flag is set), so the
+    next reclaim pass moves it, a worker reads it and it ends cancelled, not when it was due."""
     waiting = doc.get("waiting") if doc is not None and doc.get("status") == QUEUED_STATUS else None
     if isinstance(waiting, dict) and waiting.get("for") == "due":
         due_ms, task = waiting.get("due_ms"), waiting.get("task")

@@ -25,7 +25,7 @@ from plaita.store import scripts
 from plaita.store.executions.execution_docs import reply_text
 from plaita.store.executions.staged import ExecutionKeyError
 from plaita.store.keyspace import TENANTS_KEY, Keyspace
-from plaita.store.streams.delayed import DelayedMember, delayed_key, move_member_now
+from plaita.store.streams.delayed import DelayedMember, delayed_key, make_due_now
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: The status of a start recorded by its producer and not yet taken over by a worker.
@@ -101,9 +101,9 @@ class QueuedAccess:
         return Enqueued(execution_id, False, delayed.member_id if delayed is not None else text)
 
     def start_now(self, stream: str, due_ms: int, member_id: str) -> bool:
-        """Move a delayed start's task (``member_id``, due at ``due_ms``) onto ``stream`` now: a
-        cancelled one is read at once and ends cancelled. False when it was moved already."""
-        return move_member_now(self.client, stream, due_ms, member_id)
+        """Make a delayed start's task (``member_id``, due at ``due_ms``) due now: a cancelled one
+        is moved by the next reclaim pass and ends cancelled. False when it was moved already."""
+        return make_due_now(self.client, stream, due_ms, member_id)
 
     def rewrite_queued(
         self, execution_id: str, generation: int, doc_json: str, status: str, now_s: float, retention_s: int

@@ -33,7 +33,6 @@ MAX_DELAY_S = 10 * 365 * 24 * 3600
 MOVE_BATCH = 1000
 
 _MOVE_DUE = scripts.script("move_due")
-_MOVE_MEMBER = scripts.script("move_member")
 
 
 class _Stream(Protocol):
@@ -93,7 +92,7 @@ def delayed_member(
     body: dict[str, Any], due_ms: int, *, schema_version: int = 1, member_id: str | None = None
 ) -> DelayedMember:
     """The set member of ``body`` due at ``due_ms``, its id ``member_id`` or a new one (the one
-    place the member's format is written; the move scripts read it)."""
+    place the member's format is written; ``move_due`` reads it)."""
     member_id = member_id or new_member_id()
     return DelayedMember(member_id, due_ms, f"{member_id} {schema_version} {encode_body(body)}")
 
@@ -131,11 +130,17 @@ def move_due(client: redis.Redis, stream: str, now_ms: int, limit: int = MOVE_BA
     return int(cast(int, _MOVE_DUE(client, [delayed_key(stream), stream], args)))
 
 
-def move_member_now(client: redis.Redis, stream: str, due_ms: int, member_id: str) -> bool:
-    """Move the delayed task ``member_id`` (due at ``due_ms``) onto ``stream`` now (atomic); False
-    when it is not in the set (moved already) or a key holds the wrong type."""
-    args = [due_ms, member_id, PAYLOAD_FIELD, SCHEMA_FIELD]
-    return int(cast(int, _MOVE_MEMBER(client, [delayed_key(stream), stream], args))) == 1
+def make_due_now(client: redis.Redis, stream: str, due_ms: int, member_id: str) -> bool:
+    """Make the delayed task ``member_id`` (due at ``due_ms``) due now: its score becomes 0, so the
+    next move (any worker's reclaim pass) adds it to ``stream`` first. A read and a ZADD XX: a
+    member moved meanwhile is not added back. False when it is not in the set (moved already)."""
+    key, head = delayed_key(stream), (member_id + " ").encode()
+    for member in cast(list[bytes | str], client.zrangebyscore(key, due_ms, due_ms)):
+        raw = member if isinstance(member, bytes) else member.encode("utf-8", "surrogateescape")
+        if raw.startswith(head):
+            client.zadd(key, {raw: 0}, xx=True)
+            return True
+    return False
 
 
 def delayed_count(client: redis.Redis, streams: list[str]) -> int:
