@@ -169,7 +169,8 @@ class Metrics:
             self.queue_lag.set(lag)
         self.oldest_pending_age.set(stats.get("oldest_pending_age_s", 0.0))
         self.dlq_length.set(stats.get("dlq_length", 0))
-        self.delayed.set(stats.get("delayed", 0))
+        if stats.get("delayed") is not None:  # None: the user may not count them
+            self.delayed.set(stats["delayed"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

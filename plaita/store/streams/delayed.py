@@ -31,6 +31,8 @@ DELAYED_SUFFIX = ":delayed"
 MAX_DELAY_S = 10 * 365 * 24 * 3600
 #: Due tasks one move of one partition takes at most; the next pass takes the rest.
 MOVE_BATCH = 1000
+#: The ACL rules the move needs beyond an older worker's (``plaita.store.acl``).
+MOVE_ACL = "+zcard +zrangebyscore +zrem"
 
 _MOVE_DUE = scripts.script("move_due")
 
