@@ -9,11 +9,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
-from plaita.flows import Flow, StepContext
-from plaita.store.streams.delayed import delayed_count
+from plaita.flows import Flow, FlowClient, StepContext
+from plaita.store.acl import PRODUCER_ACL_RULES, setuser_command
+from plaita.store.streams.delayed import delayed_count, delayed_key
 from plaita.testing import FlowTestRunner, TestClock
 from tests.support.ops import holds_for
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -89,3 +92,25 @@ def test_a_bad_delay_is_refused_before_anything_is_written(runner: FlowTestRunne
     with pytest.raises(ValueError, match="delay_s"):
         runner.flow_client.start("delayed_later", delay_s=-1)
     assert _delayed(runner) == 0
+
+
+def test_a_producer_that_may_not_read_the_set_still_cancels_it_lands_when_due(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """A producer user from an older ACL line (no ZRANGEBYSCORE): the cancel is recorded and its
+    flag outlives the wait; only the early move is skipped."""
+    rules = PRODUCER_ACL_RULES.replace(" +zrangebyscore", "")
+    assert rules != PRODUCER_ACL_RULES
+    admin = redis.Redis.from_url(redis_url, socket_timeout=5)
+    admin.execute_command(*setuser_command("plaita-old-producer", "old-pw-0123456789", rules))
+    url = f"redis://plaita-old-producer:old-pw-0123456789@127.0.0.1:{redis_server.port}/0"
+    try:
+        with FlowClient.from_url(url, queue_name="plaita:test:acl-delay", socket_timeout_s=5.0) as flows:
+            eid = flows.start("f", delay_s=DAYS_3_S)
+            assert flows.cancel(eid).outcome == "queued"
+            assert admin.ttl(flows.queue.keyspace.cancel_key(eid)) > DAYS_3_S + 6 * 86400
+            (score,) = [s for _, s in admin.zrange(delayed_key("plaita:test:acl-delay"), 0, -1, withscores=True)]
+            assert score > 0  # not made due now: it ends cancelled when due
+    finally:
+        admin.execute_command("ACL", "DELUSER", "plaita-old-producer")
+        admin.close()

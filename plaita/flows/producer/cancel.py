@@ -138,7 +138,7 @@ def _start_delayed_now(store: ExecutionStore, doc: dict[str, Any] | None, stream
     if isinstance(waiting, dict) and waiting.get("for") == "due":
         due_ms, task = waiting.get("due_ms"), waiting.get("task")
         if isinstance(due_ms, int) and not isinstance(due_ms, bool) and isinstance(task, str) and task:
-            store.start_now(stream, due_ms, task)
+            store.start_now(stream, due_ms, task)  # refused by an ACL: it ends cancelled when due
 
 
 def _ended(execution_id: str, doc: dict[str, Any]) -> CancelOutcome:

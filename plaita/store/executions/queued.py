@@ -22,6 +22,7 @@ from typing import Any, cast
 import redis
 
 from plaita.store import scripts
+from plaita.store.errors import refused_by_acl
 from plaita.store.executions.execution_docs import reply_text
 from plaita.store.executions.staged import ExecutionKeyError
 from plaita.store.keyspace import TENANTS_KEY, Keyspace
@@ -102,8 +103,14 @@ class QueuedAccess:
 
     def start_now(self, stream: str, due_ms: int, member_id: str) -> bool:
         """Make a delayed start's task (``member_id``, due at ``due_ms``) due now: a cancelled one
-        is moved by the next reclaim pass and ends cancelled. False when it was moved already."""
-        return make_due_now(self.client, stream, due_ms, member_id)
+        is moved by the next reclaim pass and ends cancelled. False when it was moved already, or
+        the user may not (an ACL without ZRANGEBYSCORE): then it ends cancelled when due."""
+        try:
+            return make_due_now(self.client, stream, due_ms, member_id)
+        except redis.ResponseError as exc:
+            if not refused_by_acl(exc):
+                raise
+            return False
 
     def rewrite_queued(
         self, execution_id: str, generation: int, doc_json: str, status: str, now_s: float, retention_s: int
