@@ -165,7 +165,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _print_queue_status(stats: dict[str, Any]) -> None:
     print(f"stream {stats['stream']}  group {stats['group']}")
-    for key in ("length", "pending", "lag", "consumers", "oldest_pending_id", "oldest_pending_age_s", "dlq_length"):
+    keys = ("length", "pending", "lag", "consumers", "oldest_pending_id", "oldest_pending_age_s", "dlq_length")
+    for key in (*keys, "delayed"):
         print(f"{key:>22}: {stats.get(key)}")
     print(f"{'partitions':>22}: {stats['partitions_count']} ({stats['partitions_from']})")
     if stats.get("note"):
@@ -175,7 +176,7 @@ def _print_queue_status(stats: dict[str, Any]) -> None:
     for part in stats.get("partitions", []):
         print(
             f"  {part['stream']}: length {part['length']}, pending {part['pending']}, lag {part['lag']}, "
-            f"dlq {part['dlq_length']}"
+            f"dlq {part['dlq_length']}, delayed {part.get('delayed', 0)}"
         )
 
 

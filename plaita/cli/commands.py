@@ -38,6 +38,7 @@ def run_enqueue(args: argparse.Namespace) -> int:
     from plaita.flows.tracing import parse_traceparent, producing
     from plaita.store.client import make_client
     from plaita.store.errors import is_redis_failure
+    from plaita.store.streams.delayed import add_tasks, due_ms_of
     from plaita.store.streams.entries import ReplicationLagError
     from plaita.store.streams.partitioned import open_queue
     from plaita.tasks import validate_body
@@ -55,6 +56,12 @@ def run_enqueue(args: argparse.Namespace) -> int:
             raise ConfigError(f"task {number} is not valid JSON: {exc}") from None
         except BadTaskError as exc:  # a non-object, an unknown type: what a worker would dead-letter
             raise ConfigError(f"task {number}: {exc}") from None
+    try:
+        due_ms_of(args.delay_s, None, 0.0)
+    except ValueError as exc:
+        raise ConfigError(f"--delay-s: {exc}") from None
+    if args.delay_s and args.wait_replicas:
+        raise ConfigError("--wait-replicas applies to tasks added now, not with --delay-s")
     env = environ()
     configure_tracing(args.otel, "plaita-enqueue", env)
     client = make_client(url, socket_timeout_s=5.0, tls=tls_of(args))
@@ -62,7 +69,10 @@ def run_enqueue(args: argparse.Namespace) -> int:
     try:
         # A script's trace context comes in $TRACEPARENT (the environment carrier of OpenTelemetry).
         with producing(bodies, q.keyspace.queue, parent=parse_traceparent(env.get("TRACEPARENT"))):
-            ids = q.enqueue_many(bodies, wait_replicas=args.wait_replicas, wait_timeout_ms=args.wait_timeout_ms)
+            if args.delay_s:
+                ids = add_tasks(q, bodies, delay_s=args.delay_s)
+            else:
+                ids = q.enqueue_many(bodies, wait_replicas=args.wait_replicas, wait_timeout_ms=args.wait_timeout_ms)
         for message_id in ids:
             print(message_id)
     except ReplicationLagError as exc:

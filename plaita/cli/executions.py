@@ -70,6 +70,9 @@ def _add_start(sub: WithParents) -> None:
     st.add_argument(
         "--deadline-s", type=float, help="cancel the whole execution (its children too) if not ended by then"
     )
+    st.add_argument(
+        "--delay-s", type=float, help="a delayed start: recorded queued now, its task added when due (<= 10 years)"
+    )
     st.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -189,6 +192,7 @@ def _start(flows: Any, args: argparse.Namespace) -> int:
             execution_id=args.execution_id,
             dedup_key=args.dedup_key,
             deadline_s=args.deadline_s,
+            delay_s=args.delay_s,
             on_duplicate="raise",
         )
     except DuplicateStart as dup:  # still exit 0 with the holder's id: the start is done, once
@@ -350,7 +354,9 @@ def _print_doc(doc: dict[str, Any], *, as_json: bool) -> None:
         if isinstance(kept, dict):
             print(f"resume {kept.get('id')} for wait {kept.get('wait_for')} kept since {_when(kept.get('at'))}")
     waiting = doc.get("waiting")
-    if isinstance(waiting, dict) and doc.get("status") == "queued":
+    if isinstance(waiting, dict) and doc.get("status") == "queued" and waiting.get("for") == "due":
+        print(f"delayed start: due {_when(waiting.get('until'))} (task {waiting.get('task')})")
+    elif isinstance(waiting, dict) and doc.get("status") == "queued":
         print(
             f"waiting for a worker of version {waiting.get('version')} since {_when(waiting.get('since'))}, "
             f"until {_when(waiting.get('until'))} (then dead-lettered)"

@@ -90,6 +90,13 @@ def _add_enqueue(add: Any, env: Mapping[str, str]) -> None:
         "without it a failover can lose tasks the old master had not replicated yet (default 0)",
     )
     e.add_argument("--wait-timeout-ms", type=int, default=1000, help="how long --wait-replicas waits (default 1000)")
+    e.add_argument(
+        "--delay-s",
+        type=float,
+        default=None,
+        help="add the tasks to the queue's delayed set, due this many seconds from now (at most 10 years); "
+        "any worker moves them onto the stream when due (within --reclaim-interval-s). Prints d-… ids",
+    )
     add_otel_option(e, env)
 
 

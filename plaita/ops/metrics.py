@@ -142,6 +142,7 @@ class Metrics:
             "plaita_queue_oldest_pending_age_seconds", "Age of the oldest pending entry", registry=r
         )
         self.dlq_length = Gauge("plaita_queue_dlq_length", "Entries in the dead-letter stream", registry=r)
+        self.delayed = Gauge("plaita_queue_delayed", "Delayed tasks not yet due (not on the stream)", registry=r)
 
     def _declare_alerts(self, r: CollectorRegistry) -> None:
         self.alerts = alert_counters(r)
@@ -168,6 +169,8 @@ class Metrics:
             self.queue_lag.set(lag)
         self.oldest_pending_age.set(stats.get("oldest_pending_age_s", 0.0))
         self.dlq_length.set(stats.get("dlq_length", 0))
+        if stats.get("delayed") is not None:  # None: the user may not count them
+            self.delayed.set(stats["delayed"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

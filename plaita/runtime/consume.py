@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 
+from plaita.clock import wall_s
 from plaita.config import Settings
 from plaita.fsm import Lifecycle
 from plaita.runtime.counters import Counters
@@ -125,8 +126,14 @@ class ConsumePhases:
         self.intake.accept(self.suspects.from_own_scan(own))
 
     def reclaim(self) -> None:
-        """One bounded pass: claim abandoned entries (idle and unleased), then housekeeping."""
+        """One bounded pass: move due delayed tasks onto the stream, claim abandoned entries (idle
+        and unleased), then housekeeping."""
         self.renewer.release_orphans()
+        # Every worker moves (an atomic script per partition): no single process is needed. On
+        # the durable clock, so a test clock's three days pass at once.
+        moved = self.queue.move_due(int(wall_s() * 1000))
+        if moved:
+            logger.info("moved %d due delayed task(s) onto the stream", moved)
         self.reclaimer.claim()
         now = time.monotonic()
         if now >= self._next_housekeeping_at_s:

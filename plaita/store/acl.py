@@ -14,6 +14,9 @@ resume | dlq | enqueue`` and the dashboard's actions, including cancelling and r
 executions), ``DASHBOARD_READ_ACL_RULES`` the dashboard's read pages. All
 confine keys and channels to the ``plaita:`` prefix; widen ``~plaita:*`` if ``--queue-name``
 or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0 (``command|subcommand`` rules).
+Delayed tasks: a worker's reclaim pass moves them (a script: TYPE, ZRANGEBYSCORE, XADD, ZREM) and
+its queue statistics count them (ZCARD); ``plaita enqueue --delay-s`` adds them (ZADD); a cancel of
+a delayed start makes its task due now (ZRANGEBYSCORE, then ZADD XX).
 tests/ops/test_security.py proves the worker's and admin's suffice, tests/ops/test_flow_acl.py the
 flow worker's and producer's, tests/dashboard the dashboard's.
 """
@@ -27,7 +30,8 @@ WORKER_ACL_RULES = (
     "+xpending +xinfo|groups +xinfo|consumers +xrange +xlen "
     "+evalsha +script|load +script|exists "
     "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl +scan +mget "
-    "+multi +exec +subscribe +client|setname +info +hset +hget +hdel"
+    "+multi +exec +subscribe +client|setname +info +hset +hget +hdel "
+    "+zcard +zrangebyscore +zrem"
 )
 
 #: Rules for a flow worker (``--flows``, with or without ``--keeper``) and ``plaita keeper``:
@@ -38,7 +42,7 @@ WORKER_ACL_RULES = (
 #: compare-and-set on a zombie).
 FLOW_WORKER_ACL_RULES = (
     WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +hsetnx +incrby +persist +sadd +scard +smembers "
-    "+srem +srandmember +zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
+    "+srem +srandmember +zadd +zrange +zremrangebyscore +zscore +time +watch +unwatch"
 )
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):
@@ -48,18 +52,19 @@ FLOW_WORKER_ACL_RULES = (
 #: (a cancel of an id with no document looks for its start in the stream), SMEMBERS + HGET (... or
 #: its parked start); EVALSHA and SCRIPT LOAD for the start's script, which runs TYPE, EXISTS, GET,
 #: SET, ZADD, ZREMRANGEBYSCORE (expired queued records leave their index) and XADD; SADD (a
-#: tenant's first start registers the tenant); no channels.
+#: tenant's first start registers the tenant); ZRANGEBYSCORE (a cancel of a delayed start makes it due
+#: now); no channels.
 PRODUCER_ACL_RULES = (
     "resetkeys ~plaita:* resetchannels -@all +xadd +xrange +get +set +mget +hget +hgetall +zrevrange +zcard "
-    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers +zrevrangebyscore"
+    "+evalsha +script|load +type +exists +zadd +zremrangebyscore +sadd +smembers +zrevrangebyscore +zrangebyscore"
 )
 
 #: Rules for an operator of flows (``plaita executions fork | delete | prune | cancel-many`` and
 #: ``plaita schedules pause | resume | trigger | backfill``, and the same in Python): the
 #: producer's, plus what removes and pauses, which the producer is deliberately refused: DEL and ZREM
-#: (an execution's keys and its index entries), ZRANGEBYSCORE and ZCOUNT (prune's bounded walk of the
-#: status indexes by end time), ZRANGE, HSETNX/HDEL (a schedule's ``paused`` field). No channel.
-FLOW_ADMIN_ACL_RULES = PRODUCER_ACL_RULES + " +del +zrem +zrangebyscore +zcount +zrange +hset +hsetnx +hdel"
+#: (an execution's keys and its index entries), ZCOUNT (with the producer's ZRANGEBYSCORE, prune's
+#: bounded walk of the status indexes by end time), ZRANGE, HSETNX/HDEL (a schedule's ``paused`` field). No channel.
+FLOW_ADMIN_ACL_RULES = PRODUCER_ACL_RULES + " +del +zrem +zcount +zrange +hset +hsetnx +hdel"
 
 #: Rules for an operator's user: ``ACL SETUSER plaita-admin on >PASSWORD <rules>``. The operator
 #: changes flow limits at run time too (``plaita limits set | clear | show``): HSET/SADD/SREM of

@@ -181,6 +181,12 @@ CAUSES_BY_CLASS: dict[type[BaseException], str] = {
 DETAIL_CHARS = 200
 
 
+def refused_by_acl(exc: BaseException) -> bool:
+    """The user may not run a command: NOPERM, or a script's command refused (a plain ERR reply
+    "The user executing the script can't run this command …")."""
+    return error_code(exc) == "NOPERM" or "user executing the script can't run" in str(exc)
+
+
 def error_code(exc: BaseException) -> str:
     """The Redis error code of ``exc`` (``OOM``, ``WRONGTYPE`` …), or "".
 

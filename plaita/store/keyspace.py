@@ -7,6 +7,7 @@ and every key that one atomic script touches carries it, so each script stays in
 
 =====================  ==============================================
 stream                 ``<queue>:T``            (DLQ ``<queue>:T:dlq``)
+delayed tasks          ``<queue>:T:delayed``    (``plaita.store.streams.delayed.delayed_key``)
 lease, fence           ``plaita:execution:lease:T:<id>``, ``…fence:T:<id>``
 crash strikes          ``plaita:execution:crashes:T:<id>``
 state, cancel flag     ``plaita:execution:T:<id>``, ``…cancel:T:<id>``

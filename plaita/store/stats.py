@@ -1,5 +1,6 @@
-"""Queue statistics for operators: stream length, pending, lag, oldest pending age, DLQ length;
-and the executions per status of every tenant (``execution_counts``)."""
+"""Queue statistics for operators: stream length, pending, lag, oldest pending age, DLQ length,
+delayed tasks not due yet (``plaita.store.streams.delayed``); and the executions per status of
+every tenant (``execution_counts``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 import redis
 
 from plaita.store.client import is_cluster
+from plaita.store.errors import error_code
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import Keyspace
+from plaita.store.streams.delayed import delayed_key
 from plaita.store.streams.entries import as_text
 from plaita.store.streams.queue import StreamQueue
 
@@ -35,6 +38,8 @@ def _merged(q: StreamQueue, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(rows[0], stream=q.stream)
     for key in _SUMMED:
         out[key] = sum(int(r[key]) for r in rows)
+    delayed = [r["delayed"] for r in rows]
+    out["delayed"] = None if any(n is None for n in delayed) else sum(int(n) for n in delayed)
     lags = [r["lag"] for r in rows]
     out["lag"] = None if any(lag is None for lag in lags) else sum(int(lag) for lag in lags)
     out["consumers"] = max(int(r["consumers"]) for r in rows)
@@ -55,7 +60,12 @@ def _one_stream_stats(q: StreamQueue) -> dict[str, Any]:
     pipe.xlen(q.dlq_key)
     pipe.xinfo_groups(q.stream)
     pipe.xpending(q.stream, q.group)
-    length, dlq_length, groups, summary = pipe.execute()
+    pipe.zcard(delayed_key(q.stream))
+    *replies, delayed = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    length, dlq_length, groups, summary = replies
     oldest = summary.get("min") if isinstance(summary, dict) else None
     oldest_age_s = 0.0
     if oldest:
@@ -70,9 +80,26 @@ def _one_stream_stats(q: StreamQueue) -> dict[str, Any]:
         "lag": group.get("lag"),
         "consumers": int(group.get("consumers", 0) or 0),
         "dlq_length": int(dlq_length),
+        "delayed": _count_or_none(delayed),
         "oldest_pending_id": as_text(oldest) if oldest else None,
         "oldest_pending_age_s": round(oldest_age_s, 3),
     }
+
+
+def _count_or_none(reply: Any) -> int | None:
+    """A ZCARD reply; None when the user may not run it (an ACL from before delayed tasks)."""
+    if isinstance(reply, Exception):
+        if error_code(reply) != "NOPERM":
+            raise reply
+        return None
+    return int(reply)
+
+
+def _delayed_or_none(q: StreamQueue) -> int | None:
+    try:
+        return int(q.client.zcard(delayed_key(q.stream)))
+    except redis.ResponseError as exc:
+        return _count_or_none(exc)
 
 
 def is_settled(q: StreamQueue) -> bool:
@@ -110,6 +137,7 @@ def _one_or_empty(q: StreamQueue) -> dict[str, Any]:
         "lag": group.get("lag") if group else None,
         "consumers": int(group.get("consumers", 0) or 0) if group else 0,
         "dlq_length": int(q.client.xlen(q.dlq_key)),
+        "delayed": _delayed_or_none(q),
         "oldest_pending_id": None,
         "oldest_pending_age_s": 0.0,
         "note": "stream does not exist yet" if not exists else f"group {q.group!r} does not exist yet",

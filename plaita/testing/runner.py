@@ -38,6 +38,9 @@ STOP_TIMEOUT_S = 10.0
 TERMINAL_STATUSES = frozenset({"completed", "error", "cancelled"})
 #: The worker's embedded keeper lease: its full passes (schedules) come every half of it.
 KEEPER_LEASE_TTL_S = 1.0
+#: The worker's reclaim pass, which moves due delayed starts onto the stream: a start delayed three
+#: days runs within this once the clock is moved.
+RECLAIM_INTERVAL_S = 0.25
 
 FlowSource = Flow | ModuleType | str
 
@@ -98,6 +101,7 @@ class FlowTestRunner:
                 consumer_name=f"test-{secrets.token_hex(3)}",
                 concurrency=self.concurrency,
                 keeper_lease_ttl_s=KEEPER_LEASE_TTL_S,
+                reclaim_interval_s=RECLAIM_INTERVAL_S,
                 registry_ttl_s=5.0,
                 heartbeat_interval_s=1.0,
             )
@@ -280,6 +284,10 @@ class FlowTestRunner:
             if in_flight:
                 return
         status, suspension = doc.get("status"), doc.get("suspension") or {}
+        waiting = doc.get("waiting") or {}
+        if status == "queued" and waiting.get("for") == "due" and isinstance(waiting.get("until"), int | float):
+            self.clock.advance_to(float(waiting["until"]))  # a delayed start
+            return
         if status == "suspended" and isinstance(suspension.get("deadline"), int | float):
             due_s = float(suspension["deadline"])
             if isinstance(doc.get("deadline_at"), int | float):

@@ -143,10 +143,12 @@ class Execution:
         version: str | None,
         now_s: float,
         deadline_at: float | None = None,
+        due: tuple[int, str] | None = None,
     ) -> Execution:
         """The record a producer's start writes (``queued``): no step and no definition yet, only
-        what the start asks for (``version``: the one requested, if any). A worker's create
-        replaces it with ``start``'s execution."""
+        what the start asks for (``version``: the one requested, if any; ``due``: a delayed start's
+        (due time in epoch ms, delayed task id), kept as ``waiting`` ``{"for": "due", "until":
+        epoch s, "due_ms", "task"}``). A worker's create replaces it with ``start``'s execution."""
         return cls(
             execution_id=execution_id,
             flow_id=flow_id,
@@ -171,6 +173,7 @@ class Execution:
             updated_at=now_s,
             ended_at=None,
             deadline_at=deadline_at,
+            waiting=None if due is None else {"for": "due", "until": due[0] / 1000, "due_ms": due[0], "task": due[1]},
         )
 
     def waiting_for_version(self, version: str, since_s: float, until_s: float, now_s: float) -> Execution:

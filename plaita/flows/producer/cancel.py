@@ -11,15 +11,19 @@ their next checkpoint instead of its cancel task waiting behind theirs. An id wi
 yet is cancelled only if a start of it is queued (or the queue is too long to tell) or parked
 for a flow slot: a parked start is put back on its stream at once (after the flag is set), so
 the cancel lands now, not when a slot frees. A start this plaita's producer sent has a ``queued``
-document from the start, so its record answers at once.
+document from the start, so its record answers at once. A delayed start (``FlowClient.start(delay_s=…)``)
+is queued too: its task is made due now (after the flag is set), so it ends cancelled at the next
+reclaim pass of any worker, not when due; its flag lives until the due time plus 7 days all the same.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from plaita.clock import wall_s
 from plaita.flows.model import bodies as model
 from plaita.flows.model.bodies import child_ids
 from plaita.store.executions.flow_limits import FlowLimitStore, member_of
@@ -93,9 +97,10 @@ def request_cancel(
         queued = True
     if doc is not None and doc.get("status") in TERMINAL:
         return _ended(execution_id, doc)
-    store.request_cancel(execution_id)
+    store.request_cancel(execution_id, ttl_s=_flag_ttl_s(doc))
     if parked is not None:  # read with its flag set: it takes no slot, leaves the parked starts, ends
         enqueue(parked)
+    _start_delayed_now(store, doc, stream)
     doc = store.get(execution_id)
     status = None if doc is None else doc.get("status")
     if doc is None:
@@ -112,6 +117,28 @@ def request_cancel(
     flow_id, tenant = doc.get("flow_id"), store.ks.tenant
     enqueue(model.resume_body(execution_id, "cancel", flow_id=flow_id, tenant_id=tenant))
     return CancelOutcome(execution_id, SUSPENDED, doc, cancel_descendants(store, doc))
+
+
+def _flag_ttl_s(doc: dict[str, Any] | None) -> int:
+    """How long the cancel flag must live: 7 days, plus the wait of a delayed start until it is
+    due (a start read past its flag would run)."""
+    waiting = doc.get("waiting") if doc is not None and doc.get("status") == QUEUED_STATUS else None
+    if not isinstance(waiting, dict) or waiting.get("for") != "due":
+        return FLAG_TTL_S
+    until = waiting.get("until")
+    if isinstance(until, bool) or not isinstance(until, int | float) or not math.isfinite(until):
+        return FLAG_TTL_S
+    return FLAG_TTL_S + max(0, math.ceil(until - wall_s()))
+
+
+def _start_delayed_now(store: ExecutionStore, doc: dict[str, Any] | None, stream: str) -> None:
+    """A delayed start just cancelled: its task is made due now (after the flag is set), so the
+    next reclaim pass moves it, a worker reads it and it ends cancelled, not when it was due."""
+    waiting = doc.get("waiting") if doc is not None and doc.get("status") == QUEUED_STATUS else None
+    if isinstance(waiting, dict) and waiting.get("for") == "due":
+        due_ms, task = waiting.get("due_ms"), waiting.get("task")
+        if isinstance(due_ms, int) and not isinstance(due_ms, bool) and isinstance(task, str) and task:
+            store.start_now(stream, due_ms, task)  # refused by an ACL: it ends cancelled when due
 
 
 def _ended(execution_id: str, doc: dict[str, Any]) -> CancelOutcome:

@@ -36,6 +36,7 @@ from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
 from plaita.store.client import make_client
 from plaita.store.executions.store import QUEUED, TERMINAL, ExecutionStore
+from plaita.store.streams.delayed import delayed_member, due_ms_of, new_member_id
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 
@@ -168,6 +169,8 @@ class FlowClient:
         version: str | None = None,
         deadline_s: float | None = None,
         on_duplicate: str = "return",
+        delay_s: float | None = None,
+        at: float | None = None,
     ) -> str:
         """Record the execution as ``queued`` and enqueue its start, in one atomic call; returns
         its id. With ``dedup_key`` already held (by a start within 7 days, however close), nothing
@@ -177,7 +180,12 @@ class FlowClient:
 
         ``deadline_s``: the whole execution must end within that many seconds from now (this
         machine's clock); past it the execution is cancelled, its children too, and its
-        ``error`` says ``DeadlineExceeded``. ValueError unless finite, above 0, at most 10 years."""
+        ``error`` says ``DeadlineExceeded``. ValueError unless finite, above 0, at most 10 years.
+
+        ``delay_s`` (seconds from now) or ``at`` (epoch seconds): a delayed start. It is recorded
+        ``queued`` at once (``waiting`` says until when), so get, list and cancel see it; its
+        task is added to the queue when due (``plaita.store.streams.delayed``). A deadline counts
+        from now, not from the due time. ValueError for both, or one not within 10 years."""
         if params is not None and not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object)")
         if on_duplicate not in ON_DUPLICATE:
@@ -185,6 +193,7 @@ class FlowClient:
         require_json(params, "params")  # NaN/Infinity would be dead-lettered by the worker
         now_s = wall_s()  # the test clock's, under plaita.testing
         deadline_at = None if deadline_s is None else now_s + check_deadline_s(deadline_s)
+        due_ms = due_ms_of(delay_s, at, now_s)
         if dedup_key is not None and execution_id is not None:
             self._check_same_partition(execution_id, dedup_key)
         eid = execution_id or self._new_id(dedup_key)
@@ -197,13 +206,25 @@ class FlowClient:
             deadline_at=deadline_at,
             tenant_id=self.tenant_id,
         )
+        task_id = new_member_id() if due_ms else ""
         record = Execution.queued(
-            eid, flow_id, params or {}, dedup_key=dedup_key, version=version, now_s=now_s, deadline_at=deadline_at
+            eid,
+            flow_id,
+            params or {},
+            dedup_key=dedup_key,
+            version=version,
+            now_s=now_s,
+            deadline_at=deadline_at,
+            due=(due_ms, task_id) if due_ms else None,
         )
         ks = self.queue.keyspace
         with producing([body], ks.queue):
             stream = ks.stream(ks.partition_of(eid))
-            done = self.store.enqueue_start(eid, body, record.encode(), stream=stream, now_s=now_s, dedup_key=dedup_key)
+            # Built in here: the body carries its trace context from now on.
+            delayed = delayed_member(body, due_ms, member_id=task_id) if due_ms else None
+            done = self.store.enqueue_start(
+                eid, body, record.encode(), stream=stream, now_s=now_s, dedup_key=dedup_key, delayed=delayed
+            )
         if done.duplicate and on_duplicate == "raise":
             raise DuplicateStart(done.execution_id, dedup_key)
         return done.execution_id

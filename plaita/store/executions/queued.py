@@ -15,15 +15,18 @@ no record too). A mixin of ``ExecutionStore``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
 
 from plaita.store import scripts
+from plaita.store.errors import refused_by_acl
 from plaita.store.executions.execution_docs import reply_text
 from plaita.store.executions.staged import ExecutionKeyError
 from plaita.store.keyspace import TENANTS_KEY, Keyspace
+from plaita.store.streams.delayed import DelayedMember, delayed_key, make_due_now
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: The status of a start recorded by its producer and not yet taken over by a worker.
@@ -39,7 +42,8 @@ REWRITE_QUEUED = scripts.script("rewrite_queued")
 @dataclass(frozen=True)
 class Enqueued:
     """What ``enqueue_start`` did: ``execution_id`` holds the start (the earlier execution's id
-    when ``duplicate``); ``message_id`` is the task's stream entry id (None when nothing was added)."""
+    when ``duplicate``); ``message_id`` is the task's stream entry id, or a delayed start's member id
+    (``d-…``); None when nothing was added."""
 
     execution_id: str
     duplicate: bool
@@ -63,13 +67,17 @@ class QueuedAccess:
         stream: str,
         now_s: float,
         dedup_key: str | None,
+        delayed: DelayedMember | None = None,
     ) -> Enqueued:
         """Record ``execution_id`` as queued (document ``queued_json``) and add the start ``body``
         to its stream, unless ``dedup_key`` is held (then nothing is written and the holder's id
         is returned). A start of an execution that exists is enqueued, its document kept.
         ``stream``: the stream of the execution's partition (the producer's queue names it).
         ExecutionKeyError (nothing written) when one of the keys holds the wrong type. The dedup
-        key must be in the execution's partition (``FlowClient`` picks ids there)."""
+        key must be in the execution's partition (``FlowClient`` picks ids there). ``delayed``: a
+        delayed start, the body's member (``plaita.store.streams.delayed.delayed_member``): it waits
+        in the stream's delayed set until due, the record and dedup key live that much longer, and
+        the record is indexed at its due time (so the index drops it when the record expires)."""
         if not self._registered:  # the tenant's counts and listings must find its queued starts
             self.client.sadd(TENANTS_KEY, self.ks.tenant)
             self._registered = True
@@ -78,15 +86,31 @@ class QueuedAccess:
         keys = [ks.execution_key(execution_id), ks.status_key(p, QUEUED), stream]
         if dedup_key is not None:
             keys.append(ks.dedup_key(p, dedup_key))
-        args = [execution_id, queued_json, repr(now_s), encode_body(body), "1", DEDUP_TTL_S]
-        args += [PAYLOAD_FIELD, SCHEMA_FIELD]
+        ttl_s = DEDUP_TTL_S
+        if delayed is not None:
+            keys[2] = delayed_key(stream)
+            ttl_s += max(0, math.ceil(delayed.due_ms / 1000 - now_s))
+            now_s = delayed.due_ms / 1000
+        args = [execution_id, queued_json, repr(now_s), encode_body(body), "1", ttl_s, PAYLOAD_FIELD, SCHEMA_FIELD]
+        args += [delayed.due_ms, delayed.member] if delayed is not None else [0, ""]
         code, text = cast(list[Any], ENQUEUE_START(self.client, keys, args))
         text = reply_text(text)
         if int(code) == 4:
             raise ExecutionKeyError(text, "holds the wrong type")
         if int(code) == 2:
             return Enqueued(text, True, None)
-        return Enqueued(execution_id, False, text)
+        return Enqueued(execution_id, False, delayed.member_id if delayed is not None else text)
+
+    def start_now(self, stream: str, due_ms: int, member_id: str) -> bool:
+        """Make a delayed start's task (``member_id``, due at ``due_ms``) due now: a cancelled one
+        is moved by the next reclaim pass and ends cancelled. False when it was moved already, or
+        the user may not (an ACL without ZRANGEBYSCORE): then it ends cancelled when due."""
+        try:
+            return make_due_now(self.client, stream, due_ms, member_id)
+        except redis.ResponseError as exc:
+            if not refused_by_acl(exc):
+                raise
+            return False
 
     def rewrite_queued(
         self, execution_id: str, generation: int, doc_json: str, status: str, now_s: float, retention_s: int

@@ -312,8 +312,9 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
         raws = pipe.execute(raise_on_error=False)
         return [checked(e, k, raw) for e, k, raw in zip(execution_ids, keys, raws, strict=True)]
 
-    def request_cancel(self, execution_id: str) -> None:
-        self.client.set(self.ks.cancel_key(execution_id), "1", ex=FLAG_TTL_S)
+    def request_cancel(self, execution_id: str, *, ttl_s: int = FLAG_TTL_S) -> None:
+        """Set the cancel flag for ``ttl_s`` (longer for a delayed start: until it is due and read)."""
+        self.client.set(self.ks.cancel_key(execution_id), "1", ex=ttl_s)
 
     def request_cancels(self, execution_ids: Sequence[str]) -> None:
         """Set the cancel flag of each execution (one pipeline; children, descendants)."""

@@ -350,6 +350,10 @@ class PartitionedQueue(StreamQueue):
     def sweep_residue(self, batch: int) -> int:
         return sum(self._each(lambda q: q.sweep_residue(batch)))
 
+    def move_due(self, now_ms: int) -> int:
+        """Each assigned partition's due delayed tasks onto its own stream (one script each)."""
+        return sum(self._each(lambda q: q.move_due(now_ms)))
+
     def interrupt_read(self) -> None:
         interrupt(self.owner)
 

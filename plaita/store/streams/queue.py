@@ -19,10 +19,10 @@ from plaita.config import Settings
 from plaita.envelope import build_envelope
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, clients_for, close_clone, interrupt, node_client
-from plaita.store.errors import error_code
+from plaita.store.errors import error_code, refused_by_acl
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
-from plaita.store.streams import reclaim
+from plaita.store.streams import delayed, reclaim
 from plaita.store.streams.entries import (
     DeadLetter,
     Entry,
@@ -101,6 +101,8 @@ class StreamQueue:
         self.dlq_key = dlq_key
         self.dlq_max_len = dlq_max_len
         self._xnack: bool | None = None
+        #: The server refused the delayed move (NOPERM): said once.
+        self._move_refused = False
         self.keyspace = Keyspace(stream, dlq_key=dlq_key)
 
     def partition_queues(self) -> list[StreamQueue]:
@@ -375,6 +377,24 @@ class StreamQueue:
         list are touched; the backlog and pending entries never are.
         """
         return int(_SWEEP_RESIDUE(self.owner, [self.stream], [self.group, batch]))
+
+    def move_due(self, now_ms: int) -> int:
+        """Move the delayed tasks due at ``now_ms`` onto the stream (``plaita.store.streams.delayed``).
+        A Redis user without the rights (an ACL from before delays) logs once and moves nothing:
+        the worker's other work goes on."""
+        try:
+            moved = delayed.move_due(self.owner, self.stream, now_ms)
+        except redis.ResponseError as exc:
+            if not refused_by_acl(exc):
+                raise
+            if not self._move_refused:
+                self._move_refused = True
+                logger.warning("delayed tasks of %s not moved: %s (add %s)", self.stream, exc, delayed.MOVE_ACL)
+            return 0
+        if moved < 0:
+            key = delayed.delayed_key(self.stream)
+            logger.warning("%s or %s holds another type: delayed tasks not moved", key, self.stream)
+        return max(0, moved)
 
     # -- shutdown helpers -------------------------------------------------------------
     def interrupt_read(self) -> None:
