@@ -181,10 +181,18 @@ CAUSES_BY_CLASS: dict[type[BaseException], str] = {
 DETAIL_CHARS = 200
 
 
+#: How a server words a command refused by the ACL inside a script (Redis, Valkey).
+_SCRIPT_REFUSALS = ("user executing the script can't run", "ACL failure in script")
+
+
 def refused_by_acl(exc: BaseException) -> bool:
-    """The user may not run a command: NOPERM, or a script's command refused (a plain ERR reply
-    "The user executing the script can't run this command …")."""
-    return error_code(exc) == "NOPERM" or "user executing the script can't run" in str(exc)
+    """The user may not run a command: NOPERM, or a script's command refused (a plain ERR reply:
+    "The user executing the script can't run this command …" on Redis, "ACL failure in script: …"
+    on Valkey)."""
+    text = str(exc)
+    return (
+        error_code(exc) == "NOPERM" or "user executing the script can't run" in text or "ACL failure in script" in text
+    )
 
 
 def error_code(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from redis._parsers.base import BaseParser
 
 from plaita.errors import BadTaskError, PlaitaError
 from plaita.fsm import ErrorKind
-from plaita.store.errors import classify, is_redis_failure
+from plaita.store.errors import classify, is_redis_failure, refused_by_acl
 
 T = ErrorKind.TRANSIENT
 P = ErrorKind.PERSISTENT
@@ -213,3 +213,23 @@ class TestNonRedisExceptions:
         assert is_redis_failure(rx.ResponseError("WRONGTYPE Operation")) is True
         assert is_redis_failure(BadTaskError("x")) is False
         assert is_redis_failure(RuntimeError("x")) is False
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "NOPERM User u has no permissions to run the 'zrem' command",
+        "The user executing the script can't run this command or subcommand script: abc, on @user_script:28.",
+        "ACL failure in script: User u has no permissions to run the 'zrangebyscore' command script: on @user_script:1",
+    ],
+)
+def test_a_command_refused_by_the_acl_is_known_on_redis_and_on_valkey(reply: str) -> None:
+    """Both servers' words for a refused command (bare, and inside a script), as their parsers raise them."""
+    assert refused_by_acl(BaseParser.parse_error(reply))
+
+
+def test_other_errors_are_not_acl_refusals() -> None:
+    assert not refused_by_acl(
+        BaseParser.parse_error("WRONGTYPE Operation against a key holding the wrong kind of value")
+    )
+    assert not refused_by_acl(BaseParser.parse_error("ERR Error running script: attempt to index a nil value"))
