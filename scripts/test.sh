@@ -12,10 +12,11 @@ echo "== mypy --strict plaita" && .venv/bin/mypy plaita
 echo "== import layers (lint-imports)" && .venv/bin/lint-imports --no-cache
 echo "== diagrams" && .venv/bin/python -m plaita diagram --check
 
-# Three test processes (pytest-xdist), each with its own private redis-servers: the suite waits on
-# servers and child processes more than it computes, so 3 on 2 cores halves the wall time.
-# PLAITA_TEST_WORKERS=0 runs it in one process.
-WORKERS="${PLAITA_TEST_WORKERS:-3}"
+# Four test processes (pytest-xdist), each with its own private redis-servers: the suite waits on
+# servers and child processes more than it computes (its own CPU is about 12 min for a 12 min run
+# at 3 on 2 cores), so 4 on 2 cores keeps both busy; worksteal hands a worker that ran out of
+# tests another's long ones. PLAITA_TEST_WORKERS=0 runs it in one process.
+WORKERS="${PLAITA_TEST_WORKERS:-4}"
 echo "== pytest (-n $WORKERS)"
 set +e
 .venv/bin/pytest -n "$WORKERS" --dist worksteal "$@"
