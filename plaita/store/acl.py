@@ -1,7 +1,7 @@
 """The smallest Redis ACLs plaita needs (docs/operations.md quotes these strings verbatim).
 
 ``WORKER_ACL_RULES`` lets ``plaita worker`` run its whole cycle: consume, ack, dead-letter,
-leases (Lua; TIME for the v2 lease format's expiry, plaita.store.leases), reclaim, housekeeping, hand-back, registry heartbeat and remote control.
+leases (Lua), reclaim, housekeeping, hand-back, registry heartbeat and remote control.
 ``FLOW_WORKER_ACL_RULES`` adds what a flow worker (``--flows``: checkpoints, staged writes,
 children, durable sleeps, ``ctx.publish``, fleet-wide limits, deadlines, tenants) and its
 embedded keeper (``--keeper``: recovery, zombies, schedules) send, most of it inside the Lua
@@ -27,16 +27,17 @@ WORKER_ACL_RULES = (
     "+xpending +xinfo|groups +xinfo|consumers +xrange +xlen "
     "+evalsha +script|load +script|exists "
     "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl +scan +mget "
-    "+multi +exec +subscribe +client|setname +info +hset +hget +hdel +time"
+    "+multi +exec +subscribe +client|setname +info +hset +hget +hdel"
 )
 
 #: Rules for a flow worker (``--flows``, with or without ``--keeper``) and ``plaita keeper``:
 #: ``ACL SETUSER plaita-flow-worker on >PASSWORD <rules>``. The worker's, plus hashes (schedules,
 #: events, staged writes), sets (tenants, children), sorted sets (status indexes, deadlines,
-#: flow slots), INCRBY/PERSIST (staged writes, counters) and WATCH/UNWATCH (the keeper's compare-and-set on a zombie).
+#: flow slots), INCRBY/PERSIST (staged writes, counters), TIME (limits and ticks) and
+#: WATCH/UNWATCH (the keeper's compare-and-set on a zombie).
 FLOW_WORKER_ACL_RULES = (
     WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +hsetnx +incrby +persist +sadd +scard +smembers "
-    "+zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +watch +unwatch"
+    "+zadd +zcard +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +time +watch +unwatch"
 )
 
 #: Rules for a producer (``FlowClient``, ``plaita executions …``, ``plaita enqueue``):

@@ -1,14 +1,14 @@
 """Execution leases with fencing generations: at most one worker advances an execution.
 
 A lease ``plaita:execution:lease:{execution_id}`` (a tenant's: ``plaita:<tenant>:execution:lease:…``)
-comes in two formats (``LEASE_FORMATS``; docs/reliability.md, "Lease format"), and every script
-that reads a lease understands both. v1 holds ``{holder}:{generation}`` with a PX TTL and the
-generation comes from ``plaita:execution:fence:{execution_id}`` (one more on every acquire); v2 is
-the lease key alone, ``v2|{generation}|{expiry ms}|{holder}``, kept 7 days past the lease so the
-generation survives it, free once its expiry (server clock) passed. Either way a worker that was
-paused past its TTL and wakes up holds an older generation than its successor and ``fenced_set``
-refuses its writes. Renewal is compare-and-extend, release is compare-and-delete, both in Lua so a lease
-is never touched by a non-holder.
+holds ``{holder}:{generation}`` with a PX TTL. Where the generation comes from is the lease format
+(``--lease-format``, ``plaita.config.LEASE_FORMATS``; docs/reliability.md, "Lease format"): v1 from
+``plaita:execution:fence:{execution_id}`` (one more on every acquire, kept 7 days), v2 from the
+partition's counter ``plaita:executions:lease-generation`` (one key, written once per acquire call),
+so a v2 acquire creates one key instead of two. Either way a worker that was paused past its TTL
+and wakes up holds an older generation than its successor and ``fenced_set`` refuses its writes.
+Renewal is compare-and-extend, release is compare-and-delete, both in Lua so a lease is never
+touched by a non-holder.
 
 The holder is ``worker:{consumer}@{incarnation}``: a restarted worker with the same stable
 consumer name recognises its previous incarnation's leases and takes them over at once
@@ -32,23 +32,11 @@ from plaita.store.keyspace import DEFAULT, FENCE_PREFIX, LEASE_PREFIX, Keyspace
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "FENCE_PREFIX",
-    "LEASE_FORMATS",
-    "LEASE_PREFIX",
-    "Lease",
-    "LeaseManager",
-    "PendingAcquire",
-    "fenced_set",
-    "lease_live",
-]
-#: Fencing counters (and a v2 lease key, past its lease) outlive any lease: 7 days. An expired
-#: counter restarts at 1, so a holder frozen longer than this could pass the fence check again;
-#: no pause is that long.
+__all__ = ["FENCE_PREFIX", "LEASE_FORMATS", "LEASE_PREFIX", "Lease", "LeaseManager", "PendingAcquire", "fenced_set"]
+#: Fencing counters outlive any lease: 7 days. An expired counter restarts at 1, so a holder frozen
+#: longer than this could pass the fence check again; no pause is that long. (v2's counters, one
+#: per partition, never expire.)
 FENCE_TTL_S = 7 * 24 * 3600
-
-#: A v2 lease key lives this long past its lease (the fence counter's TTL, in ms).
-V2_KEEP_MS = FENCE_TTL_S * 1000
 
 ACQUIRE_MANY = scripts.script("acquire_leases")
 RELEASE_MANY = scripts.script("release_leases")
@@ -121,9 +109,9 @@ class LeaseManager:
         args = self._acquire_args()
 
         def build(pipe: Pipeline) -> None:
-            for members in groups.values():
+            for p, members in groups.items():
                 keys = [k for i in members for k in (lease_keys[i], fence_keys[i])]
-                ACQUIRE_MANY.queue(pipe, keys, args)
+                ACQUIRE_MANY.queue(pipe, [*keys, self.keyspace.generation_key(p)], args)
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
         replies = scripts.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
@@ -143,6 +131,7 @@ class LeaseManager:
             return PendingAcquire(self, None, execution_ids, [], done=self.acquire_many(execution_ids, keyspaces))
         _, lease_keys, fence_keys = self._plan(execution_ids, keyspaces)
         keys = [k for pair in zip(lease_keys, fence_keys, strict=True) for k in pair]
+        keys.append(self.keyspace.generation_key(0))
         conn = pool.get_connection()
         try:
             args = self._acquire_args()
@@ -221,18 +210,18 @@ class LeaseManager:
     def _renew(self, leases: list[Lease]) -> list[bool]:
         def build(pipe: Pipeline) -> None:
             for lease in leases:
-                _RENEW.queue(pipe, [lease.key], [lease.value, self.ttl_ms, V2_KEEP_MS + self.ttl_ms])
+                _RENEW.queue(pipe, [lease.key], [lease.value, self.ttl_ms])
 
         # Compare-and-extend is safe to run twice.
         return [int(r) == 1 for r in scripts.execute(self.client, build, [_RENEW], transaction=False)]
 
     def release_orphan(self, execution_id: str, keyspace: Keyspace | None = None) -> bool:
-        """Release this incarnation's lease of ``execution_id``, whatever its generation.
+        """Delete this incarnation's lease of ``execution_id``, whatever its generation.
 
         For an acquire whose reply was lost (timeout, reset): Redis may have set the lease
         anyway, and nothing would renew or release it, so the task's entry could not be
         reclaimed (nor the lease re-acquired by us) for a whole TTL. Call it only while no
-        task of that execution is in flight here. True if a lease was released.
+        task of that execution is in flight here. True if a lease was deleted.
         """
         key = self._space(keyspace).lease_key(execution_id)
         return int(_RELEASE_ORPHAN(self.client, [key], [self.holder])) == 1
@@ -330,20 +319,3 @@ def fenced_set(
     keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), key]
     result = _FENCED_SET(client, keys, [generation, value])
     return int(result) == 1
-
-
-def lease_live(value: bytes | str | None, now_ms: int) -> bool:
-    """Whether a lease key's value (None: no key) still holds its execution at server time
-    ``now_ms``: a v1 value as long as it exists, a v2 one until its expiry."""
-    if value is None:
-        return False
-    text = value.decode(errors="replace") if isinstance(value, bytes) else value
-    parts = text.split("|", 3)
-    if len(parts) == 4 and parts[0] == "v2" and parts[1].isdigit() and parts[2].isdigit():
-        return int(parts[2]) > now_ms
-    return True
-
-
-def needs_server_time(values: Sequence[bytes | str | None]) -> bool:
-    """Whether judging these lease values takes the server's clock (any of them is a v2 one)."""
-    return any(v is not None and (v[:3] == b"v2|" if isinstance(v, bytes) else v[:3] == "v2|") for v in values)

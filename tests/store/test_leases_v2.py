@@ -1,10 +1,10 @@
-"""The one-key lease format (v2) on real Redis, and a queue shared by v1 and v2 workers.
+"""Lease format v2 on real Redis, and a queue shared by v1 and v2 workers.
 
-v2 keeps the generation in the lease key itself (``v2|gen|expiry ms|holder``, kept 7 days past
-the lease), so a lease expires by its value, not by its key: these tests pin that expiry, release
-and takeover free it, that generations never go back across formats in either direction, and
-that a fenced write of a holder the other format superseded is refused (docs/reliability.md,
-"Lease format")."""
+v2 takes the generation from the partition's counter (``plaita:executions:lease-generation``)
+instead of a fence key per execution, so an acquire creates one key, not two, and a released lease
+leaves nothing behind. These tests pin that the generations stay unique and rising, that they never
+go back when a fleet switches formats in either direction, and that a fenced write of a holder the
+other format superseded is refused (docs/reliability.md, "Lease format")."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from plaita.config import ConfigError, Settings
-from plaita.store.keyspace import DEFAULT
-from plaita.store.leases import FENCE_TTL_S, Lease, LeaseManager, fenced_set, lease_live
+from plaita.store.keyspace import DEFAULT, Keyspace
+from plaita.store.leases import Lease, LeaseManager, fenced_set
 from tests.support.lease_workers import (
     QUEUE,
     Probe,
@@ -31,10 +31,11 @@ from tests.support.lease_workers import (
 pytestmark = pytest.mark.redis
 
 STATE = "plaita:test:state"
+COUNTER = DEFAULT.generation_key(0)
 
 
-def v2(client: redis.Redis, consumer: str, ttl_s: float = 10.0) -> LeaseManager:
-    return LeaseManager(client, consumer=consumer, ttl_s=ttl_s, lease_format="v2")
+def v2(client: redis.Redis, consumer: str, ttl_s: float = 10.0, keyspace: Keyspace = DEFAULT) -> LeaseManager:
+    return LeaseManager(client, consumer=consumer, ttl_s=ttl_s, lease_format="v2", keyspace=keyspace)
 
 
 def v1(client: redis.Redis, consumer: str, ttl_s: float = 10.0) -> LeaseManager:
@@ -44,11 +45,6 @@ def v1(client: redis.Redis, consumer: str, ttl_s: float = 10.0) -> LeaseManager:
 def held(got: Lease | str) -> Lease:
     assert not isinstance(got, str), f"refused: {got}"
     return got
-
-
-def server_ms(client: redis.Redis) -> int:
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def acquired_after_expiry(manager: LeaseManager, execution_id: str) -> Lease:
@@ -66,44 +62,32 @@ def acquired_after_expiry(manager: LeaseManager, execution_id: str) -> Lease:
 
 
 class TestOneKey:
-    def test_acquire_writes_one_key_holding_the_generation_and_release_keeps_it(self, bclient: redis.Redis) -> None:
+    def test_acquire_creates_the_lease_key_alone_and_release_leaves_nothing(self, bclient: redis.Redis) -> None:
         leases = v2(bclient, "w1")
-        lease = held(leases.acquire("e1"))
-        assert lease == Lease("e1", DEFAULT.lease_key("e1"), f"{leases.holder}:1", 1)
-        gen, expiry_ms, holder = bclient.get(DEFAULT.lease_key("e1")).decode().split("|")[1:]
-        assert (gen, holder) == ("1", leases.holder)
-        assert 9_000 < int(expiry_ms) - server_ms(bclient) <= 10_000
-        assert (FENCE_TTL_S - 60) * 1000 < bclient.pttl(DEFAULT.lease_key("e1")) <= FENCE_TTL_S * 1000 + 10_000
-        assert bclient.exists(DEFAULT.fence_key("e1")) == 0  # the one key is the whole lease
-        assert v2(bclient, "w2").acquire("e1") == lease.value  # held: refused, named like a v1 lease
-        assert leases.release(lease) and not leases.release(lease)
-        assert bclient.get(DEFAULT.lease_key("e1")) == b"v2|1|0|"  # free, its generation kept
-        assert not lease_live(bclient.get(DEFAULT.lease_key("e1")), server_ms(bclient))
-        assert not fenced_set(bclient, "e1", 1, f"{STATE}:e1", "after release")
-        assert held(v2(bclient, "w2").acquire("e1")).generation == 2
+        a, b, c = (held(x) for x in leases.acquire_many(["e1", "e2", "e3"]))
+        assert [a.generation, b.generation, c.generation] == [1, 2, 3]
+        assert bclient.get(COUNTER) == b"3" and bclient.ttl(COUNTER) == -1
+        assert bclient.get(DEFAULT.lease_key("e1")) == f"{leases.holder}:1".encode() == a.value.encode()
+        assert 9_000 < bclient.pttl(DEFAULT.lease_key("e1")) <= 10_000
+        assert bclient.exists(*(DEFAULT.fence_key(e) for e in ("e1", "e2", "e3"))) == 0
+        assert v2(bclient, "w2").acquire("e1") == a.value  # held: refused
+        assert fenced_set(bclient, "e1", 1, f"{STATE}:e1", "mine")
+        assert all(leases.release(x) for x in (a, b, c))
+        assert bclient.keys("plaita:execution:*") == []  # no key per execution is left
+        again = held(v2(bclient, "w2").acquire("e1"))
+        assert again.generation == 4 and bclient.get(COUNTER) == b"4"
+        assert not fenced_set(bclient, "e1", 1, f"{STATE}:e1", "stale")
+        assert fenced_set(bclient, "e1", 4, f"{STATE}:e1", "fresh")
 
     def test_an_expired_lease_is_taken_and_its_holder_fenced_out(self, bclient: redis.Redis) -> None:
-        """Expiry by value: the key stays, the old holder's renew, writes and release all fail."""
         old = v2(bclient, "w1", ttl_s=0.3)
         first = held(old.acquire("e1"))
-        assert fenced_set(bclient, "e1", 1, f"{STATE}:e1", "first")
         successor = acquired_after_expiry(v2(bclient, "w2"), "e1")
         assert successor.generation == 2
         assert old.renew_many([first]) == [False]
         assert not fenced_set(bclient, "e1", 1, f"{STATE}:e1", "stale")
         assert not old.release(first) and not old.release_orphan("e1")
         assert fenced_set(bclient, "e1", 2, f"{STATE}:e1", "fresh")
-        assert bclient.get(f"{STATE}:e1") == b"fresh"
-
-    def test_renew_moves_the_expiry_and_keeps_the_key_past_the_lease(self, bclient: redis.Redis) -> None:
-        leases = v2(bclient, "w1", ttl_s=0.5)
-        lease = held(leases.acquire("e1"))
-        bclient.pexpire(DEFAULT.lease_key("e1"), 60_000)  # shows that renew puts the key's PX back
-        for _ in range(3):
-            assert leases.renew_many([lease]) == [True]
-        expiry_ms = int(bclient.get(DEFAULT.lease_key("e1")).decode().split("|")[2])
-        assert 0 < expiry_ms - server_ms(bclient) <= 500
-        assert bclient.pttl(DEFAULT.lease_key("e1")) > (FENCE_TTL_S - 60) * 1000
 
     def test_a_restarted_incarnation_takes_its_lease_over_at_once(self, bclient: redis.Redis) -> None:
         before = v2(bclient, "w1", ttl_s=60)
@@ -113,11 +97,26 @@ class TestOneKey:
         assert after.generation == 2 and not fenced_set(bclient, "e1", 1, f"{STATE}:e1", "stale")
         assert v2(bclient, "w2").acquire("e1") == after.value
 
-    def test_keys_of_other_types_are_refused_and_left_alone(self, bclient: redis.Redis) -> None:
-        bclient.hset(DEFAULT.lease_key("hash-lease"), "a", "b")
-        got = v2(bclient, "w1").acquire_many(["hash-lease", "good"])
-        assert got[0] == "!wrongtype lease=hash fence=none" and held(got[1]).generation == 1
-        assert bclient.type(DEFAULT.lease_key("hash-lease")) == b"hash"
+    def test_a_bad_counter_refuses_v2_acquires_only(self, bclient: redis.Redis) -> None:
+        """A counter of another type or no integer: v2 cannot know the last generation and
+        refuses; v1 goes on from the fence keys, as every earlier version did."""
+        bclient.hset(COUNTER, "a", "b")
+        assert v2(bclient, "w1").acquire("e1") == "!wrongtype generation counter=hash"
+        bclient.delete(COUNTER)
+        bclient.set(COUNTER, "soon")
+        assert v2(bclient, "w1").acquire("e1") == "!generation counter is not an integer"
+        assert held(v1(bclient, "w1").acquire("e1")).generation == 1
+        assert bclient.get(COUNTER) == b"soon" and bclient.exists(DEFAULT.lease_key("e2")) == 0
+
+    def test_each_partition_has_its_counter_in_its_slot(self, bclient: redis.Redis) -> None:
+        ks = Keyspace("plaita:test:parts", 3, tagged=True)
+        ids = [f"p-{i}" for i in range(30)]
+        leases = [held(x) for x in v2(bclient, "w1", keyspace=ks).acquire_many(ids)]
+        for p in range(3):
+            gens = sorted(x.generation for x, e in zip(leases, ids, strict=True) if ks.partition_of(e) == p)
+            assert gens == list(range(1, len(gens) + 1))
+            assert bclient.get(ks.generation_key(p)) == str(len(gens)).encode()
+            assert ks.tags[p] in ks.generation_key(p)
 
 
 class TestBothFormats:
@@ -205,8 +204,8 @@ class TestMixedFleet:
     def test_a_v1_worker_takes_over_a_killed_v2_workers_execution(
         self, redis_url: str, bclient: redis.Redis, tmp_path: Path
     ) -> None:
-        """kill -9 of a v2 worker mid-task: the v1 worker reclaims the entry once the lease's expiry
-        (in its value; the key stays) has passed, and runs it under the next generation."""
+        """kill -9 of a v2 worker mid-task: the v1 worker reclaims the entry once the lease expired,
+        and runs it under a generation above the v2 one (the fence goes on from the counter)."""
         args = ("--claim-min-idle-ms", "500", "--lease-ttl-seconds", "2", "--reclaim-interval-s", "0.5")
         with worker_proc(redis_url, tmp_path, "kill-v2", *args, "--lease-format", "v2") as a:
             a.wait_reading()
@@ -214,7 +213,8 @@ class TestMixedFleet:
                 bclient, {"type": "start", "flow_id": "f", "execution_id": "kill-1", "params": {"first_sleep_s": 60}}
             )
             wait_for(lambda: counter(bclient, "executions", "kill-1") == 1, 30.0, "A running the task")
-            assert bclient.get(DEFAULT.lease_key("kill-1")).startswith(b"v2|1|")
+            assert bclient.get(DEFAULT.lease_key("kill-1")).startswith(b"worker:kill-v2@")
+            assert bclient.get(COUNTER) == b"1" and bclient.exists(DEFAULT.fence_key("kill-1")) == 0
             with worker_proc(redis_url, tmp_path, "kill-v1", *args, "--lease-format", "v1") as b:
                 b.wait_reading()
                 a.kill9()

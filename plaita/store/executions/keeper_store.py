@@ -21,7 +21,6 @@ from plaita.store import scripts
 from plaita.store.client import interrupt
 from plaita.store.executions.execution_docs import checked, is_wrongtype, reply_text
 from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, key_id
-from plaita.store.leases import lease_live, needs_server_time
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
 
 #: Set by the keeper when it enqueued a recovery ``retry``: one per cooldown per execution.
@@ -180,14 +179,10 @@ class KeeperAccess:
         self.client.zrem(self.ks.deadlines_key(self.ks.partition_of(execution_id)), execution_id)
 
     def leased(self, execution_ids: Sequence[str]) -> list[bool]:
-        """Whether each execution's lease is live, in either lease format (plaita.store.leases)."""
         pipe = self.client.pipeline(transaction=False)
         for e in execution_ids:
-            pipe.get(self.ks.lease_key(e))
-        # A key of another type (an error reply) counts as leased, as EXISTS answered before v2.
-        values = [b"" if isinstance(v, redis.ResponseError) else v for v in pipe.execute(raise_on_error=False)]
-        now_ms = _server_ms(self.client) if needs_server_time(values) else 0
-        return [lease_live(v, now_ms) for v in values]
+            pipe.exists(self.ks.lease_key(e))
+        return [int(n) == 1 for n in pipe.execute()]
 
     def still_running(self, execution_ids: Sequence[str]) -> list[float | None]:
         """Current update time of each execution that is still running (None = not running)."""
@@ -231,8 +226,7 @@ class KeeperAccess:
                 score = pipe.zscore(running, execution_id)
                 if not isinstance(doc, dict) or doc.get("status") != "running":
                     return False  # an unreadable key is left as it is for an operator to repair
-                value = _lease_value(pipe, lease)
-                if lease_live(value, _server_ms(pipe) if needs_server_time([value]) else 0) or score != updated_at_s:
+                if pipe.exists(lease) or score != updated_at_s:
                     return False
                 doc.update(status="error", error=error_doc, updated_at=now_s, ended_at=now_s)
                 body = follow_up(doc) if follow_up is not None else None
@@ -265,17 +259,3 @@ class KeeperAccess:
             if is_wrongtype(exc):
                 return exc
             raise
-
-
-def _server_ms(client: Any) -> int:
-    """Redis's clock in ms: the one a v2 lease's expiry is written in."""
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def _lease_value(client: Any, key: str) -> bytes | None:
-    """A lease key's value; a key of another type reads as live (b""), as EXISTS answered."""
-    try:
-        return cast(bytes | None, client.get(key))
-    except redis.ResponseError:
-        return b""

@@ -15,7 +15,6 @@
 -- Returns    {next cursor ('0-0' at the end of the pending list), {{id, fields, deliveries, idle of
 --            the consumer it was taken from (ms; -1 unknown, or this consumer itself)}, ...},
 --            skipped for a live lease}
---- @include "fence"
 local want, scan, dead_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local n = #KEYS - 1
 local claimed, skipped, last, live, full = {}, 0, nil, 0, false
@@ -33,7 +32,7 @@ if n > 0 then
 end
 for i = 1, n do
   local id = ARGV[6 + i]
-  if lease_live(KEYS[1 + i]) then  -- either lease format (includes/fence.lua)
+  if redis.call('EXISTS', KEYS[1 + i]) == 1 then
     skipped = skipped + 1
   else
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
