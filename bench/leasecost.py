@@ -195,7 +195,9 @@ def script_cost(args: argparse.Namespace) -> None:
                     ids = [f"bench-exec-{i}" for i in range(lo, min(lo + batch, args.tasks))]
                     keys = [k for e in ids for k in (DEFAULT.lease_key(e), DEFAULT.fence_key(e))]
                     argv = [holder, 10_000, FENCE_TTL_S, "worker:bench@", fmt]
-                    reply = client.evalsha(acquire, len(keys), *keys, *argv)
+                    # The partition's generation counter (v2; v1 only reads it); the baseline has none.
+                    counter = [DEFAULT.generation_key(0)] if name != "before" else []
+                    reply = client.evalsha(acquire, len(keys) + len(counter), *keys, *counter, *argv)
                     held.append((keys[0::2], [f"{holder}:{g}" for g in reply[1::2]]))
                 cpu1 = cpu_seconds(pid)
                 stats.append(_evalsha_usec(client))
