@@ -108,6 +108,29 @@ class TestOneKey:
         assert held(v1(bclient, "w1").acquire("e1")).generation == 1
         assert bclient.get(COUNTER) == b"soon" and bclient.exists(DEFAULT.lease_key("e2")) == 0
 
+    def test_a_takeover_stays_above_the_lease_it_takes_even_without_its_fence(self, bclient: redis.Redis) -> None:
+        """A v1 lease at generation 5 whose fence key was replaced by a hash: v2 reads that fence as
+        absent and the counter is empty, so only the lease value shows the last generation."""
+        before = v1(bclient, "w1", ttl_s=60)
+        for _ in range(5):
+            last = held(before.acquire("e1"))
+            before.release(last)
+        last = held(before.acquire("e1"))
+        assert last.generation == 6
+        bclient.delete(DEFAULT.fence_key("e1"))
+        bclient.hset(DEFAULT.fence_key("e1"), "a", "b")
+        after = held(v2(bclient, "w1", ttl_s=60).acquire("e1"))
+        assert after.generation == 7 and bclient.get(COUNTER) == b"7"
+        assert not fenced_set(bclient, "e1", 6, f"{STATE}:e1", "stale")
+
+    def test_a_reply_read_later_and_tenants_keys_use_the_same_counter(self, bclient: redis.Redis) -> None:
+        leases = v2(bclient, "w1")
+        pending = leases.send_acquire_many(["a", "b"], [None, DEFAULT.for_tenant("t1")])
+        a, b = (held(x) for x in pending.result())
+        assert (a.generation, b.generation) == (1, 2) and bclient.get(COUNTER) == b"2"
+        assert b.key == DEFAULT.for_tenant("t1").lease_key("b") and bclient.exists(b.key) == 1
+        assert held(leases.acquire_many(["c"], [DEFAULT.for_tenant("t2")])[0]).generation == 3
+
     def test_each_partition_has_its_counter_in_its_slot(self, bclient: redis.Redis) -> None:
         ks = Keyspace("plaita:test:parts", 3, tagged=True)
         ids = [f"p-{i}" for i in range(30)]

@@ -114,12 +114,20 @@ local function take(lease_key, fence_key, cur, fence, gen)
   return true
 end
 
+-- The generation a lease value names (0 for none): a takeover stays above it even if the fence
+-- key was lost (v2 reads the fence only as a floor: one of another type reads as absent).
+local function named(cur)
+  local digits = cur and string.match(cur, ':(%d+)$')
+  if digits and string.len(digits) <= 15 then return tonumber(digits) end
+  return 0
+end
+
 local top = last
 for i = 1, pairs_end, 2 do
   local lease_key, fence_key, cur, fence = KEYS[i], KEYS[i + 1], vals[i], vals[i + 1]
   local why = written[lease_key] or refusal(lease_key, fence_key, cur, fence)
   -- v2 hands out one counter value per execution; v1 only stays above the counter
-  local gen = math.max(tonumber(fence) or 0, v2 and top or last) + 1
+  local gen = math.max(tonumber(fence) or 0, v2 and top or last, named(cur)) + 1
   if why then
     refuse(why)  -- written: a second task of an execution this call leased, refused like ours
   elseif take(lease_key, fence_key, cur, fence, gen) then
