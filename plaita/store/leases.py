@@ -27,6 +27,7 @@ from redis.client import Pipeline
 from redis.connection import Connection, ConnectionPool
 
 from plaita.config import LEASE_FORMATS
+from plaita.errors import ConfigError
 from plaita.store import scripts
 from plaita.store.keyspace import DEFAULT, FENCE_PREFIX, LEASE_PREFIX, Keyspace
 
@@ -71,7 +72,7 @@ class LeaseManager:
         lease_format: str = "v1",
     ) -> None:
         if lease_format not in LEASE_FORMATS:
-            raise ValueError(f"lease_format must be one of {', '.join(LEASE_FORMATS)}, not {lease_format!r}")
+            raise ConfigError(f"lease_format must be one of {', '.join(LEASE_FORMATS)}, not {lease_format!r}")
         self.client = client
         self.lease_format = lease_format
         self.keyspace = keyspace

@@ -101,10 +101,10 @@ class TestOneKey:
         """A counter of another type or no integer: v2 cannot know the last generation and
         refuses; v1 goes on from the fence keys, as every earlier version did."""
         bclient.hset(COUNTER, "a", "b")
-        assert v2(bclient, "w1").acquire("e1") == "!wrongtype generation counter=hash"
+        assert v2(bclient, "w1").acquire("e1") == f"!wrongtype generation counter {COUNTER}=hash"
         bclient.delete(COUNTER)
         bclient.set(COUNTER, "soon")
-        assert v2(bclient, "w1").acquire("e1") == "!generation counter is not an integer"
+        assert v2(bclient, "w1").acquire("e1") == f"!generation counter {COUNTER} is not an integer"
         assert held(v1(bclient, "w1").acquire("e1")).generation == 1
         assert bclient.get(COUNTER) == b"soon" and bclient.exists(DEFAULT.lease_key("e2")) == 0
 

@@ -39,10 +39,10 @@ local last, counter_bad = 0, nil
 if counter_key then
   local c = redis.pcall('GET', counter_key)
   if type(c) == 'table' then
-    counter_bad = '!wrongtype generation counter=' .. redis.call('TYPE', counter_key).ok
+    counter_bad = '!wrongtype generation counter ' .. counter_key .. '=' .. redis.call('TYPE', counter_key).ok
   elseif c then
     if string.find(c, '^%d+$') and string.len(c) <= 15 then last = tonumber(c)
-    else counter_bad = '!generation counter is not an integer' end
+    else counter_bad = '!generation counter ' .. counter_key .. ' is not an integer' end
   end
 end
 -- MGET in slices: unpack of thousands of keys would overflow Lua's C stack.
