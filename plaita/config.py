@@ -336,6 +336,7 @@ class Settings:
             + (f" partitions={self.partitions}" if self.partitions > 1 or is_cluster_url(self.redis_url) else "")
             + (f" assigned={','.join(map(str, self.partitions_assigned))}" if self.partitions_assigned else "")
             + (f" pool={self.pool}" if self.pool != "thread" else "")
+            + (f" lease_format={self.lease_format}" if self.lease_format != "v1" else "")
         )
 
 
