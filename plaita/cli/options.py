@@ -202,8 +202,8 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         str,
         ("PLAITA_LEASE_FORMAT",),
         "execution lease format written: v1 (two keys per execution, what every plaita reads) or v2 (one key, "
-        "about half the server CPU per leased task). This version reads both; switch to v2 only once every "
-        "worker on the queue runs a version that reads it (docs/reliability.md, Lease format)",
+        "no fence key left behind: less Redis CPU and memory per leased task). This version reads both; switch "
+        "to v2 only once every worker on the queue runs a version that reads it (docs/reliability.md, Lease format)",
     ),
     Opt(
         "--consumer-prune-idle-s",
