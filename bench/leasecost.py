@@ -1,12 +1,14 @@
 """``python -m bench.leasecost``: what a leased task costs, against the raw loop and plain tasks.
 
 One worker process, no-op handler, configurations ``raw`` (``bench/rawloop.py``), ``c1``/``c4``
-(plain bodies at ``--concurrency`` 1/4) and ``c1e``/``c4e`` (bodies with an ``execution_id``:
-leased before they run). Per run: tasks/s and its ratio to the raw loop run just before, CPU
-per task (utime+stime) of the worker and of redis-server, Redis commands per task from ``INFO
-commandstats`` (every command, those run inside scripts included, since ``CONFIG RESETSTAT``
-just before the enqueue) and the worker's round trips per task (``bench.countrt``).
-``--scripts-only``: redis-server CPU of the acquire and release scripts alone, per execution.
+(plain bodies at ``--concurrency`` 1/4), ``c1e``/``c4e`` (bodies with an ``execution_id``:
+leased before they run, lease format v1) and ``c1e2``/``c4e2`` (the same, ``--lease-format v2``).
+Per run: tasks/s and its ratio to the raw loop run just before, CPU per task (utime+stime) of the
+worker and of redis-server, Redis commands per task from ``INFO commandstats`` (every command, those
+run inside scripts included, since ``CONFIG RESETSTAT`` just before the enqueue) and the worker's
+round trips per task (``bench.countrt``).
+``--scripts-only``: redis-server CPU of the acquire and release scripts alone, per execution, in
+each lease format (from /proc and from ``INFO commandstats``).
 
 ``--baseline DIR``: a checkout of another plaita; each round runs, per configuration, the raw
 loop and then that configuration for it and for this checkout (alternating which goes first), so
@@ -45,7 +47,16 @@ from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import FENCE_TTL_S
 from tests.support.redis_server import RedisServer
 
-CONFIGS = {"raw": (0, False), "c1": (1, False), "c4": (4, False), "c1e": (1, True), "c4e": (4, True)}
+#: config -> (concurrency, bodies with an execution_id, lease format)
+CONFIGS = {
+    "raw": (0, False, "v1"),
+    "c1": (1, False, "v1"),
+    "c4": (4, False, "v1"),
+    "c1e": (1, True, "v1"),
+    "c4e": (4, True, "v1"),
+    "c1e2": (1, True, "v2"),
+    "c4e2": (4, True, "v2"),
+}
 #: Sent by the bench itself (enqueue, drain polling, stats), not by the consumer.
 BENCH_SIDE = {"info", "config|resetstat", "xlen", "xadd", "xinfo|groups", "xinfo|consumers", "flushdb"}
 
@@ -79,14 +90,15 @@ def _commandstats(client: redis.Redis, tasks: int) -> dict[str, tuple[float, flo
 
 
 def _consumer(url: str, stream: str, cwd: Path, config: str, rt_file: Path) -> Subprocess:
-    concurrency, _ = CONFIGS[config]
+    concurrency, _, lease_format = CONFIGS[config]
     env = {"PYTHONPATH": str(cwd), "PLAITA_BENCH_RT_FILE": str(rt_file)}
     if concurrency == 0:
         args = [sys.executable, "-m", "bench.countrt", "bench.rawloop", url, stream, GROUP, "raw-0"]
         return Subprocess(args, env=env, prefix="plaita-bench-raw-", cwd=cwd)
     return WorkerProcess(
         url, stream=stream, group=GROUP, consumer_name="bench-lease-0", env=env, wrapper="bench.countrt",
-        extra_args=["--concurrency", str(concurrency)], cwd=cwd,
+        extra_args=["--concurrency", str(concurrency), *(["--lease-format", "v2"] if lease_format == "v2" else [])],
+        cwd=cwd,
     )  # fmt: skip
 
 
@@ -160,30 +172,52 @@ def _scripts_of(tree: Path) -> tuple[str, str]:
 
 def script_cost(args: argparse.Namespace) -> None:
     """``--scripts-only``: redis-server CPU per execution of the two lease scripts alone, as the
-    worker calls them (acquire per batch of 128 fresh executions, then release), per tree."""
-    trees = {"after": ROOT, **({"before": Path(args.baseline)} if args.baseline else {})}
+    worker calls them (acquire per batch of 128 fresh executions, then release), per tree and
+    lease format: from /proc (utime+stime) and from ``INFO commandstats`` (EVALSHA's usec, which
+    counts the commands a script runs; neither counts time the server waited for the CPU)."""
+    variants = {
+        "v1": (ROOT, "1"),
+        "v2": (ROOT, "2"),
+        **({"before": (Path(args.baseline), "1")} if args.baseline else {}),
+    }
     holder, batch = "worker:bench@0123456789ab", 128
     with RedisServer(persist=False) as server:
         assert server.proc is not None
         client, pid = redis.Redis.from_url(server.url), server.proc.pid
-        shas = {name: [client.script_load(src) for src in _scripts_of(tree)] for name, tree in trees.items()}
+        shas = {name: [client.script_load(src) for src in _scripts_of(tree)] for name, (tree, _) in variants.items()}
         for r in range(args.rounds):
-            for name in sorted(trees) if r % 2 == 0 else sorted(trees, reverse=True):
-                acquire, release = shas[name]
+            for name in sorted(variants) if r % 2 == 0 else sorted(variants, reverse=True):
+                (acquire, release), fmt = shas[name], variants[name][1]
                 client.flushdb()
-                held, cpu0 = [], cpu_seconds(pid)
+                held, cpu0, stats = [], cpu_seconds(pid), []
+                client.config_resetstat()
                 for lo in range(0, args.tasks, batch):
                     ids = [f"bench-exec-{i}" for i in range(lo, min(lo + batch, args.tasks))]
                     keys = [k for e in ids for k in (DEFAULT.lease_key(e), DEFAULT.fence_key(e))]
-                    reply = client.evalsha(acquire, len(keys), *keys, holder, 10_000, FENCE_TTL_S, "worker:bench@")
+                    argv = [holder, 10_000, FENCE_TTL_S, "worker:bench@", fmt]
+                    # The partition's generation counter (v2; v1 only reads it); the baseline has none.
+                    counter = [DEFAULT.generation_key(0)] if name != "before" else []
+                    reply = client.evalsha(acquire, len(keys) + len(counter), *keys, *counter, *argv)
                     held.append((keys[0::2], [f"{holder}:{g}" for g in reply[1::2]]))
                 cpu1 = cpu_seconds(pid)
+                stats.append(_evalsha_usec(client))
+                client.config_resetstat()
                 for lease_keys, values in held:
                     client.evalsha(release, len(lease_keys), *lease_keys, *values)
                 cpu2 = cpu_seconds(pid)
+                stats.append(_evalsha_usec(client))
                 us = [(b - a) / args.tasks * 1e6 for a, b in ((cpu0, cpu1), (cpu1, cpu2))]
-                print(f"round {r + 1} {name}: acquire {us[0]:.2f}, release {us[1]:.2f} µs per execution", flush=True)
+                st = [u / args.tasks for u in stats]
+                print(
+                    f"round {r + 1} {name}: acquire {us[0]:.2f}, release {us[1]:.2f} µs per execution "
+                    f"(commandstats: acquire {st[0]:.2f}, release {st[1]:.2f})",
+                    flush=True,
+                )
         client.close()
+
+
+def _evalsha_usec(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
 
 
 def render(runs: list[Run]) -> str:

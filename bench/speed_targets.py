@@ -53,7 +53,8 @@ def speed_rows(tp: ThroughputResult) -> list[Row]:
         why = (
             f"per leased task {worst_r.cpu_us_per_task:.0f} µs worker + {worst_r.redis_cpu_us_per_task:.0f} µs "
             f"redis-server CPU against {raw_cpu:.0f} + {raw_redis:.0f} µs "
-            "for the raw loop: two keys with a TTL written per execution (see *Leased tasks* below)"
+            "for the raw loop: two keys with a TTL written per execution at the default --lease-format v1, "
+            "one with v2 (see *Leased tasks* below)"
         )
         rows.append(
             (

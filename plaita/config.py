@@ -80,6 +80,11 @@ MAX_COUNT = 2**31 - 1
 MAX_PARTITIONS = 1024
 #: Where steps and handlers run: the worker's threads (and event loop), or child processes.
 POOL_KINDS = ("thread", "process")
+#: The execution lease formats a worker can write (``--lease-format``; plaita.store.leases); it
+#: reads both. v1 is what every earlier plaita writes and reads: the default, so a rolling upgrade
+#: mixes old and new workers safely; v2 (one key per execution, cheaper) once every worker runs a
+#: version that reads it (docs/reliability.md, "Lease format").
+LEASE_FORMATS = ("v1", "v2")
 
 
 def validate_webhook_url(url: str, flag: str = "--alert-webhook") -> None:
@@ -160,6 +165,8 @@ class Settings:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     reclaim_interval_s: float = DEFAULT_RECLAIM_INTERVAL_S
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    #: The execution lease format written (``LEASE_FORMATS``).
+    lease_format: str = "v1"
     backoff_base_s: float = 0.1
     backoff_cap_s: float = 1.0
     persistent_backoff_s: float = 5.0
@@ -246,6 +253,10 @@ class Settings:
             (1 <= self.max_payload_bytes <= 512 * 1024 * 1024, "--max-payload-bytes must be within 1..536870912"),
             (0 < self.reclaim_interval_s <= week, f"--reclaim-interval-s must be within 0 (excluded)..{week:.0f}"),
             (1 <= self.lease_ttl_s <= week, f"--lease-ttl-seconds must be within 1..{week:.0f}"),
+            (
+                self.lease_format in LEASE_FORMATS,
+                f"--lease-format must be one of {', '.join(LEASE_FORMATS)} (got {self.lease_format!r})",
+            ),
             (0 < self.backoff_base_s <= self.backoff_cap_s <= week, "backoff needs 0 < base <= cap <= a week"),
             (0 < self.persistent_backoff_s <= week, "persistent backoff must be within 0 (excluded)..a week"),
             (
@@ -325,6 +336,7 @@ class Settings:
             + (f" partitions={self.partitions}" if self.partitions > 1 or is_cluster_url(self.redis_url) else "")
             + (f" assigned={','.join(map(str, self.partitions_assigned))}" if self.partitions_assigned else "")
             + (f" pool={self.pool}" if self.pool != "thread" else "")
+            + (f" lease_format={self.lease_format}" if self.lease_format != "v1" else "")
         )
 
 

@@ -197,6 +197,15 @@ WORKER_OPTIONS: tuple[Opt, ...] = (
         aliases=("--lease-ttl-seconds",),
     ),
     Opt(
+        "--lease-format",
+        "lease_format",
+        str,
+        ("PLAITA_LEASE_FORMAT",),
+        "execution lease format written: v1 (two keys per execution, what every plaita reads) or v2 (one key, "
+        "no fence key left behind: less Redis CPU and memory per leased task). This version reads both; switch "
+        "to v2 only once every worker on the queue runs a version that reads it (docs/reliability.md, Lease format)",
+    ),
+    Opt(
         "--consumer-prune-idle-s",
         "consumer_prune_idle_s",
         float,

@@ -107,7 +107,9 @@ class Worker:
             on_dead=self.observers.dead_lettered,
             window=settings.concurrency + ACK_WINDOW,
         )
-        self.leases = leases_of(self.queue, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s)
+        self.leases = leases_of(
+            self.queue, consumer=settings.consumer_name, ttl_s=settings.lease_ttl_s, lease_format=settings.lease_format
+        )
         #: The owner thread acquires and releases on its own pool, which a stop may cut.
         owner_leases = owner_leases_of(self.queue, self.leases)
         self.renewer = LeaseRenewer(

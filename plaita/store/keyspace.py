@@ -9,6 +9,7 @@ and every key that one atomic script touches carries it, so each script stays in
 stream                 ``<queue>:T``            (DLQ ``<queue>:T:dlq``)
 delayed tasks          ``<queue>:T:delayed``    (``plaita.store.streams.delayed.delayed_key``)
 lease, fence           ``plaita:execution:lease:T:<id>``, ``…fence:T:<id>``
+lease generations      ``plaita:executions:lease-generation:T`` (lease format v2)
 crash strikes          ``plaita:execution:crashes:T:<id>``
 state, cancel flag     ``plaita:execution:T:<id>``, ``…cancel:T:<id>``
 published events       ``plaita:execution:events:T:<id>``
@@ -70,6 +71,8 @@ STATUS_PREFIX = "plaita:executions:status:"
 DEADLINES_KEY = "plaita:executions:deadlines"
 #: How long each writer's status index keeps ended entries (``checkpoint_execution``'s trim).
 INDEX_KEEPS_KEY = "plaita:executions:index-keeps"
+#: The last generation a v2 lease acquire handed out in a partition (``plaita.store.leases``).
+GENERATION_KEY = "plaita:executions:lease-generation"
 #: A set of the tenant ids (not the default one) whose executions were created: the keeper reads it.
 TENANTS_KEY = "plaita:tenants"
 
@@ -235,6 +238,11 @@ class Keyspace:
 
     def status_key(self, p: int, status: str) -> str:
         return self.named(STATUS_PREFIX) + self._t(p) + status
+
+    def generation_key(self, p: int) -> str:
+        """Partition ``p``'s lease generation counter (one key, no TTL; lease format v2)."""
+        key = self.named(GENERATION_KEY)
+        return f"{key}:{self.tags[p]}" if self.tagged else key
 
     def deadlines_key(self, p: int) -> str:
         key = self.named(DEADLINES_KEY)

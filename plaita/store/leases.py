@@ -1,11 +1,14 @@
 """Execution leases with fencing generations: at most one worker advances an execution.
 
 A lease ``plaita:execution:lease:{execution_id}`` (a tenant's: ``plaita:<tenant>:execution:lease:…``)
-holds ``{holder}:{generation}`` with a PX TTL. The generation comes from
-``plaita:execution:fence:{execution_id}`` (INCR on every acquire), so a worker that was paused
-past its TTL and wakes up holds an older generation than its successor and ``fenced_set`` refuses
-its writes. Renewal is compare-and-extend, release is compare-and-delete, both in Lua so a lease
-is never touched by a non-holder.
+holds ``{holder}:{generation}`` with a PX TTL. Where the generation comes from is the lease format
+(``--lease-format``, ``plaita.config.LEASE_FORMATS``; docs/reliability.md, "Lease format"): v1 from
+``plaita:execution:fence:{execution_id}`` (one more on every acquire, kept 7 days), v2 from the
+partition's counter ``plaita:executions:lease-generation`` (one key, written once per acquire call),
+so a v2 acquire creates one key instead of two. Either way a worker that was paused past its TTL
+and wakes up holds an older generation than its successor and ``fenced_set`` refuses its writes.
+Renewal is compare-and-extend, release is compare-and-delete, both in Lua so a lease is never
+touched by a non-holder.
 
 The holder is ``worker:{consumer}@{incarnation}``: a restarted worker with the same stable
 consumer name recognises its previous incarnation's leases and takes them over at once
@@ -23,14 +26,17 @@ import redis
 from redis.client import Pipeline
 from redis.connection import Connection, ConnectionPool
 
+from plaita.config import LEASE_FORMATS
+from plaita.errors import ConfigError
 from plaita.store import scripts
 from plaita.store.keyspace import DEFAULT, FENCE_PREFIX, LEASE_PREFIX, Keyspace
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FENCE_PREFIX", "LEASE_PREFIX", "Lease", "LeaseManager", "PendingAcquire", "fenced_set"]
+__all__ = ["FENCE_PREFIX", "LEASE_FORMATS", "LEASE_PREFIX", "Lease", "LeaseManager", "PendingAcquire", "fenced_set"]
 #: Fencing counters outlive any lease: 7 days. An expired counter restarts at 1, so a holder frozen
-#: longer than this could pass the fence check again; no pause is that long.
+#: longer than this could pass the fence check again; no pause is that long. (v2's counters, one
+#: per partition, never expire.)
 FENCE_TTL_S = 7 * 24 * 3600
 
 ACQUIRE_MANY = scripts.script("acquire_leases")
@@ -63,8 +69,12 @@ class LeaseManager:
         ttl_s: float,
         holder: str | None = None,
         keyspace: Keyspace = DEFAULT,
+        lease_format: str = "v1",
     ) -> None:
+        if lease_format not in LEASE_FORMATS:
+            raise ConfigError(f"lease_format must be one of {', '.join(LEASE_FORMATS)}, not {lease_format!r}")
         self.client = client
+        self.lease_format = lease_format
         self.keyspace = keyspace
         self.consumer = consumer
         self.ttl_ms = max(1, int(ttl_s * 1000))
@@ -74,7 +84,12 @@ class LeaseManager:
     def on(self, client: redis.Redis) -> LeaseManager:
         """The same holder (incarnation) over another client (the owner thread's pool)."""
         return LeaseManager(
-            client, consumer=self.consumer, ttl_s=self.ttl_ms / 1000, holder=self.holder, keyspace=self.keyspace
+            client,
+            consumer=self.consumer,
+            ttl_s=self.ttl_ms / 1000,
+            holder=self.holder,
+            keyspace=self.keyspace,
+            lease_format=self.lease_format,
         )
 
     def acquire(self, execution_id: str) -> Lease | str:
@@ -95,9 +110,9 @@ class LeaseManager:
         args = self._acquire_args()
 
         def build(pipe: Pipeline) -> None:
-            for members in groups.values():
+            for p, members in groups.items():
                 keys = [k for i in members for k in (lease_keys[i], fence_keys[i])]
-                ACQUIRE_MANY.queue(pipe, keys, args)
+                ACQUIRE_MANY.queue(pipe, [*keys, self.keyspace.generation_key(p)], args)
 
         # A NOSCRIPT reply means no acquire ran, so running the batch again is safe.
         replies = scripts.execute(self.client, build, [ACQUIRE_MANY], transaction=False)
@@ -117,6 +132,7 @@ class LeaseManager:
             return PendingAcquire(self, None, execution_ids, [], done=self.acquire_many(execution_ids, keyspaces))
         _, lease_keys, fence_keys = self._plan(execution_ids, keyspaces)
         keys = [k for pair in zip(lease_keys, fence_keys, strict=True) for k in pair]
+        keys.append(self.keyspace.generation_key(0))
         conn = pool.get_connection()
         try:
             args = self._acquire_args()
@@ -144,7 +160,7 @@ class LeaseManager:
         return groups, lease_keys, fence_keys
 
     def _acquire_args(self) -> list[str | int]:
-        return [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix]
+        return [self.holder, self.ttl_ms, FENCE_TTL_S, self.takeover_prefix, self.lease_format[1:]]
 
     def _leases(
         self, execution_ids: list[str], lease_keys: list[str], replies: list[tuple[list[int], list[Any]]]

@@ -26,9 +26,11 @@ def executions_of(queue: StreamQueue) -> ExecutionStore:
     return ExecutionStore(queue.client, queue.keyspace)
 
 
-def leases_of(queue: StreamQueue, *, consumer: str, ttl_s: float) -> LeaseManager:
-    """The leases of ``consumer``'s tasks on ``queue``, on the queue's client."""
-    return LeaseManager(queue.client, consumer=consumer, ttl_s=ttl_s, keyspace=queue.keyspace)
+def leases_of(queue: StreamQueue, *, consumer: str, ttl_s: float, lease_format: str = "v1") -> LeaseManager:
+    """The leases of ``consumer``'s tasks on ``queue``, on the queue's client, written in ``lease_format``."""
+    return LeaseManager(
+        queue.client, consumer=consumer, ttl_s=ttl_s, keyspace=queue.keyspace, lease_format=lease_format
+    )
 
 
 def owner_leases_of(queue: StreamQueue, leases: LeaseManager) -> LeaseManager:

@@ -87,6 +87,38 @@ def test_kill9_worker_its_tasks_are_reclaimed_on_every_partition(clean_cluster: 
     client.close()
 
 
+def test_a_v2_workers_tasks_on_every_partition_are_taken_over_by_a_v1_worker(
+    clean_cluster: ClusterServers, tmp_path: Path
+) -> None:
+    """Lease format v2 on a cluster: each partition's generation counter lives in that partition's
+    slot (no CROSSSLOT), and after a kill -9 the v1 worker runs every task under a generation above
+    the v2 one (docs/reliability.md, "Lease format")."""
+    q = producer(clean_cluster, LEASE_QUEUE)
+    n = 12
+    body = [
+        {"type": "start", "flow_id": "f", "execution_id": f"m{i}", "params": {"first_sleep_s": 60}} for i in range(n)
+    ]
+    q.enqueue_many(body)
+    client = server_client(clean_cluster.url)
+    args = ("--partitions", str(PARTITIONS), *FAST_RECLAIM)
+    with worker_proc(clean_cluster.url, tmp_path, "va", *args, "--concurrency", str(n), "--lease-format", "v2") as a:
+        wait_for(lambda: sum(counter(client, "executions", f"m{i}") for i in range(n)) == n, 30, "A runs all")
+        a.kill9()
+    ks = q.keyspace
+    v2_top = {p: int(client.get(ks.generation_key(p)) or 0) for p in range(PARTITIONS)}
+    assert sum(v2_top.values()) == n and all(client.get(ks.fence_key(f"m{i}")) is None for i in range(n))
+    with worker_proc(clean_cluster.url, tmp_path, "vb", *args, "--concurrency", "4") as b:
+        wait_for(lambda: all(counter(client, "completed", f"m{i}") == 1 for i in range(n)), 40, "B finishes all")
+        assert b.terminate() == 0
+    # v1 stays above the partition's counter, which is at least the v2 generation of each execution
+    assert [int(client.get(ks.fence_key(f"m{i}"))) for i in range(n)] == [
+        v2_top[ks.partition_of(f"m{i}")] + 1 for i in range(n)
+    ]
+    assert is_settled(q)
+    q.close()
+    client.close()
+
+
 class Producer(threading.Thread):
     """Enqueues one task at a time until stopped, remembering each acknowledged id and when."""
 

@@ -111,13 +111,20 @@ def test_every_script_loads_and_a_flushed_cache_is_reloaded(redis_url: str) -> N
 #: is written as a hash (a key of another type). The writer's generation is 5.
 HOSTILE = {
     "no lease": (None, "5"),
-    "no fence": ("worker:w@1:5", None),
     "lease of another generation": ("worker:w@1:4", "5"),
     "lease of a longer generation": ("worker:w@1:15", "5"),
     "newer fence": ("worker:w@1:5", "6"),
     "fence not an integer": ("worker:w@1:5", "five"),
     "lease is a hash": ({"v": "worker:w@1:5"}, "5"),
     "fence is a hash": ("worker:w@1:5", {"v": "5"}),
+}
+
+
+#: What a v2 lease looks like to a fenced write (docs/reliability.md, "Lease format"): its
+#: generation came from the partition's counter, so the execution's fence key is absent or older.
+V2_HOLDER = {
+    "no fence": ("worker:w@1:5", None),
+    "older fence": ("worker:w@1:5", "3"),
 }
 
 
@@ -159,6 +166,23 @@ def test_every_fenced_script_refuses_a_writer_that_lost_the_fence(redis_url: str
         client.delete("w:lease", "w:fence")
         _put(client, "w:lease", "worker:w@1:5")
         _put(client, "w:fence", "5")
+        assert SCRIPTS[name](client, keys, args) != refused
+        assert client.exists("w:state") == 1
+    finally:
+        client.close()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("case", sorted(V2_HOLDER))
+@pytest.mark.parametrize("name", FENCED)
+def test_every_fenced_script_lets_a_v2_holder_through(redis_url: str, name: str, case: str) -> None:
+    """A lease naming the writer's generation with no newer fence is held, in every fenced script."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        keys, args, refused = _fenced_call(name)
+        lease, fence = V2_HOLDER[case]
+        _put(client, "w:lease", lease)
+        _put(client, "w:fence", fence)
         assert SCRIPTS[name](client, keys, args) != refused
         assert client.exists("w:state") == 1
     finally:
