@@ -86,11 +86,8 @@ class WorkerService:
         runner: FlowRunner | None = None,
         runner_redis: Client | None = None,
         pool: ProcessPool | None = None,
-        tasks: TaskRunner | None = None,
     ) -> None:
         self.worker = worker
-        #: ``--tasks``: the named-task runner, whose retry promoter runs while the worker does.
-        self.tasks = tasks
         self.ops = ops
         self.keeper = keeper
         self.runner = runner
@@ -173,15 +170,11 @@ class WorkerService:
             if self.pool is not None:
                 self.pool.start()
                 logger.info("step pool: %d child processes (%s)", self.pool.size, self.pool.method)
-            if self.tasks is not None:
-                self.tasks.start()
             self.worker.run()
         except Exception:  # a bug, not a Redis failure: say so loudly, still exit cleanly
             logger.critical("worker loop crashed (a plaita bug; please report it)", exc_info=True)
         finally:
             self._stop_keeper(keeper_thread)
-            if self.tasks is not None:
-                self.tasks.close()  # before the client it promotes with is closed
             if self.pool is not None:
                 self.pool.close()  # after the drain: no step of this worker runs any more
             if self.runner is not None:
@@ -315,7 +308,7 @@ def _flow_service(settings: Settings, flows: Sequence[str | Flow], *, keeper: bo
 
 def _tasks_service(settings: Settings, tasks: str | TaskRegistry) -> WorkerService:
     """A TaskRunner over the registry's named tasks, on a client of its own (its results and
-    retries), with the retry promoter running while the worker runs."""
+    retries, which wait in the delayed set every worker's reclaim pass moves)."""
     registry = load_task_registry(tasks) if isinstance(tasks, str) else tasks
     if not isinstance(registry, TaskRegistry) or not len(registry):
         raise ConfigError("tasks: give a module name or a TaskRegistry with at least one task")
@@ -329,7 +322,7 @@ def _tasks_service(settings: Settings, tasks: str | TaskRegistry) -> WorkerServi
         settings.redis_url, socket_timeout_s=settings.socket_timeout_s, client_name=name, tls=settings.tls
     )
     runner = TaskRunner(
-        registry, TaskStore(client, keyspace_of(settings)), pool=pool, time_limit_s=settings.step_time_limit_s
+        registry, TaskStore(open_queue(settings, client=client)), pool=pool, time_limit_s=settings.step_time_limit_s
     )
     try:
         worker = Worker(settings, runner)
@@ -337,7 +330,7 @@ def _tasks_service(settings: Settings, tasks: str | TaskRegistry) -> WorkerServi
     except BaseException:
         _close_quietly(client)
         raise
-    return WorkerService(worker, ops, runner_redis=client, pool=pool, tasks=runner)
+    return WorkerService(worker, ops, runner_redis=client, pool=pool)
 
 
 def process_pool(settings: Settings, modules: Sequence[str]) -> ProcessPool:

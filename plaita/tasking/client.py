@@ -17,6 +17,7 @@ from typing import Any
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
 from plaita.errors import ConfigError
 from plaita.store.client import make_client
+from plaita.store.streams.delayed import due_ms_of
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 from plaita.store.task_store import task_store_of
@@ -89,17 +90,19 @@ class TaskClient:
         delay_s: float | None = None,
     ) -> str:
         """Enqueue a call of ``task`` (its name, or the registered function); returns its task id
-        (``task_id``, else a new one). ``delay_s``: it runs no earlier than that from now (the
-        named-task workers of the queue put it on the stream when due). ConfigError for arguments
-        that are not JSON or a bad delay."""
+        (``task_id``, else a new one). ``delay_s``: it runs no earlier than that from now (it waits
+        in its stream's delayed set; a worker's reclaim pass puts it on the stream when due).
+        ConfigError for arguments that are not JSON or a bad delay."""
         name, new_id = task_name_of(task), task_id or uuid.uuid4().hex
         body = {"type": NAMED_TYPE, "task": name, "args": list(args), "kwargs": dict(kwargs or {}), "task_id": new_id}
         try:
             json.dumps(body)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"task {name!r}: its arguments must be JSON ({exc})") from None
-        if delay_s is not None and not (0 <= delay_s < float("inf")):
-            raise ConfigError(f"delay_s must be a finite number >= 0 (got {delay_s!r})")
+        try:
+            due_ms_of(delay_s, None, 0.0)  # refused before anything is written
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.store.mark_queued(new_id, QUEUED_RECORD_TTL_S + (delay_s or 0.0))
         if delay_s:
             self.store.add_later(body, delay_s)

@@ -6,9 +6,10 @@ process``, in a child (the function pickled by its module path). Then:
 
 - it returned: its value is kept as its result for ``result_ttl_s`` (if the task keeps one) and
   the entry is acked;
-- it raised, attempts left: a copy of the body with ``attempt + 1`` waits in the queue's retry set
-  for its backoff (no worker slot is held meanwhile, and the 10 s reclaim plays no part), and the
-  entry is acked; the worker's promoter thread puts due retries back on the stream;
+- it raised, attempts left: a copy of the body with ``attempt + 1`` waits for its backoff in its
+  stream's delayed set (``plaita.store.streams.delayed``; no worker slot is held meanwhile), and
+  the entry is acked; any worker's reclaim pass puts it back on the stream once due, so it runs
+  within about one ``--reclaim-interval-s`` after its backoff;
 - it raised on its last attempt (or raised ``BadTaskError``): the entry goes to the DLQ with the
   error as its reason, and the error is kept as its result (``TaskClient.result`` raises it).
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -35,10 +35,6 @@ from plaita.tasks import Task, short_repr
 
 logger = logging.getLogger(__name__)
 
-#: How often the promoter moves due retries onto the stream (a retry runs at most this late).
-PROMOTE_INTERVAL_S = 0.2
-#: How long ``close`` waits for the promoter thread (its pass is one short script per partition).
-PROMOTER_JOIN_S = 2.0
 #: How long the error of a body refused before its task was known (an unknown name) is kept.
 REFUSED_RESULT_TTL_S = 3600.0
 #: Longest list of task names the worker registry shows.
@@ -85,15 +81,11 @@ class TaskRunner:
         *,
         pool: ProcessPool | None = None,
         time_limit_s: float | None = None,
-        promote_interval_s: float = PROMOTE_INTERVAL_S,
     ) -> None:
         self.registry = registry
         self.store = store
         self.pool = pool
         self.time_limit_s = time_limit_s
-        self.promote_interval_s = promote_interval_s
-        self._stop = threading.Event()
-        self._promoter: threading.Thread | None = None
 
     def __call__(self, task: Task) -> None:
         try:
@@ -164,33 +156,6 @@ class TaskRunner:
             return
         doc = {"state": "error", "error_type": type(exc).__name__, "message": str(exc)[:ERROR_CHARS]}
         self.store.put_result(call.task_id, doc, definition.result_ttl_s)
-
-    # -- the promoter of due retries --------------------------------------------------------
-    def start(self) -> None:
-        """Start the thread that moves due retries onto the stream (every worker runs one: the
-        script moves each retry once, whichever worker's pass sees it due)."""
-        if self._promoter is None:
-            self._promoter = threading.Thread(target=self._promote_loop, name="plaita-task-retries", daemon=True)
-            self._promoter.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._promoter is not None:
-            self._promoter.join(PROMOTER_JOIN_S)
-
-    def _promote_loop(self) -> None:
-        failing = False
-        while not self._stop.wait(self.promote_interval_s):
-            try:
-                self.store.promote_due()
-            except Exception as exc:  # a Redis outage: the retries wait in Redis; try again next tick
-                if not failing:
-                    logger.warning("cannot move due task retries onto the stream (%s); retrying", exc)
-                failing = True
-                continue
-            if failing:
-                logger.info("moving due task retries onto the stream again")
-            failing = False
 
     def fleet_entry(self) -> dict[str, Any]:
         """What the registry shows this worker runs: ``tasks:`` and its task names (cut short)."""

@@ -56,6 +56,14 @@ def fails_once(key: str) -> str:
     return f"ok on attempt {attempt}"
 
 
+@tasks.task(retries=1, backoff_s=3600, backoff_max_s=3600, result_ttl_s=60)
+def fails_then_waits_an_hour(key: str) -> str:
+    attempt = _seen(f"fails_then_waits_an_hour:{key}", key)
+    if attempt == 1:
+        raise ConnectionError("the first attempt fails")
+    return f"ok on attempt {attempt}"
+
+
 @tasks.task(retries=5, result_ttl_s=60)
 def refuses(x: Any) -> None:
     raise BadTaskError(f"cannot use {x!r}")

@@ -1,5 +1,6 @@
-"""Named tasks on a real server: routed by name, retries with backoff through the due set, results
-kept for a TTL, unknown names to the DLQ, async tasks, the process pool, and the old bodies."""
+"""Named tasks on a real server: routed by name, retries with backoff through the stream's delayed
+set (moved by the worker's reclaim pass), results kept for a TTL, unknown names to the DLQ, async
+tasks, the process pool, and the old bodies."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ from plaita import (
 from plaita.cli.main import main
 from plaita.errors import ConfigError
 from plaita.ops.service import WorkerService
+from plaita.store.streams.delayed import delayed_count, delayed_key
 from plaita.store.streams.dlq import DeadLetterQueue
 from plaita.store.streams.partitioned import open_queue
 from plaita.tasking.registry import TaskDef, parse_call
 from plaita.tasks import validate_body
+from plaita.testing import TestClock
 from tests.support import named_tasks
 
 pytestmark = pytest.mark.redis
@@ -47,6 +50,8 @@ def _settings(redis_url: str, **changes: Any) -> Settings:
         "read_block_ms": 100,
         "registry_enabled": False,
         "concurrency": 2,
+        # Retries and delayed tasks come back on the reclaim pass: a short one keeps the tests quick.
+        "reclaim_interval_s": 0.1,
     }
     return Settings(**{**values, **changes})
 
@@ -158,6 +163,25 @@ def test_a_retry_holds_no_worker_slot_while_it_waits(redis_url: str, client: Tas
             client.result(failing, timeout_s=WAIT_S)
 
 
+def test_a_retry_waits_in_the_delayed_set_until_due_on_the_test_clock(redis_url: str, rclient: redis.Redis) -> None:
+    """The retry's due time is read on plaita's clock: an hour's backoff passes at once when the
+    test clock moves, and the worker's next reclaim pass puts the retry back on the stream."""
+    named_tasks.CALLS.clear()
+    with (
+        TestClock() as clock,
+        start_worker(_settings(redis_url), tasks=MODULE),
+        TaskClient.from_url(redis_url, queue_name=QUEUE) as client,
+    ):
+        task_id = client.enqueue("fails_then_waits_an_hour", ["tc"])
+        _poll(lambda: delayed_count(rclient, [QUEUE]) == 1, "the retry in the delayed set")
+        [(_, due_ms)] = rclient.zrange(delayed_key(QUEUE), 0, -1, withscores=True)
+        assert due_ms >= (clock() + 3500) * 1000  # an hour ahead (the clock has not moved)
+        assert len(named_tasks.CALLS["fails_then_waits_an_hour:tc"]) == 1
+        clock.advance(3600 * 1.3)  # past its backoff, jitter (up to 25 %) included
+        assert client.result(task_id, timeout_s=WAIT_S) == "ok on attempt 2"
+        assert delayed_count(rclient, [QUEUE]) == 0
+
+
 def test_a_flaky_task_succeeds_on_its_retry_and_bad_input_is_not_retried(
     worker: Any, client: TaskClient, redis_url: str
 ) -> None:
@@ -257,3 +281,8 @@ def test_registry_refuses_reserved_and_duplicate_names_and_enqueue_refuses_non_j
         client.enqueue("add", [object()])
     with pytest.raises(ConfigError, match="is not a registered task"):
         client.enqueue(json.dumps)
+    for bad in (-1.0, float("inf"), 11 * 365 * 24 * 3600.0):
+        with pytest.raises(ConfigError, match="delay_s must be within"):
+            client.enqueue("add", [1, 1], task_id="bad-delay", delay_s=bad)
+    with pytest.raises(UnknownTaskResult):
+        client.result("bad-delay")  # refused before anything was written
