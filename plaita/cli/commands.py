@@ -7,6 +7,7 @@ import gc
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from plaita.cli.options import settings_from_args, tls_of
 from plaita.cli.tracing import configure_tracing
@@ -41,7 +42,6 @@ def run_enqueue(args: argparse.Namespace) -> int:
     from plaita.store.streams.delayed import add_tasks, due_ms_of
     from plaita.store.streams.entries import ReplicationLagError
     from plaita.store.streams.partitioned import open_queue
-    from plaita.tasks import validate_body
 
     url = args.redis_url or DEFAULT_REDIS_URL
     settings = Settings(redis_url=url, queue_name=args.queue_name, partitions=int(args.partitions))
@@ -51,10 +51,10 @@ def run_enqueue(args: argparse.Namespace) -> int:
     bodies = []
     for number, line in enumerate(lines, 1):
         try:
-            bodies.append(validate_body(json.loads(line)))
+            bodies.append(_checked_body(json.loads(line)))
         except ValueError as exc:
             raise ConfigError(f"task {number} is not valid JSON: {exc}") from None
-        except BadTaskError as exc:  # a non-object, an unknown type: what a worker would dead-letter
+        except BadTaskError as exc:  # a non-object, no type: what every worker would dead-letter
             raise ConfigError(f"task {number}: {exc}") from None
     try:
         due_ms_of(args.delay_s, None, 0.0)
@@ -87,6 +87,19 @@ def run_enqueue(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def _checked_body(body: object) -> dict[str, Any]:
+    """``body`` if some worker can run it, else BadTaskError: a ``start`` or ``resume`` body is
+    checked as every worker checks it; another string ``type`` is a named task's (for a ``--tasks``
+    worker, which dead-letters a name it does not know), checked as that worker parses it."""
+    from plaita.tasking.registry import parse_call
+    from plaita.tasks import TASK_TYPES, validate_body
+
+    checked = validate_body(body, named=True)
+    if checked["type"] not in TASK_TYPES:
+        parse_call(checked, "-")
+    return checked
 
 
 def run_diagram(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ def test_get_and_wait_refuse_an_id_that_is_no_id(redis_url: str, bad_id: object)
         (("executions", "start", "signup", "--wait", "--timeout-s", "nan"), "--timeout-s"),
         (("executions", "start", "signup", "--input", '{"a": NaN}'), "not strict JSON"),
         (("enqueue", "[1]"), "not a JSON object"),
-        (("enqueue", '{"type": "bogus"}'), "unknown task type"),
+        (("enqueue", '{"type": 7}'), "unknown task type"),
     ],
     ids=["timeout-nan", "input-nan", "enqueue-non-object", "enqueue-unknown-type"],
 )

@@ -11,7 +11,7 @@ from plaita import start_worker
 from plaita.cli.dev import tasks_flags
 from plaita.cli.main import main
 from plaita.ops.service import WorkerService
-from tests.tasking.test_named_tasks import MODULE, QUEUE, WAIT_S, _settings
+from tests.tasking.test_named_tasks import MODULE, QUEUE, WAIT_S, _poll, _settings
 
 pytestmark = pytest.mark.redis
 
@@ -60,3 +60,36 @@ def test_failed_unknown_and_bad_arguments_say_so(
 def test_plaita_dev_tasks_runs_a_handler_or_a_modules_named_tasks() -> None:
     assert tasks_flags("myapp.handlers:handle") == ["--handler", "myapp.handlers:handle"]
     assert tasks_flags("myapp.jobs") == ["--tasks", "myapp.jobs"]
+
+
+def _ran(capsys: pytest.CaptureFixture[str], redis_url: str, task_id: str) -> str | None:
+    code, out, _ = _run(capsys, redis_url, "result", task_id, "--json")
+    return out if code == 0 else None
+
+
+def test_plaita_enqueue_takes_a_named_task_body_and_still_checks_every_body(
+    worker: WorkerService, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A body whose ``type`` names a task is for a --tasks worker: ``plaita enqueue`` writes it
+    (now or delayed); a malformed one, and a start or resume body, are refused as before."""
+
+    def enqueue(*argv: str) -> tuple[int, str]:
+        code = main(["enqueue", *argv, "--redis-url", redis_url, "--queue-name", QUEUE])
+        return code, capsys.readouterr().err
+
+    assert enqueue('{"type": "send_email", "to": "now", "task_id": "cli-now"}') == (0, "")
+    assert enqueue('{"type": "send_email", "to": "later", "task_id": "cli-later"}', "--delay-s", "0.2") == (0, "")
+    for task_id, to in (("cli-now", "now"), ("cli-later", "later")):
+        # No "queued" record (only TaskClient writes one): "unknown" until the worker ran it.
+        ran = _poll(lambda t=task_id: _ran(capsys, redis_url, t), f"{task_id}'s result")
+        assert json.loads(ran)["value"] == {"sent_to": to}
+    for body, reason in (
+        ('{"type": "task", "task": "add", "args": {"a": 1}}', "'args' must be a JSON array"),
+        ('{"type": "send_email", "attempt": 0}', "'attempt' must be a positive integer"),
+        ('{"type": "send_email", "execution_id": 5}', "'execution_id' must be a non-empty string"),
+        ('{"type": "resume"}', "resume task has no 'execution_id'"),
+        ('{"type": ""}', "unknown task type"),
+        ('{"to": "x"}', "has no 'type' field"),
+    ):
+        code, err = enqueue(body)
+        assert code == 2 and reason in err, (body, err)
