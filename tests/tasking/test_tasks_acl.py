@@ -1,5 +1,6 @@
-"""Least privilege for named tasks: a --tasks worker runs under the flow worker's ACL (its due set
-is a sorted set) and TaskClient under the producer's, with nothing denied."""
+"""Least privilege for named tasks: a --tasks worker runs under the flow worker's ACL (its retries
+go to the delayed set, which its reclaim pass moves) and TaskClient under the producer's (a
+delayed enqueue too), with nothing denied."""
 
 from __future__ import annotations
 
