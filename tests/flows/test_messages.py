@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from plaita.errors import NotForThisWorker
 from plaita.flows.model.context import Receiving, Resume, StepContext
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient, NotResumable
 from plaita.testing import step_context
@@ -151,11 +152,22 @@ def test_the_cli_sends_a_message(redis_url: str, h: Harness) -> None:
     assert r.returncode == 2 and "topic" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_send_before_the_start_ran_says_so(flows: FlowClient) -> None:
-    """Queued: no worker created the execution yet, so nothing holds an inbox (as for resume)."""
-    eid = flows.start("msg-inbox", {})
+def test_a_message_sent_before_the_start_ran_is_kept_until_it_has(h: Harness) -> None:
+    """Queued: no worker created the execution yet. A message is accepted all the same; a worker
+    that reads it before the start hands it back (no delivery charged), and once the start ran it
+    waits in the inbox for its recv. A resume addressed to no wait is still refused: nothing could
+    take it."""
+    eid = h.flows.start("msg-inbox", {})
+    h.flows.send(eid, "t", 1)
     with pytest.raises(ExecutionNotFound, match="queued: its start has not run"):
-        flows.send(eid, "t", 1)
+        h.flows.resume(eid, "event", 1)
+    (start_id, start_fields), (msg_id, msg_fields) = h.client.xrange(h.queue.stream)
+    with pytest.raises(NotForThisWorker, match="whose start has not run") as handed:
+        h.run(json.loads(msg_fields[b"payload"]), message_id=msg_id.decode())  # read first: handed back
+    assert handed.value.hand_back and handed.value.delay_s > 0
+    h.run(json.loads(start_fields[b"payload"]), message_id=start_id.decode())
+    doc = h.run(json.loads(msg_fields[b"payload"]), message_id=msg_id.decode())  # read again after its delay
+    assert doc is not None and doc["state"]["got"] == [1], doc
 
 
 def test_kill9_while_waiting_in_recv_the_message_still_arrives(

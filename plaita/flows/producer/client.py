@@ -257,7 +257,9 @@ class FlowClient:
         runs (``plaita.flows.model.inbox``). NotResumable when the execution has ended (no wait can
         take it any more); ValueError for a bad name or type.
         ExecutionNotFound when there is no execution, or it is still ``queued`` (no worker ran
-        its start yet: as before a start was recorded, there is nothing to resume).
+        its start yet) and the resume is not addressed: nothing waits to take it. An addressed one
+        (``wait_for``, a message) to a queued execution is kept: the worker hands it back until
+        the start has run, then it waits in the inbox like any early event.
         """
         if resume_type not in model.RESUME_TYPES:
             raise ValueError(f"resume_type must be one of {', '.join(sorted(model.RESUME_TYPES))}")
@@ -268,7 +270,7 @@ class FlowClient:
         doc = self._require(execution_id)
         if wait_for is not None and doc.get("status") in TERMINAL:
             raise NotResumable(f"execution {execution_id} is {doc.get('status')}: no wait can take a resume any more")
-        if doc.get("status") == QUEUED:  # a worker would dead-letter it: nothing runs yet to resume
+        if doc.get("status") == QUEUED and wait_for is None:  # nothing runs yet that could take it
             raise ExecutionNotFound(f"execution {execution_id!r} is queued: its start has not run, nothing to resume")
         flow_id, tenant = doc.get("flow_id"), self.tenant_id
         body = model.resume_body(

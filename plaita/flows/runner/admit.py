@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.config import DEFAULT_VERSION_WAIT_S
-from plaita.errors import BadTaskError, LeaseLostError
+from plaita.errors import BadTaskError, LeaseLostError, NotForThisWorker
 from plaita.flows import fork
 from plaita.flows.io import Created, ExecutionIO, Fleet
 from plaita.flows.model import bodies as model
@@ -57,6 +57,9 @@ class Run:
     on_loop: bool = False
 
 
+#: How long a message to an execution whose start has not run yet waits before it is read again
+#: (handed back, no delivery charged; a start parked for a slot stays queued that long or more).
+QUEUED_EVENT_WAIT_S = 1.0
 #: Creates sent ahead and not yet awaited that one admission keeps; past it the oldest is
 #: forgotten (its task, if it still runs, finds its execution created and continues it).
 MAX_AHEAD = 1024
@@ -126,7 +129,12 @@ class Admission:
         doc, cancel = await io.load(task)
         if doc is None:
             raise BadTaskError(f"resume of unknown execution {task.execution_id!r}")
-        if doc.get("status") == QUEUED:  # its start has not run: as for an unknown one, nothing to resume
+        if doc.get("status") == QUEUED:  # its start has not run
+            if task.body.get("wait_for") is not None:  # a message sent early: kept until the start ran
+                raise NotForThisWorker(
+                    f"event for {task.body['wait_for']!r} of execution {task.execution_id!r}, whose start has not run",
+                    delay_s=QUEUED_EVENT_WAIT_S,
+                )
             raise BadTaskError(f"resume of execution {task.execution_id!r}, which is queued (its start has not run)")
         return await self._resume(task, _decoded(io, task, doc), cancel, io)
 
