@@ -6,6 +6,7 @@ import gc
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -15,6 +16,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.support.redis_server import RedisServer  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.flows.support import Harness
 
 
 @pytest.fixture(autouse=True)
@@ -64,3 +68,15 @@ def private_redis() -> Iterator[RedisServer]:
     """A server of the test's own, with persistence, for tests that fault it."""
     with RedisServer(persist=True) as server:
         yield server
+
+
+@pytest.fixture
+def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """The real flow engine over the test flows (``tests.flows.flowdefs``), fed tasks by hand
+    (``tests.flows.support.Harness``); the flows' own writes go to the private server too. A test
+    module with flows of its own defines its own ``h``, which overrides this one."""
+    from tests.flows.support import harness  # imported on use: most tests run no flows
+
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
+    with harness(redis_url) as opened:
+        yield opened

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from plaita import (
     run_worker,
     start_worker,
 )
+from tests.support.ops import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 #: An idle worker stops within a second (README); the bound leaves room for a loaded machine.
@@ -39,17 +39,6 @@ STOP_BOUND_S = 5.0
 SERVICE_THREADS = ("plaita-owner", "plaita-keeper")
 
 pytestmark = pytest.mark.redis
-
-
-def _poll(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def _settings(redis_url: str, queue: str, **changes: Any) -> Settings:
@@ -150,7 +139,7 @@ def test_from_url_starts_on_the_workers_partitions_and_close_releases_its_connec
         assert rclient.exists("pub:parts") == 0  # the partition streams carry it, not the plain key
         unnamed = len(_unnamed_clients(rclient))  # the FlowClient's connections, and rclient's own
     # Closing the FlowClient dropped its connections (the server sees each one go).
-    _poll(lambda: len(_unnamed_clients(rclient)) < unnamed, 5, "the FlowClient's connections to close")
+    wait_until(lambda: len(_unnamed_clients(rclient)) < unnamed, 5, "the FlowClient's connections to close")
 
 
 def test_a_wait_that_times_out_is_a_public_error(redis_url: str) -> None:
@@ -163,7 +152,7 @@ def test_a_wait_that_times_out_is_a_public_error(redis_url: str) -> None:
 def test_an_embedded_keeper_hands_its_lease_over_when_the_worker_stops(redis_url: str, rclient: redis.Redis) -> None:
     service = start_worker(_settings(redis_url, "pub:keeper"), flows=[_two_step_flow("public-keeper")], keeper=True)
     try:
-        _poll(lambda: rclient.exists("plaita:keeper:lease:{pub:keeper}"), 10, "the keeper to take its lease")
+        wait_until(lambda: rclient.exists("plaita:keeper:lease:{pub:keeper}"), 10, "the keeper to take its lease")
     finally:
         assert service.stop(timeout_s=STOP_BOUND_S)
     assert rclient.exists("plaita:keeper:lease:{pub:keeper}") == 0
@@ -183,7 +172,7 @@ def test_a_plain_handler_runs_in_a_thread_and_stops_on_request_stop(redis_url: s
     try:
         with FlowClient.from_url(redis_url, queue_name="pub:plain") as producer:
             producer.queue.enqueue_many([{"type": "start", "execution_id": f"t{i}"} for i in range(5)])
-        _poll(lambda: len(seen) == 5, 20, "five tasks handled")
+        wait_until(lambda: len(seen) == 5, 20, "five tasks handled")
     finally:
         service.request_stop()
         thread.join(STOP_BOUND_S)
@@ -221,7 +210,7 @@ def test_ctrl_c_with_signals_off_stops_the_worker_before_it_propagates(redis_url
     service = build_worker(_settings(redis_url, "pub:ctrlc"), handler=lambda task: None)
 
     def ctrl_c_once_consuming() -> None:
-        _poll(lambda: rclient.exists("pub:ctrlc"), 10, "the worker to create its group")
+        wait_until(lambda: rclient.exists("pub:ctrlc"), 10, "the worker to create its group")
         _thread.interrupt_main()
 
     # A shell running the suite as a background job without job control starts it with SIGINT

@@ -21,11 +21,9 @@ from typing import Any
 from plaita.cli import listing, retention
 from plaita.cli.common import json_arg, json_text, redis_failed
 from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, list_rows, moment_s, number_or_zero, summary
-from plaita.cli.options import WithParents, flow_client_of, seconds
+from plaita.cli.options import GroupMaker, WithParents, flow_client_of, seconds
 from plaita.errors import ConfigError, PlaitaError
 from plaita.tasks import tenant_ns
-
-Add = Callable[..., argparse.ArgumentParser]
 
 #: Exit code of ``cancel`` when the execution had ended ``completed`` or ``error`` first.
 CANCEL_TOO_LATE = 3
@@ -33,12 +31,9 @@ CANCEL_TOO_LATE = 3
 LIST_STATUSES = ("queued", "running", "suspended", "completed", "error", "cancelled")
 
 
-def add_parsers(
-    add: Add, redis_options: Callable[[argparse.ArgumentParser], None], late: argparse.ArgumentParser
-) -> None:
-    """The ``executions`` command group, on the main parser's ``add`` (subcommand factory);
-    ``late``: the Redis flags again, accepted after the action too."""
-    ex = add(
+def add_parsers(group: GroupMaker) -> None:
+    """The ``executions`` command group (``group``: ``command_group`` on the main parser)."""
+    executions = group(
         "executions",
         help="start, steer and inspect flow executions",
         description=(
@@ -46,11 +41,10 @@ def add_parsers(
             "delete ID... | prune | cancel-many | resume-many (the Redis flags may follow the action too)"
         ),
     )
-    redis_options(ex)
     tenant_help = "the tenant whose executions these are (default: the default tenant)"
-    ex.add_argument("--tenant", default=None, help=tenant_help)
-    late.add_argument("--tenant", default=argparse.SUPPRESS, help=tenant_help)
-    sub = WithParents(ex.add_subparsers(dest="executions_command", required=True, parser_class=type(ex)), [late])
+    executions.parser.add_argument("--tenant", default=None, help=tenant_help)
+    executions.late.add_argument("--tenant", default=argparse.SUPPRESS, help=tenant_help)
+    sub = executions.actions
     _add_start(sub)
     _add_steering(sub)
     _add_reading(sub)

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.options import WithParents, flow_client_of
+from plaita.cli.options import GroupMaker, flow_client_of
 from plaita.config import DEFAULT_LEASE_TTL_S
 
 
@@ -39,19 +38,13 @@ def _rate(raw: str) -> float:
     return value
 
 
-def add_parsers(
-    add: Callable[..., argparse.ArgumentParser],
-    redis_options: Callable[[argparse.ArgumentParser], None],
-    late: argparse.ArgumentParser,
-) -> None:
-    lc = add(
+def add_parsers(group: GroupMaker) -> None:
+    sub = group(
         "limits",
         help="change a flow's fleet-wide limits at run time (no restart)",
         description="set FLOW [--max-concurrent N] [--max-starts-per-s R] [--per-key N] | clear FLOW | "
         "show [FLOW] (the Redis flags may follow the action too)",
-    )
-    redis_options(lc)
-    sub = WithParents(lc.add_subparsers(dest="limits_command", required=True, parser_class=type(lc)), [late])
+    ).actions
     st = sub.add_parser("set", help="override limits the flow declares; every worker obeys at once")
     st.add_argument("flow", help="flow id")
     st.add_argument("--max-concurrent", type=_at_least_1, metavar="N", help="executions running at once")

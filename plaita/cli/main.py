@@ -26,10 +26,12 @@ from plaita.cli import migrate as migrate_cli
 from plaita.cli import schedules as schedules_cli
 from plaita.cli import tasks as tasks_cli
 from plaita.cli.options import (
+    CommandGroup,
     WithParents,
     add_alert_options,
     add_redis_options,
     add_worker_options,
+    command_group,
     late_redis_options,
 )
 from plaita.cli.tracing import add_otel_option
@@ -210,6 +212,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     def add(name: str, **kw: Any) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
+    def group(name: str, **kw: Any) -> CommandGroup:
+        return command_group(add, lambda p: add_redis_options(p, env), late_redis_options(env), name, **kw)
+
     _add_worker(add, env)
     _add_enqueue(add, env)
     _add_fleet(add, env)
@@ -217,15 +222,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_tools(add)
     dashboard_cli.add_parser(add, env)
     dev_cli.add_parser(add, env)
-    executions_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
+    executions_cli.add_parsers(group)
     keeper_cli.add_parser(
         add, lambda p: add_redis_options(p, env), alert_options=lambda p: add_alert_options(p, env, worker=False)
     )
-    schedules_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
-    tasks_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
-    limits_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
+    schedules_cli.add_parsers(group)
+    tasks_cli.add_parsers(group)
+    limits_cli.add_parsers(group)
     doctor_cli.add_parser(add, lambda p: add_redis_options(p, env), env)
-    migrate_cli.add_parsers(add, lambda p: add_redis_options(p, env), late_redis_options(env))
+    migrate_cli.add_parsers(group)
     return parser
 
 

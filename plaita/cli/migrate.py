@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 
 from plaita.cli.common import redis_failed
-from plaita.cli.options import WithParents, tls_of
+from plaita.cli.options import GroupMaker, tls_of
 from plaita.config import DEFAULT_REDIS_URL, Settings
 
 EPILOG = """\
@@ -22,14 +21,12 @@ exit codes: 0 done (or nothing to do), 1 Redis failed or keys were left (conflic
 """
 
 
-def add_parsers(
-    add: Callable[..., argparse.ArgumentParser],
-    redis_options: Callable[[argparse.ArgumentParser], None],
-    late: argparse.ArgumentParser,
-) -> None:
-    mg = add("migrate", help="move keys to the current layout (after an upgrade)", description="key migrations")
-    redis_options(mg)
-    sub = WithParents(mg.add_subparsers(dest="migrate_command", required=True, parser_class=type(mg)), [late])
+def add_parsers(group: GroupMaker) -> None:
+    sub = group(
+        "migrate",
+        help="move keys to the current layout (after an upgrade)",
+        description="key migrations",
+    ).actions
     ids = sub.add_parser(
         "ids",
         help="move the keys of ids holding ':' or '%%' to their escaped names",

@@ -20,6 +20,7 @@ from plaita.config import DEFAULT_REDIS_URL, Settings, TlsFiles, check_readable,
 
 if TYPE_CHECKING:
     from plaita.flows.producer.client import FlowClient
+    from plaita.store.queue_access import QueueOptions
 
 
 @dataclass(frozen=True)
@@ -428,6 +429,36 @@ class WithParents:
         return parser
 
 
+@dataclass(frozen=True)
+class CommandGroup:
+    """A command whose actions are subcommands: its ``parser`` (with the Redis flags), the
+    sub-parsers of its ``actions`` (one is required, in ``args.<name>_command``), and ``late``,
+    the Redis flags again, which every action takes after it too."""
+
+    parser: argparse.ArgumentParser
+    actions: WithParents
+    late: argparse.ArgumentParser
+
+
+#: Makes a ``CommandGroup`` (``command_group`` on the main parser): a name and ``add``'s keywords.
+GroupMaker = Callable[..., CommandGroup]
+
+
+def command_group(
+    add: Callable[..., argparse.ArgumentParser],
+    redis_options: Callable[[argparse.ArgumentParser], None],
+    late: argparse.ArgumentParser,
+    name: str,
+    **kw: Any,
+) -> CommandGroup:
+    """The command ``name`` (``add``: the main parser's subcommand factory; ``kw``: its help and
+    description) with ``redis_options``, its actions taking ``late`` after them."""
+    parser = add(name, **kw)
+    redis_options(parser)
+    sub = parser.add_subparsers(dest=f"{name}_command", required=True, parser_class=type(parser))
+    return CommandGroup(parser, WithParents(sub, [late]), late)
+
+
 def tls_of(args: argparse.Namespace) -> TlsFiles:
     """The TLS files the command was given (checked readable; never printed)."""
     files = TlsFiles(
@@ -483,13 +514,18 @@ def flow_client_of(args: argparse.Namespace, *, tenant_id: str | None = None) ->
     """The ``FlowClient`` a producer-side command's flags name (URL, queue, partitions, TLS)."""
     from plaita.flows.producer.client import FlowClient  # imported on use: most commands need no flows
 
+    return FlowClient.from_url(args.redis_url or DEFAULT_REDIS_URL, tenant_id=tenant_id, **producer_queue_of(args))
+
+
+def producer_queue_of(args: argparse.Namespace) -> QueueOptions:
+    """The queue a producer-side command's flags name (queue, partitions, TLS files), as
+    ``FlowClient.from_url`` and ``TaskClient.from_url`` take it."""
     tls = tls_of(args)
-    return FlowClient.from_url(
-        args.redis_url or DEFAULT_REDIS_URL,
-        queue_name=args.queue_name,
-        partitions=int(args.partitions),
-        tls_ca_file=tls.ca_file,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-        tenant_id=tenant_id,
-    )
+    options: QueueOptions = {
+        "queue_name": args.queue_name,
+        "partitions": int(args.partitions),
+        "tls_ca_file": tls.ca_file,
+        "tls_cert_file": tls.cert_file,
+        "tls_key_file": tls.key_file,
+    }
+    return options

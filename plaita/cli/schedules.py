@@ -11,30 +11,24 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from plaita.cli import schedule_control
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.options import WithParents, flow_client_of
+from plaita.cli.options import GroupMaker, flow_client_of
 
 if TYPE_CHECKING:
     from plaita.flows.model.definition import Flow
 
 
-def add_parsers(
-    add: Callable[..., argparse.ArgumentParser],
-    redis_options: Callable[[argparse.ArgumentParser], None],
-    late: argparse.ArgumentParser,
-) -> None:
-    sc = add(
+def add_parsers(group: GroupMaker) -> None:
+    sub = group(
         "schedules",
         help="list, pause, resume, trigger and backfill flow schedules",
         description="list | pause FLOW | resume FLOW | trigger FLOW | backfill FLOW --from ISO [--to ISO] "
         "(the Redis flags may follow the action too)",
-    )
-    redis_options(sc)
-    sub = WithParents(sc.add_subparsers(dest="schedules_command", required=True, parser_class=type(sc)), [late])
+    ).actions
     ls = sub.add_parser("list", help="each schedule: cron, time zone, policy, next tick, last execution")
     ls.add_argument("--flows", action="append", metavar="MODULE", default=[], help="also the schedules of MODULE")
     ls.add_argument("--json", action="store_true", help="print JSON")

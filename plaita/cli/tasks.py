@@ -9,28 +9,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.options import WithParents, tls_of
+from plaita.cli.options import GroupMaker, producer_queue_of
 from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import ConfigError, PlaitaError
 
 
-def add_parsers(
-    add: Callable[..., argparse.ArgumentParser],
-    redis_options: Callable[[argparse.ArgumentParser], None],
-    late: argparse.ArgumentParser,
-) -> None:
-    tp = add(
+def add_parsers(group: GroupMaker) -> None:
+    sub = group(
         "tasks",
         help="enqueue named tasks and read their results",
         description="enqueue NAME [--args JSON] [--kwargs JSON] | result TASK_ID [--timeout-s S] "
         "(named tasks: a worker runs them with --tasks MODULE)",
-    )
-    redis_options(tp)
-    sub = WithParents(tp.add_subparsers(dest="tasks_command", required=True, parser_class=type(tp)), [late])
+    ).actions
     en = sub.add_parser("enqueue", help="enqueue a call of the task NAME; prints its task id")
     en.add_argument("name", metavar="NAME")
     en.add_argument("--args", default="[]", help="positional arguments, a JSON array (default [])")
@@ -58,15 +51,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     from plaita.tasking.client import TaskClient
     from plaita.tasking.errors import TaskFailed, TaskResultTimeout, UnknownTaskResult
 
-    tls = tls_of(args)
-    client = TaskClient.from_url(
-        args.redis_url or DEFAULT_REDIS_URL,
-        queue_name=args.queue_name,
-        partitions=int(args.partitions),
-        tls_ca_file=tls.ca_file,
-        tls_cert_file=tls.cert_file,
-        tls_key_file=tls.key_file,
-    )
+    client = TaskClient.from_url(args.redis_url or DEFAULT_REDIS_URL, **producer_queue_of(args))
     try:
         if args.tasks_command == "enqueue":
             call_args = _json_arg("--args", args.args, list)

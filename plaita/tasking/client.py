@@ -11,14 +11,12 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
-from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
+from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL
 from plaita.errors import ConfigError
-from plaita.store.client import make_client
+from plaita.store.queue_access import QueueClient, QueueOptions, open_producer_queue
 from plaita.store.streams.delayed import due_ms_of
-from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 from plaita.store.task_store import task_store_of
 from plaita.tasking.errors import TaskFailed, TaskResultTimeout, UnknownTaskResult
@@ -28,57 +26,23 @@ from plaita.tasking.registry import NAMED_TYPE, task_name_of
 QUEUED_RECORD_TTL_S = 7 * 24 * 3600.0
 #: Polling interval of ``result``: it starts short and doubles up to this.
 RESULT_POLL_MAX_S = 0.1
-#: Socket timeout of a client ``from_url`` builds (a web request must not hang on a frozen server).
-PRODUCER_SOCKET_TIMEOUT_S = 5.0
 
 
-class TaskClient:
+class TaskClient(QueueClient):
     """Enqueue named tasks and read their results. ``TaskClient.from_url(url)`` builds its own
     queue (close it, or use ``with``); ``TaskClient(queue)`` uses a queue the caller owns."""
 
     def __init__(self, queue: StreamQueue) -> None:
-        self.queue = queue
+        super().__init__(queue)
         self.store = task_store_of(queue)
-        self._owns_queue = False
 
     @classmethod
-    def from_url(
-        cls,
-        url: str = DEFAULT_REDIS_URL,
-        *,
-        queue_name: str = DEFAULT_QUEUE_NAME,
-        partitions: int = 1,
-        tls_ca_file: str | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-        socket_timeout_s: float = PRODUCER_SOCKET_TIMEOUT_S,
-    ) -> TaskClient:
-        """A client of the queue at ``url``; ``queue_name`` and ``partitions`` must be the workers'.
+    def from_url(cls, url: str = DEFAULT_REDIS_URL, **options: Unpack[QueueOptions]) -> TaskClient:
+        """A client of the queue at ``url``; ``options`` (``queue_name`` and ``partitions``, which
+        must be the workers', ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``,
+        ``socket_timeout_s``) and their defaults: ``plaita.store.queue_access.open_producer_queue``.
         Connects lazily; ConfigError for a bad URL or an unreadable TLS file."""
-        settings = Settings(
-            redis_url=url,
-            queue_name=queue_name,
-            partitions=partitions,
-            tls_ca_file=tls_ca_file,
-            tls_cert_file=tls_cert_file,
-            tls_key_file=tls_key_file,
-        )
-        client = make_client(url, socket_timeout_s=socket_timeout_s, tls=settings.tls)
-        tasks = cls(open_queue(settings, client=client))
-        tasks._owns_queue = True
-        return tasks
-
-    def close(self) -> None:
-        if self._owns_queue:
-            self.queue.close()
-
-    def __enter__(self) -> TaskClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        return cls(open_producer_queue(url, **options)).owning()
 
     def enqueue(
         self,

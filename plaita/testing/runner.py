@@ -95,33 +95,31 @@ class FlowTestRunner:
         if self._service is None:
             if not self._flows:
                 raise ValueError("no flows to run: pass a Flow to start/run, or call load(module) first")
-            settings = Settings(
-                redis_url=self.redis_url,
-                queue_name=self.queue_name,
-                consumer_name=f"test-{secrets.token_hex(3)}",
-                concurrency=self.concurrency,
-                keeper_lease_ttl_s=KEEPER_LEASE_TTL_S,
-                reclaim_interval_s=RECLAIM_INTERVAL_S,
-                registry_ttl_s=5.0,
-                heartbeat_interval_s=1.0,
-            )
+            settings = self._settings(self.queue_name, "test", keeper_lease_ttl_s=KEEPER_LEASE_TTL_S)
             self._service = start_worker(settings, flows=list(self._flows.values()), keeper=True)
         return self._service
+
+    def _settings(self, queue_name: str, name_prefix: str, **more: Any) -> Settings:
+        """A kit worker's settings on ``queue_name``: a fresh consumer name, the runner's
+        concurrency, a short registry TTL and heartbeat (a test's fleet shows in seconds), and a
+        short reclaim pass (it moves delayed starts and tasks, and named tasks' retries, when due)."""
+        return Settings(
+            redis_url=self.redis_url,
+            queue_name=queue_name,
+            consumer_name=f"{name_prefix}-{secrets.token_hex(3)}",
+            concurrency=self.concurrency,
+            reclaim_interval_s=RECLAIM_INTERVAL_S,
+            registry_ttl_s=5.0,
+            heartbeat_interval_s=1.0,
+            **more,
+        )
 
     def load_tasks(self, tasks: TaskRegistry | str) -> TaskClient:
         """Run a named-task worker (``plaita worker --tasks``) for ``tasks`` (a registry, or a
         module name holding one) on ``tasks_queue``; returns the ``TaskClient`` of that queue."""
         if self._tasks_service is not None:
             raise ValueError("a task worker already runs: one registry per runner")
-        settings = Settings(
-            redis_url=self.redis_url,
-            queue_name=self.tasks_queue,
-            consumer_name=f"test-tasks-{secrets.token_hex(3)}",
-            concurrency=self.concurrency,
-            registry_ttl_s=5.0,
-            heartbeat_interval_s=1.0,
-        )
-        self._tasks_service = start_worker(settings, tasks=tasks)
+        self._tasks_service = start_worker(self._settings(self.tasks_queue, "test-tasks"), tasks=tasks)
         return self.task_client
 
     @property

@@ -3,23 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from plaita.store.stats import execution_counts
-from tests.flows.support import Harness, harness, start
+from tests.flows.support import Harness, start
 from tests.support.ops import plaita, plaita_json
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with harness(redis_url) as h:
-        yield h
 
 
 def suspend(h: Harness, eid: str, tenant: str | None = None) -> None:

@@ -6,6 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from plaita.config import Settings
+from plaita.flows.producer.client import FlowClient
+from plaita.store.streams.partitioned import open_queue
+from tests.support.lease_workers import QUEUE
 from tests.support.redis_cluster import NO_CLI_REASON, ClusterServers, ClusterUnavailable, redis_cli_missing
 
 
@@ -35,3 +39,15 @@ def clean_cluster(redis_cluster: ClusterServers) -> Iterator[ClusterServers]:
         yield redis_cluster
     finally:
         redis_cluster.close_clients()
+
+
+@pytest.fixture
+def cluster_flows(clean_cluster: ClusterServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[FlowClient]:
+    """A producer on the clean cluster's queue in 6 partitions (``flows.queue``), the test flows'
+    own client (``PLAITA_TEST_REDIS_URL``) pointed at the cluster too; the queue closed after."""
+    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
+    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
+    try:
+        yield FlowClient(q)
+    finally:
+        q.close()

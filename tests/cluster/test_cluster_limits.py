@@ -9,21 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from plaita.config import Settings
 from plaita.flows.producer.client import FlowClient
-from plaita.store.streams.partitioned import open_queue
-from tests.support.lease_workers import QUEUE, worker_proc
+from tests.support.lease_workers import worker_proc
 from tests.support.redis_cluster import ClusterServers
 
 pytestmark = pytest.mark.redis
 
 
 def test_max_concurrent_spans_every_partition_of_a_cluster(
-    clean_cluster: ClusterServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    clean_cluster: ClusterServers, tmp_path: Path, cluster_flows: FlowClient
 ) -> None:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
-    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
-    flows = FlowClient(q)
+    flows, q = cluster_flows, cluster_flows.queue
     args = ("--partitions", "6", "--flows", "tests.cluster.cluster_flows", "--read-block-ms", "200")
     with worker_proc(clean_cluster.url, tmp_path, "limits", *args, "--concurrency", "4") as w:
         eids = [flows.start("capped") for _ in range(12)]
@@ -39,4 +35,3 @@ def test_max_concurrent_spans_every_partition_of_a_cluster(
     client = clean_cluster.client()
     assert client.get("plaita:test:{capped}:max") == b"1"
     assert client.get("plaita:test:{capped}:running") == b"0"
-    q.close()

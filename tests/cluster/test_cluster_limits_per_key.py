@@ -9,22 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from plaita.config import Settings
 from plaita.flows import LimitControl
 from plaita.flows.producer.client import FlowClient
-from plaita.store.streams.partitioned import open_queue
-from tests.support.lease_workers import QUEUE, wait_for, worker_proc
+from tests.support.lease_workers import wait_for, worker_proc
 from tests.support.redis_cluster import ClusterServers
 
 pytestmark = pytest.mark.redis
 
 
 def test_per_key_concurrency_and_a_run_time_raise_on_a_cluster(
-    clean_cluster: ClusterServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    clean_cluster: ClusterServers, tmp_path: Path, cluster_flows: FlowClient
 ) -> None:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
-    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
-    flows = FlowClient(q)
+    flows, q = cluster_flows, cluster_flows.queue
     control = LimitControl(flows)
     client = clean_cluster.client()
 
@@ -51,4 +47,3 @@ def test_per_key_concurrency_and_a_run_time_raise_on_a_cluster(
     assert count("max", "c:1") == 1 and count("max", "c:3") == 3
     assert counters.get("handed_back", 0) == 0
     assert waiting() == 0
-    q.close()

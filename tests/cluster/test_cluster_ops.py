@@ -60,11 +60,9 @@ def test_admin_commands_and_remote_control_on_a_cluster(clean_cluster: ClusterSe
 
 
 def test_a_flow_runs_on_a_cluster_with_staged_writes_in_its_slot(
-    clean_cluster: ClusterServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    clean_cluster: ClusterServers, tmp_path: Path, cluster_flows: FlowClient
 ) -> None:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
-    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
-    flows = FlowClient(q)
+    flows, q = cluster_flows, cluster_flows.queue
     args = ("--partitions", PARTITIONS, "--flows", "tests.cluster.cluster_flows", "--read-block-ms", "200")
     with worker_proc(clean_cluster.url, tmp_path, "flows", *args) as w:
         eids = [flows.start("tally", {"n": i}) for i in range(6)]
@@ -82,7 +80,6 @@ def test_a_flow_runs_on_a_cluster_with_staged_writes_in_its_slot(
     listed = plaita(clean_cluster, "executions", "list", "--status", "completed", "--json")
     assert listed.returncode == 0, listed.stderr
     assert {d["execution_id"] for d in json.loads(listed.stdout)} == {*eids, again}
-    q.close()
 
 
 def test_the_keeper_times_out_suspensions_on_every_partition(clean_cluster: ClusterServers, tmp_path: Path) -> None:
@@ -115,13 +112,11 @@ def test_the_keeper_times_out_suspensions_on_every_partition(clean_cluster: Clus
 
 
 def test_a_fan_out_joins_across_masters_without_cross_slot_calls(
-    clean_cluster: ClusterServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    clean_cluster: ClusterServers, tmp_path: Path, cluster_flows: FlowClient
 ) -> None:
     """40 children of one parent land on the partitions of every master; each child's end is
     recorded in the parent's slot (one key per call): the parent joins once, results in order."""
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", clean_cluster.url)
-    q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, consumer_name="p", partitions=6))
-    flows = FlowClient(q)
+    flows, q = cluster_flows, cluster_flows.queue
     args = ("--partitions", PARTITIONS, "--flows", "tests.cluster.cluster_flows", "--read-block-ms", "200",
             "--concurrency", "4")  # fmt: skip
     with worker_proc(clean_cluster.url, tmp_path, "fan", *args) as w:
@@ -137,4 +132,3 @@ def test_a_fan_out_joins_across_masters_without_cross_slot_calls(
     assert client.get(f"plaita:test:joined:{parent}:{q.keyspace.slot_tag(parent)}") == b"1"
     for k in kids:
         assert client.get(f"plaita:test:tally:{k}:{q.keyspace.slot_tag(k)}") == b"2"  # each step once
-    q.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -15,7 +14,7 @@ from plaita.dashboard.executions import LIST_ROWS, SCAN_PAGE
 from plaita.store.acl import ADMIN_ACL_RULES, DASHBOARD_READ_ACL_RULES, setuser_command
 from plaita.store.keyspace import DEFAULT
 from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, csrf_of, login, plant, sample
-from tests.flows.support import Harness, harness, start
+from tests.flows.support import Harness, start
 from tests.support.ops import QUEUE
 from tests.support.redis_server import RedisServer
 
@@ -24,14 +23,6 @@ pytestmark = pytest.mark.redis
 HOSTILE_FLOW = "<script>alert('flow')</script>"
 HOSTILE_ERROR = "<img src=x onerror=alert('err')>"
 HOSTILE_ID = 'e/<b>&"1'
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    """The real flow engine over the test flows, fed tasks by hand (the tests' worker)."""
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with harness(redis_url) as h:
-        yield h
 
 
 def _ids(page: str) -> list[str]:

@@ -7,7 +7,6 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -19,7 +18,7 @@ from plaita.store.client import make_client
 from plaita.store.keyspace import DEFAULT, Keyspace
 from tests.dashboard.conftest import MakeDashboard, plant, sample
 from tests.flows import msgdefs
-from tests.flows.support import Harness, start
+from tests.flows.support import Harness, harness, start
 from tests.ops.test_starts_waiting import park
 from tests.support.ops import QUEUE
 from tests.support.redis_server import free_port
@@ -162,21 +161,8 @@ class TestListing:
 
 @pytest.fixture
 def h(redis_url: str) -> Iterator[Harness]:
-    harness = Harness(redis_url, flows=msgdefs.FLOWS)
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
-def _deliver(h: Harness, seen: list[str]) -> dict[str, Any] | None:
-    doc = None
-    for mid, fields in h.client.xrange(h.queue.stream):
-        text = mid.decode() if isinstance(mid, bytes) else mid
-        if text not in seen:
-            seen.append(text)
-            doc = h.run(json.loads(fields[b"payload"]), message_id=text)
-    return doc
+    with harness(redis_url, flows=msgdefs.FLOWS) as opened:
+        yield opened
 
 
 def test_a_steps_timeline_names_the_message_and_the_resume_it_consumed(
@@ -186,7 +172,7 @@ def test_a_steps_timeline_names_the_message_and_the_resume_it_consumed(
     h.run(start("m1", "msg-inbox", gate=True))
     h.flows.send("m1", "t", {"n": 1}, idempotency_key="first")  # kept: the execution waits for "go"
     h.flows.resume("m1", "event", {"go": 1}, resume_id="go-1", wait_for="go")
-    doc = _deliver(h, seen)
+    doc = h.deliver(seen)
     assert doc is not None and doc["state"]["got"] == [{"n": 1}]
     timeline = make_dashboard().get("/executions/m1").text.split('id="timeline"')[1]
     rows = timeline.split("<tr class=")[1:]

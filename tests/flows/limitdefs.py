@@ -22,6 +22,12 @@ return n
 """
 
 
+def suspend_once(ctx: StepContext) -> Any:
+    """A step that waits for one resume, then passes: its execution holds its slot (or its key's)
+    until the test resumes it."""
+    return ctx.suspend() if ctx.resume is None else None
+
+
 def running_key(flow_id: str) -> str:
     return f"plaita:test:limit:running:{flow_id}"
 

@@ -13,6 +13,7 @@ import redis
 from plaita.flows import FlowRunner
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
+from plaita.store.executions.flow_limits import FlowLimitStore
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
 from plaita.store.streams.queue import StreamQueue
@@ -52,9 +53,25 @@ class Harness:
             self.leases.release(lease)
         return self.store.of(task).get(task.execution_id)
 
+    def deliver(self, seen: list[str]) -> dict[str, Any] | None:
+        """Run every task on the stream but the ids in ``seen`` (the ones delivered already; the
+        new ones are added), in order, as a worker reads them; the document after the last."""
+        doc = None
+        for mid, fields in self.client.xrange(self.queue.stream):
+            text = mid.decode() if isinstance(mid, bytes) else mid
+            if text not in seen:
+                seen.append(text)
+                doc = self.run(json.loads(fields[b"payload"]), message_id=text)
+        return doc
+
     def close(self) -> None:
         self.runner.close()
         self.client.close()
+
+
+def limits(h: Harness) -> FlowLimitStore:
+    """The fleet-wide limit records (slots, rates, overrides) of ``h``'s flows."""
+    return FlowLimitStore(h.client, h.store.ks)
 
 
 @contextmanager

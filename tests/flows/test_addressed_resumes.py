@@ -14,7 +14,7 @@ from plaita.errors import BadTaskError
 from plaita.flows.model.inbox import MAX_PARKED
 from plaita.flows.producer.client import NotResumable
 from tests.flows import waitdefs
-from tests.flows.support import Harness, resume, start
+from tests.flows.support import Harness, harness, resume, start
 from tests.flows.test_cli import plaita
 
 pytestmark = pytest.mark.redis
@@ -24,11 +24,8 @@ PAYMENT = {"amount": 42}
 
 @pytest.fixture
 def h(redis_url: str) -> Iterator[Harness]:
-    harness = Harness(redis_url, flows=waitdefs.FLOWS)
-    try:
-        yield harness
-    finally:
-        harness.close()
+    with harness(redis_url, flows=waitdefs.FLOWS) as opened:
+        yield opened
 
 
 def _payment(eid: str, rid: str = "pay-1") -> dict[str, object]:

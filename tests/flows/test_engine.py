@@ -6,7 +6,6 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,13 +20,6 @@ from tests.flows.support import Harness, harness, ledgers, resume, start
 pytestmark = pytest.mark.redis
 
 STEPS = ["one", "two", "three"]
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with harness(redis_url) as h:
-        yield h
 
 
 def test_three_steps_complete_with_state_history_and_index(h: Harness) -> None:

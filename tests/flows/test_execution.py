@@ -81,12 +81,13 @@ def test_a_new_execution_has_exactly_the_stored_fields() -> None:
 
 def test_a_start_creates_the_started_execution_and_its_document_with_a_childs_parent() -> None:
     parent = {"execution_id": "p1", "spawn": "s", "index": 0}
-    execution, text = Execution.created(
+    execution = Execution.start(
         "e1", make_flow(), {"p": 1}, dedup_key="d", now_s=100.0, deadline_at=160.0, parent=parent
     )
+    text = execution.encode()
     assert execution.status == "running" and execution.step == "one" and execution.deadline_at == 160.0
     assert json.loads(text) == execution.to_doc() and json.loads(text)["parent"] == parent
-    alone, _ = Execution.created("e2", make_flow(), {}, dedup_key=None, now_s=100.0, deadline_at=None, parent=None)
+    alone = Execution.start("e2", make_flow(), {}, dedup_key=None, now_s=100.0, deadline_at=None, parent=None)
     assert "parent" not in alone.to_doc()
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from plaita.store.leases import Lease, LeaseManager
 from plaita.store.streams.partitioned import keyspace_of, open_queue
 from plaita.store.streams.queue import StreamQueue
 from tests.flows import flowdefs
-from tests.flows.support import Harness, harness, resume, start
+from tests.flows.support import Harness, resume, start
 from tests.support.lease_workers import QUEUE
 
 pytestmark = pytest.mark.redis
@@ -41,13 +40,6 @@ FAST = KeeperSettings(interval_s=0.1, orphan_grace_s=0.0, lease_ttl_s=2.0, retry
 DRY = KeeperSettings(interval_s=0.1, orphan_grace_s=0.0, lease_ttl_s=2.0, dry_run=True)
 DEADLINES = "plaita:executions:deadlines"
 RUNNING = "plaita:executions:status:running"
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with harness(redis_url) as h:
-        yield h
 
 
 class Clock:

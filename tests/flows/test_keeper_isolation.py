@@ -12,7 +12,6 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,7 +22,7 @@ from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
 from plaita.store.executions.schedule_store import SCHEDULES_KEY, schedule_key
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import TENANTS_KEY
-from tests.flows.support import Harness, harness, start
+from tests.flows.support import Harness, start
 from tests.flows.test_schedules import T0
 from tests.flows.test_tenants import _orphan
 from tests.support.lease_workers import QUEUE, ROOT, worker_env
@@ -32,13 +31,6 @@ pytestmark = pytest.mark.redis
 
 FAST = KeeperSettings(interval_s=0.1, orphan_grace_s=0.0, lease_ttl_s=2.0, retry_cooldown_s=60)
 NEVER = ("0 0 30 2 *", "0 0 31 4 *", "0 0 31 2 * 0")
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with harness(redis_url) as h:
-        yield h
 
 
 def scheduled(flow_id: str, cron: str = "*/5 * * * *") -> Flow:

@@ -27,7 +27,7 @@ from plaita.store.executions.keeper_store import UNCLAIM_DEADLINES
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.streams.partitioned import keyspace_of
 from plaita.store.streams.queue import StreamQueue
-from tests.flows.support import Harness, harness, start
+from tests.flows.support import Harness, start
 from tests.support.lease_workers import QUEUE
 from tests.support.workers import wait_for
 
@@ -53,13 +53,6 @@ class Faulty(redis.Redis):
             self.unclaim_failures -= 1
             raise redis.ConnectionError("test: connection cut during the take-back")
         return super().execute_command(*args, **options)
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    with harness(redis_url) as h:
-        yield h
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ dead holder's slot, expiry, the start rate, and the Flow options' validation."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,19 +13,16 @@ import redis
 from plaita.errors import ConfigError, NotForThisWorker
 from plaita.flows import Flow, StepContext
 from plaita.flows.runner.limits import WAIT_MAX_S
-from plaita.store.executions.flow_limits import FULL, RATE_LIMITED, TAKEN, FlowLimitStore, limit_keys
+from plaita.store.executions.flow_limits import FULL, RATE_LIMITED, TAKEN, limit_keys
 from plaita.store.keyspace import DEFAULT, Keyspace, hash_tag
-from tests.flows.support import Harness, start
+from tests.flows.limitdefs import suspend_once
+from tests.flows.support import Harness, harness, limits, start
 from tests.support.lease_workers import wait_for
 
 pytestmark = pytest.mark.redis
 
 gate = Flow("gate", max_concurrent=1)
-
-
-@gate.step
-def wait_here(ctx: StepContext) -> Any:
-    return ctx.suspend() if ctx.resume is None else None
+gate.step(name="wait_here")(suspend_once)
 
 
 @gate.step
@@ -33,19 +31,11 @@ def done(ctx: StepContext) -> str:
 
 
 rare = Flow("rare", max_starts_per_s=0.01)  # one start, then none for 100 s
-
-
-@rare.step
-def pause(ctx: StepContext) -> Any:
-    return ctx.suspend() if ctx.resume is None else None
+rare.step(name="pause")(suspend_once)
 
 
 both = Flow("both", max_concurrent=5, max_starts_per_s=0.01)  # a slot, and one start per 100 s
-
-
-@both.step
-def hold(ctx: StepContext) -> Any:
-    return ctx.suspend() if ctx.resume is None else None
+both.step(name="hold")(suspend_once)
 
 
 @both.step
@@ -54,14 +44,9 @@ def finish(ctx: StepContext) -> str:
 
 
 @pytest.fixture
-def h(redis_url: str) -> Any:
-    harness = Harness(redis_url, flows=[gate, rare, both], slot_ttl_s=30.0)
-    yield harness
-    harness.close()
-
-
-def limits(h: Harness) -> FlowLimitStore:
-    return FlowLimitStore(h.client, h.store.ks)
+def h(redis_url: str) -> Iterator[Harness]:
+    with harness(redis_url, flows=[gate, rare, both], slot_ttl_s=30.0) as opened:
+        yield opened
 
 
 def take(h: Harness, flow_id: str, eid: str, token: str, ttl_s: float = 30.0) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,18 +15,15 @@ import redis
 
 from plaita.errors import ConfigError, NotForThisWorker
 from plaita.flows import Flow, StepContext
-from plaita.store.executions.flow_limits import FULL, PARKED, RATE_LIMITED, TAKEN, FlowLimitStore, flow_keys
-from tests.flows.support import Harness, start
+from plaita.store.executions.flow_limits import FULL, PARKED, RATE_LIMITED, TAKEN, flow_keys
+from tests.flows.limitdefs import suspend_once
+from tests.flows.support import Harness, harness, limits, start
 from tests.support.lease_workers import wait_for
 
 pytestmark = pytest.mark.redis
 
 line = Flow("line", max_concurrent=1)
-
-
-@line.step
-def wait_here(ctx: StepContext) -> Any:
-    return ctx.suspend() if ctx.resume is None else None
+line.step(name="wait_here")(suspend_once)
 
 
 windowed = Flow("windowed", rate_limit=(3, 60.0))
@@ -37,14 +35,9 @@ def only(ctx: StepContext) -> str:
 
 
 @pytest.fixture
-def h(redis_url: str) -> Any:
-    harness = Harness(redis_url, flows=[line, windowed], slot_ttl_s=30.0)
-    yield harness
-    harness.close()
-
-
-def limits(h: Harness) -> FlowLimitStore:
-    return FlowLimitStore(h.client, h.store.ks)
+def h(redis_url: str) -> Iterator[Harness]:
+    with harness(redis_url, flows=[line, windowed], slot_ttl_s=30.0) as opened:
+        yield opened
 
 
 def promoted(h: Harness) -> list[dict[str, Any]]:

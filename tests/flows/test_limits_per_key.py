@@ -7,24 +7,25 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from plaita.errors import BadTaskError, ConfigError, NotForThisWorker
-from plaita.flows import Flow, LimitControl, StepContext
+from plaita.flows import Flow, LimitControl
 from plaita.flows.producer.client import FlowClient
 from plaita.store.executions.flow_limits import (
     FULL,
     KEY_NAME_MAX,
     RATE_LIMITED,
     TAKEN,
-    FlowLimitStore,
     flow_keys,
     key_scope,
 )
 from plaita.store.keyspace import Keyspace, hash_tag
-from tests.flows.support import Harness, resume, start
+from tests.flows.limitdefs import suspend_once
+from tests.flows.support import Harness, harness, limits, resume, start
 from tests.support.lease_workers import wait_for
 
 pytestmark = pytest.mark.redis
@@ -32,32 +33,15 @@ pytestmark = pytest.mark.redis
 charge = Flow("charge", max_concurrent_per_key=1, concurrency_key="customer_id")
 by_account = Flow("by_account", max_concurrent_per_key=2, concurrency_key=lambda p: p["account"]["id"])
 tunable = Flow("tunable", max_concurrent=1)
-
-
-@charge.step
-def wait_here(ctx: StepContext) -> Any:
-    return ctx.suspend() if ctx.resume is None else None
-
-
-@by_account.step
-def account_step(ctx: StepContext) -> Any:
-    return ctx.suspend() if ctx.resume is None else None
-
-
-@tunable.step
-def tune_step(ctx: StepContext) -> Any:
-    return ctx.suspend() if ctx.resume is None else None
+charge.step(name="wait_here")(suspend_once)
+by_account.step(name="account_step")(suspend_once)
+tunable.step(name="tune_step")(suspend_once)
 
 
 @pytest.fixture
-def h(redis_url: str) -> Any:
-    harness = Harness(redis_url, flows=[charge, by_account, tunable], slot_ttl_s=30.0)
-    yield harness
-    harness.close()
-
-
-def limits(h: Harness) -> FlowLimitStore:
-    return FlowLimitStore(h.client, h.store.ks)
+def h(redis_url: str) -> Iterator[Harness]:
+    with harness(redis_url, flows=[charge, by_account, tunable], slot_ttl_s=30.0) as opened:
+        yield opened
 
 
 def hold(h: Harness, flow_id: str, member: str, *, limit: int = 1, key: str | None = None, ttl_s: float = 30) -> int:

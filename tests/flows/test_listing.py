@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -19,16 +18,6 @@ from plaita.flows.producer.listing import list_executions
 from tests.flows.support import Harness, start
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    harness = Harness(redis_url)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def ids(page: ExecutionPage) -> list[str]:

@@ -19,7 +19,7 @@ from plaita.flows.model.context import Receiving, Resume, StepContext
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient, NotResumable
 from plaita.testing import step_context
 from tests.flows import msgdefs
-from tests.flows.support import Harness, resume, start
+from tests.flows.support import Harness, harness, resume, start
 from tests.flows.test_cli import plaita
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, QUEUE, wait_for, worker_proc
 from tests.support.redis_server import RedisServer
@@ -31,29 +31,13 @@ WORKER_ARGS = ("--flows", "tests.flows.msgdefs", *FAST_RECLAIM_ARGS)
 
 @pytest.fixture
 def h(redis_url: str) -> Iterator[Harness]:
-    harness = Harness(redis_url, flows=msgdefs.FLOWS)
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
-def _deliver(h: Harness, after: list[str]) -> dict[str, Any] | None:
-    """Run every task on the stream after the ids in ``after`` (the ones delivered already), in
-    order, as a worker reads them; the execution's document after the last."""
-    doc = None
-    for mid, fields in h.client.xrange(h.queue.stream):
-        text = mid.decode() if isinstance(mid, bytes) else mid
-        if text in after:
-            continue
-        after.append(text)
-        doc = h.run(json.loads(fields[b"payload"]), message_id=text)
-    return doc
+    with harness(redis_url, flows=msgdefs.FLOWS) as opened:
+        yield opened
 
 
 def _send(h: Harness, seen: list[str], eid: str, data: Any, key: str | None = None) -> dict[str, Any] | None:
     h.flows.send(eid, "t", data, idempotency_key=key)
-    return _deliver(h, seen)
+    return h.deliver(seen)
 
 
 def test_three_messages_sent_while_it_waits_arrive_in_order(h: Harness) -> None:
@@ -119,7 +103,7 @@ def test_a_send_to_an_ended_or_unknown_execution_is_refused(h: Harness) -> None:
             h.flows.send("m5", bad, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="idempotency_key"):
         h.flows.send("m5", "t", 1, idempotency_key="")
-    assert _deliver(h, seen) is None  # nothing was enqueued by the refused sends
+    assert h.deliver(seen) is None  # nothing was enqueued by the refused sends
 
 
 def test_a_send_reaches_only_its_tenants_execution(h: Harness) -> None:
@@ -130,7 +114,7 @@ def test_a_send_reaches_only_its_tenants_execution(h: Harness) -> None:
     acme = h.flows.for_tenant("acme")
     for n in (1, 2, 3):
         acme.send("m6", "t", n)
-        doc = _deliver(h, seen)
+        doc = h.deliver(seen)
     assert doc is not None and doc["results"]["collect"] == {"got": [1, 2, 3]}
     assert acme.get("m6")["status"] == "completed"  # type: ignore[index]
 
@@ -142,7 +126,7 @@ def test_the_cli_sends_a_message(redis_url: str, h: Harness) -> None:
     for _ in range(2):
         r = plaita(redis_url, *args)
         assert r.returncode == 0, r.stderr
-    doc = _deliver(h, seen)
+    doc = h.deliver(seen)
     assert doc is not None and [e["data"] for e in doc["inbox"]] == [{"a": 1}]
     r = plaita(redis_url, "executions", "send", "nope", "t", "--data", "1")
     assert r.returncode == 1 and "no execution 'nope'" in r.stderr and "Traceback" not in r.stderr

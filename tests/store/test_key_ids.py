@@ -8,8 +8,6 @@ Redis tests replay each aliasing the issue found (each failed on the layout befo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -103,16 +101,6 @@ def test_plain_ids_keep_the_original_bytes_and_colon_ids_are_escaped() -> None:
 
 
 # -- each aliasing of the issue, on a real server ---------------------------------------------------
-
-
-@pytest.fixture
-def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("PLAITA_TEST_REDIS_URL", redis_url)
-    harness = Harness(redis_url)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 @pytest.mark.redis

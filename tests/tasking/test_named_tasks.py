@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,6 +33,7 @@ from plaita.tasking.registry import TaskDef, parse_call
 from plaita.tasks import validate_body
 from plaita.testing import TestClock
 from tests.support import named_tasks
+from tests.support.ops import wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -54,17 +55,6 @@ def _settings(redis_url: str, **changes: Any) -> Settings:
         "reclaim_interval_s": 0.1,
     }
     return Settings(**{**values, **changes})
-
-
-def _poll(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -104,9 +94,9 @@ def test_a_body_whose_type_is_a_task_name_runs_it_with_the_body_as_kwargs(
 ) -> None:
     """``{"type": "send_email", ...}`` used to go to the DLQ; a --tasks worker runs the task of that name."""
     client.queue.enqueue({"type": "send_email", "to": "ann@example.com", "subject": "hi", "task_id": "t-1"})
-    _poll(lambda: named_tasks.CALLS.get("send_email"), "send_email to run")
+    wait_until(lambda: named_tasks.CALLS.get("send_email"), WAIT_S, "send_email to run")
     assert named_tasks.CALLS["send_email"][0][1] == {"to": "ann@example.com", "subject": "hi"}
-    assert _poll(lambda: _result_or_none(client, "t-1"), "its result") == {"sent_to": "ann@example.com"}
+    assert wait_until(lambda: _result_or_none(client, "t-1"), WAIT_S, "its result") == {"sent_to": "ann@example.com"}
     assert _dead_letters(redis_url) == []
 
 
@@ -122,7 +112,9 @@ def test_an_unknown_task_name_goes_to_the_dlq_saying_so(worker: Any, client: Tas
     client.queue.enqueue({"type": "no_such_type", "x": 1})
     with pytest.raises(TaskFailed, match="BadTaskError: no task named 'no_such_task'"):
         client.result(unknown, timeout_s=WAIT_S)  # its producer hears why at once
-    dead = _poll(lambda: len(_dead_letters(redis_url)) == 2 and _dead_letters(redis_url), "two dead letters")
+    dead = wait_until(
+        lambda: len(_dead_letters(redis_url)) == 2 and _dead_letters(redis_url), WAIT_S, "two dead letters"
+    )
     reasons = sorted(d["reason"] for d in dead)
     assert reasons[0].startswith("no task named 'no_such_task' in this worker's registry (it has: add, ")
     assert reasons[1].startswith("no task named 'no_such_type'")
@@ -143,7 +135,7 @@ def test_a_failing_task_is_retried_with_backoff_then_dead_lettered_with_its_erro
     assert len(times) == 3  # the first attempt and retries=2
     # backoff_s=0.4, doubled: the waits are at least 0.4 and 0.8 s (jitter only adds).
     assert times[1] - times[0] >= 0.4 and times[2] - times[1] >= 0.8
-    dead = _poll(lambda: _dead_letters(redis_url), "the dead letter")
+    dead = wait_until(lambda: _dead_letters(redis_url), WAIT_S, "the dead letter")
     assert len(dead) == 1
     assert dead[0]["reason"] == "task 'always_fails' failed after 3 attempt(s): RuntimeError: boom 3"
     assert dead[0]["payload"]["attempt"] == 3 and dead[0]["payload"]["task_id"] == task_id
@@ -154,7 +146,7 @@ def test_a_retry_holds_no_worker_slot_while_it_waits(redis_url: str, client: Tas
     named_tasks.CALLS.clear()
     with start_worker(_settings(redis_url, concurrency=1), tasks=MODULE):
         failing = client.enqueue("always_fails", ["k2"])
-        _poll(lambda: named_tasks.CALLS.get("always_fails:k2"), "the first attempt")
+        wait_until(lambda: named_tasks.CALLS.get("always_fails:k2"), WAIT_S, "the first attempt")
         other = client.enqueue("add", [1, 1])
         assert client.result(other, timeout_s=WAIT_S) == 2
         # It finished before the failing task's first retry was due (0.4 s after its first attempt).
@@ -173,7 +165,7 @@ def test_a_retry_waits_in_the_delayed_set_until_due_on_the_test_clock(redis_url:
         TaskClient.from_url(redis_url, queue_name=QUEUE) as client,
     ):
         task_id = client.enqueue("fails_then_waits_an_hour", ["tc"])
-        _poll(lambda: delayed_count(rclient, [QUEUE]) == 1, "the retry in the delayed set")
+        wait_until(lambda: delayed_count(rclient, [QUEUE]) == 1, WAIT_S, "the retry in the delayed set")
         [(_, due_ms)] = rclient.zrange(delayed_key(QUEUE), 0, -1, withscores=True)
         assert due_ms >= (clock() + 3500) * 1000  # an hour ahead (the clock has not moved)
         assert len(named_tasks.CALLS["fails_then_waits_an_hour:tc"]) == 1
@@ -189,7 +181,7 @@ def test_a_flaky_task_succeeds_on_its_retry_and_bad_input_is_not_retried(
     refused = client.enqueue("refuses", [7])
     with pytest.raises(TaskFailed, match="BadTaskError: cannot use 7"):
         client.result(refused, timeout_s=WAIT_S)
-    dead = _poll(lambda: _dead_letters(redis_url), "the refused task's dead letter")
+    dead = wait_until(lambda: _dead_letters(redis_url), WAIT_S, "the refused task's dead letter")
     assert [d["reason"] for d in dead] == ["cannot use 7"]
 
 
@@ -200,13 +192,13 @@ def test_a_result_expires_after_its_ttl_and_unknown_ids_say_so(
     task_id = client.enqueue("short_lived")
     assert client.result(task_id, timeout_s=WAIT_S) == "gone soon"
     assert 0 < rclient.pttl(f"{QUEUE}:result:{task_id}") <= 1000
-    _poll(lambda: _result_or_none(client, task_id) is None, "the result to expire")
+    wait_until(lambda: _result_or_none(client, task_id) is None, WAIT_S, "the result to expire")
     with pytest.raises(UnknownTaskResult, match="no record of task 'never-enqueued'"):
         client.result("never-enqueued", timeout_s=5)
     # A task that keeps no result: its record goes once it ran.
     quiet = client.enqueue("fire_and_forget", [3])
-    _poll(lambda: named_tasks.CALLS.get("fire_and_forget"), "fire_and_forget to run")
-    _poll(lambda: rclient.exists(f"{QUEUE}:result:{quiet}") == 0, "its record to go")
+    wait_until(lambda: named_tasks.CALLS.get("fire_and_forget"), WAIT_S, "fire_and_forget to run")
+    wait_until(lambda: rclient.exists(f"{QUEUE}:result:{quiet}") == 0, WAIT_S, "its record to go")
 
 
 def test_result_waits_at_most_its_timeout(worker: Any, client: TaskClient) -> None:

@@ -11,7 +11,8 @@ from plaita import start_worker
 from plaita.cli.dev import tasks_flags
 from plaita.cli.main import main
 from plaita.ops.service import WorkerService
-from tests.tasking.test_named_tasks import MODULE, QUEUE, WAIT_S, _poll, _settings
+from tests.support.ops import wait_until
+from tests.tasking.test_named_tasks import MODULE, QUEUE, WAIT_S, _settings
 
 pytestmark = pytest.mark.redis
 
@@ -81,7 +82,7 @@ def test_plaita_enqueue_takes_a_named_task_body_and_still_checks_every_body(
     assert enqueue('{"type": "send_email", "to": "later", "task_id": "cli-later"}', "--delay-s", "0.2") == (0, "")
     for task_id, to in (("cli-now", "now"), ("cli-later", "later")):
         # No "queued" record (only TaskClient writes one): "unknown" until the worker ran it.
-        ran = _poll(lambda t=task_id: _ran(capsys, redis_url, t), f"{task_id}'s result")
+        ran = wait_until(lambda t=task_id: _ran(capsys, redis_url, t), WAIT_S, f"{task_id}'s result")
         assert json.loads(ran)["value"] == {"sent_to": to}
     for body, reason in (
         ('{"type": "task", "task": "add", "args": {"a": 1}}', "'args' must be a JSON array"),

@@ -100,8 +100,10 @@ class Execution:
         dedup_key: str | None,
         now_s: float,
         deadline_at: float | None = None,
+        parent: dict[str, Any] | None = None,
     ) -> Execution:
-        """A new execution of ``flow``, running, at its first step (cancelled past ``deadline_at``)."""
+        """A new execution of ``flow``, running, at its first step (cancelled past ``deadline_at``):
+        what a start task creates; a child's ``parent`` is kept in it, to tell it when it ends."""
         queued = cls.queued(execution_id, flow.flow_id, params, dedup_key=dedup_key, version=None, now_s=now_s)
         return replace(
             queued,
@@ -111,26 +113,8 @@ class Execution:
             status="running",
             step=flow.steps[0].name,
             deadline_at=deadline_at,
+            extra={} if parent is None else {"parent": parent},
         )
-
-    @classmethod
-    def created(
-        cls,
-        execution_id: str,
-        flow: Flow,
-        params: dict[str, Any],
-        *,
-        dedup_key: str | None,
-        now_s: float,
-        deadline_at: float | None,
-        parent: dict[str, Any] | None,
-    ) -> tuple[Execution, str]:
-        """What a start task creates: its new execution (``start``; a child's ``parent`` kept
-        in it, to tell it when it ends) and that execution's document, in one call."""
-        execution = cls.start(execution_id, flow, params, dedup_key=dedup_key, now_s=now_s, deadline_at=deadline_at)
-        if parent is not None:
-            execution = replace(execution, extra={"parent": parent})
-        return execution, execution.encode()
 
     @classmethod
     def queued(

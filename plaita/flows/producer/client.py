@@ -17,11 +17,10 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from plaita.clock import wall_s
-from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL, Settings
+from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import PlaitaError
 from plaita.flows import retention
 from plaita.flows.fork import NotForkable as NotForkable
@@ -30,23 +29,19 @@ from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.validate import check_deadline_s, check_wait_name, require_json
 from plaita.flows.producer.cancel import CancelOutcome, request_cancel
-from plaita.flows.producer.listing import ExecutionPage, StepRow, list_executions, steps_of, stores_of
+from plaita.flows.producer.listing import ExecutionPage, ListFilters, StepRow, list_executions, steps_of, stores_of
 from plaita.flows.retention import Deleted
 from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
-from plaita.store.client import make_client
 from plaita.store.executions.store import QUEUED, TERMINAL, ExecutionStore
+from plaita.store.queue_access import QueueClient, QueueOptions, open_producer_queue
 from plaita.store.streams.delayed import delayed_member, due_ms_of, new_member_id
-from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 
 #: Polling interval of ``wait`` (bounded: the wait has a timeout).
 WAIT_POLL_S = 0.05
-#: Socket timeout of a client ``from_url`` builds: a producer call to a frozen server fails in
-#: seconds (a web request must not hang on it), where a worker's own timeout is longer.
-PRODUCER_SOCKET_TIMEOUT_S = 5.0
 
 
 class ExecutionNotFound(PlaitaError):
@@ -95,7 +90,7 @@ class WaitTimeout(PlaitaError):
     retryable = True
 
 
-class FlowClient:
+class FlowClient(QueueClient):
     """Producer side of executions over one stream."""
 
     def __init__(
@@ -103,13 +98,11 @@ class FlowClient:
     ) -> None:
         """``tenant_id``: every call is about that tenant's executions (None: the default tenant's);
         ValueError for an invalid one (``plaita.tasks.TENANT_ID``)."""
-        self.queue = queue
+        super().__init__(queue)
         store = store if store is not None else ExecutionStore.sharing(queue)
         self.store = store.for_tenant(tenant_id)
         #: The tenant of this client's executions ("" = the default tenant).
         self.tenant_id = self.store.ks.tenant
-        #: Whether ``close`` releases the queue's connections (only those ``from_url`` opened).
-        self._owns_queue = False
 
     def for_tenant(self, tenant_id: str | None) -> FlowClient:
         """A client of ``tenant_id``'s executions on the same queue and connections (closing it
@@ -118,46 +111,16 @@ class FlowClient:
 
     @classmethod
     def from_url(
-        cls,
-        url: str = DEFAULT_REDIS_URL,
-        *,
-        queue_name: str = DEFAULT_QUEUE_NAME,
-        partitions: int = 1,
-        tls_ca_file: str | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-        socket_timeout_s: float = PRODUCER_SOCKET_TIMEOUT_S,
-        tenant_id: str | None = None,
+        cls, url: str = DEFAULT_REDIS_URL, *, tenant_id: str | None = None, **options: Unpack[QueueOptions]
     ) -> FlowClient:
         """A client over the queue at ``url`` (``redis://``, ``rediss://``, ``redis+sentinel://``,
-        ``redis+cluster://``); ``queue_name`` and ``partitions`` must be the workers'; ``tenant_id``
-        as in the constructor (``for_tenant`` gives the other tenants' clients on the same connections). Connects
-        lazily (never raises for Redis down); ConfigError for a bad URL or an unreadable TLS file."""
-        settings = Settings(
-            redis_url=url,
-            queue_name=queue_name,
-            partitions=partitions,
-            tls_ca_file=tls_ca_file,
-            tls_cert_file=tls_cert_file,
-            tls_key_file=tls_key_file,
-        )
-        client = make_client(url, socket_timeout_s=socket_timeout_s, tls=settings.tls)
-        flows = cls(open_queue(settings, client=client), tenant_id=tenant_id)
-        flows._owns_queue = True
-        return flows
-
-    def close(self) -> None:
-        """Release the connections ``from_url`` opened; a queue the caller passed in is left to them."""
-        if self._owns_queue:
-            self.queue.close()
-
-    def __enter__(self) -> FlowClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        ``redis+cluster://``); ``options`` (``queue_name`` and ``partitions``, which must be the
+        workers', ``tls_ca_file``, ``tls_cert_file``, ``tls_key_file``, ``socket_timeout_s``) and
+        their defaults: ``plaita.store.queue_access.open_producer_queue``; ``tenant_id`` as in the
+        constructor (``for_tenant`` gives the other tenants' clients on the same connections).
+        Connects lazily (never raises for Redis down); ConfigError for a bad URL or an unreadable
+        TLS file."""
+        return cls(open_producer_queue(url, **options), tenant_id=tenant_id).owning()
 
     def start(
         self,
@@ -473,38 +436,16 @@ class FlowClient:
             time.sleep(min(poll_s, left_s))
 
     def list(
-        self,
-        *,
-        status: str | Sequence[str] | None = None,
-        flow: str | None = None,
-        tenant: str | None = None,
-        all_tenants: bool = False,
-        parent_id: str | None = None,
-        created_after: float | None = None,
-        created_before: float | None = None,
-        version: str | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-        include_params: bool = False,
-        include_result: bool = False,
+        self, *, tenant: str | None = None, all_tenants: bool = False, **filters: Unpack[ListFilters]
     ) -> ExecutionPage:
         """A page of executions, newest update first, as typed rows (``ExecutionPage``: ``rows``,
         ``cursor`` for the next page, None at the end); this client's tenant's, ``tenant``'s, or
-        with ``all_tenants`` every tenant's. Filters, bounds and cost: ``plaita.flows.producer.listing``.
+        with ``all_tenants`` every tenant's. ``filters`` (``status``, ``flow``, ``parent_id``,
+        ``created_after``, ``created_before``, ``version``, ``limit``, ``cursor``,
+        ``include_params``, ``include_result``), their defaults, bounds and cost:
+        ``plaita.flows.producer.listing.list_executions``.
         ValueError for a bad filter, limit, tenant or cursor."""
-        return list_executions(
-            stores_of(self.store, tenant=tenant, all_tenants=all_tenants),
-            status=status,
-            flow=flow,
-            parent_id=parent_id,
-            created_after=created_after,
-            created_before=created_before,
-            version=version,
-            limit=limit,
-            cursor=cursor,
-            include_params=include_params,
-            include_result=include_result,
-        )
+        return list_executions(stores_of(self.store, tenant=tenant, all_tenants=all_tenants), **filters)
 
     def steps(self, execution_id: str, *, include_output: bool = False) -> builtins.list[StepRow]:
         """Each step the execution ran, in the order each first ran: attempts, first start, end,

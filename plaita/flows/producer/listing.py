@@ -27,7 +27,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from plaita.flows.model.bodies import PARENT_FIELD
 from plaita.store.executions.execution_docs import UnreadableExecution
@@ -95,6 +95,22 @@ class StepRow:
     ended_at: float | None
     error: str | None
     output: Any = None
+
+
+class ListFilters(TypedDict, total=False):
+    """The filters and page bounds ``FlowClient.list`` passes on to ``list_executions`` (its
+    defaults: every filter None, ``limit`` 50, no params or results)."""
+
+    status: str | Sequence[str] | None
+    flow: str | None
+    parent_id: str | None
+    created_after: float | None
+    created_before: float | None
+    version: str | None
+    limit: int
+    cursor: str | None
+    include_params: bool
+    include_result: bool
 
 
 def list_executions(

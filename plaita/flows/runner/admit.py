@@ -197,9 +197,10 @@ class Admission:
         deadline_at = task_deadline(body)
         require_task_json(params, "start 'params'")
         parent = body["parent"] if isinstance(body.get("parent"), dict) else None  # a child: it tells its parent
-        execution, text = Execution.created(
+        execution = Execution.start(
             eid, flow, params, dedup_key=dedup, now_s=self._clock(), deadline_at=deadline_at, parent=parent
         )
+        text = execution.encode()
         if len(text.encode("utf-8")) > self.max_state_bytes:
             raise BadTaskError(f"start params make a state over the {self.max_state_bytes}-byte limit")
         return execution, text, dedup

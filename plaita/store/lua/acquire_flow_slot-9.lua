@@ -35,12 +35,8 @@
 --          pruned first.
 --- @include "flow_slots"
 local kinds = {'zset', 'hash', 'hash', 'zset', 'zset', 'hash', 'zset', 'hash', 'set'}
-for i = 1, 9 do
-  local kind = redis.call('TYPE', KEYS[i]).ok
-  if kind ~= kinds[i] and kind ~= 'none' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is not a ' .. kinds[i])
-  end
-end
+local bad = wrong_type(KEYS, kinds)
+if bad then return redis.error_reply('WRONGTYPE ' .. KEYS[bad] .. ' is not a ' .. kinds[bad]) end
 local now_ms = server_ms()
 local limit, ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[4])
 local rate, burst = tonumber(ARGV[5]), tonumber(ARGV[6])

@@ -23,12 +23,8 @@
 --          or past their deadline, for the caller to put back on their streams
 --- @include "flow_slots"
 local kinds = {'zset', 'hash', 'zset', 'hash', 'zset', 'hash', 'set'}
-for i = 1, 7 do
-  local kind = redis.call('TYPE', KEYS[i]).ok
-  if kind ~= kinds[i] and kind ~= 'none' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' is not a ' .. kinds[i])
-  end
-end
+local bad = wrong_type(KEYS, kinds)
+if bad then return redis.error_reply('WRONGTYPE ' .. KEYS[bad] .. ' is not a ' .. kinds[bad]) end
 local limit, ttl_ms = override_limit(KEYS[6], tonumber(ARGV[1]), ARGV[4]), tonumber(ARGV[2])
 local now_ms = server_ms()
 prune_slots(KEYS[1], KEYS[2], now_ms)

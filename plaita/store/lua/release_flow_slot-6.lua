@@ -18,12 +18,7 @@
 --          their streams.
 --- @include "flow_slots"
 local kinds = {'zset', 'hash', 'zset', 'hash', 'zset', 'hash'}
-for i = 1, 6 do
-  local kind = redis.call('TYPE', KEYS[i]).ok
-  if kind ~= kinds[i] and kind ~= 'none' then
-    return {0}
-  end
-end
+if wrong_type(KEYS, kinds) then return {0} end
 local out = {0}
 if redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[2] then
   redis.call('HDEL', KEYS[2], ARGV[1])

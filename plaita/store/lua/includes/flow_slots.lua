@@ -9,6 +9,17 @@
 -- idempotent on its execution id). The keys come in as arguments.
 local PROMOTED = '~promoted'
 
+-- The index of the first of `keys` whose type is not its `kinds` entry (a missing key is any
+-- type: it is created), or nil when every one is of its kind. Checked before any write, so a
+-- key of another type (an operator's stray key) fails the call without half of its writes.
+local function wrong_type(keys, kinds)
+  for i = 1, #kinds do
+    local kind = redis.call('TYPE', keys[i]).ok
+    if kind ~= kinds[i] and kind ~= 'none' then return i end
+  end
+  return nil
+end
+
 local function server_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
