@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
 import pytest
 import redis
@@ -157,19 +158,22 @@ def test_every_fenced_script_refuses_a_writer_that_lost_the_fence(redis_url: str
     """Every fenced script refuses the same way, and writes nothing; the holder itself is let through."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        keys, args, refused = _fenced_call(name)
         lease, fence = HOSTILE[case]
-        _put(client, "w:lease", lease)
-        _put(client, "w:fence", fence)
-        assert SCRIPTS[name](client, keys, args) == refused
+        assert _fenced_run(client, name, lease, fence) == "refused"
         assert sorted(client.keys("w:*")) == sorted(k for k, v in (("w:lease", lease), ("w:fence", fence)) if v)
         client.delete("w:lease", "w:fence")
-        _put(client, "w:lease", "worker:w@1:5")
-        _put(client, "w:fence", "5")
-        assert SCRIPTS[name](client, keys, args) != refused
+        assert _fenced_run(client, name, "worker:w@1:5", "5") == "ran"
         assert client.exists("w:state") == 1
     finally:
         client.close()
+
+
+def _fenced_run(client: redis.Redis, name: str, lease: Any, fence: Any) -> str:
+    """Run the fenced script ``name`` with this lease and fence in place: "refused" or "ran"."""
+    keys, args, refused = _fenced_call(name)
+    _put(client, "w:lease", lease)
+    _put(client, "w:fence", fence)
+    return "refused" if SCRIPTS[name](client, keys, args) == refused else "ran"
 
 
 @pytest.mark.redis
@@ -179,11 +183,7 @@ def test_every_fenced_script_lets_a_v2_holder_through(redis_url: str, name: str,
     """A lease naming the writer's generation with no newer fence is held, in every fenced script."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        keys, args, refused = _fenced_call(name)
-        lease, fence = V2_HOLDER[case]
-        _put(client, "w:lease", lease)
-        _put(client, "w:fence", fence)
-        assert SCRIPTS[name](client, keys, args) != refused
+        assert _fenced_run(client, name, *V2_HOLDER[case]) == "ran"
         assert client.exists("w:state") == 1
     finally:
         client.close()
