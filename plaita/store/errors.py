@@ -131,7 +131,7 @@ def cause(exc: BaseException) -> str:
     code = response_code(exc)
     if classes & _AUTH_CLASSES or code in _AUTH_CODES:
         return "auth"
-    if rx.NoPermissionError in classes or code == "NOPERM":
+    if rx.NoPermissionError in classes or code == "NOPERM" or _refused_in_script(exc):
         return "acl"
     if is_tls_refusal(exc):
         return "tls"
@@ -189,10 +189,12 @@ def refused_by_acl(exc: BaseException) -> bool:
     """The user may not run a command: NOPERM, or a script's command refused (a plain ERR reply:
     "The user executing the script can't run this command …" on Redis, "ACL failure in script: …"
     on Valkey)."""
+    return error_code(exc) == "NOPERM" or _refused_in_script(exc)
+
+
+def _refused_in_script(exc: BaseException) -> bool:
     text = str(exc)
-    return (
-        error_code(exc) == "NOPERM" or "user executing the script can't run" in text or "ACL failure in script" in text
-    )
+    return any(words in text for words in _SCRIPT_REFUSALS)
 
 
 def error_code(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from redis._parsers.base import BaseParser
 
 from plaita.errors import BadTaskError, PlaitaError
 from plaita.fsm import ErrorKind
-from plaita.store.errors import classify, is_redis_failure, refused_by_acl
+from plaita.store.errors import cause, classify, is_redis_failure, refused_by_acl
 
 T = ErrorKind.TRANSIENT
 P = ErrorKind.PERSISTENT
@@ -224,8 +224,10 @@ class TestNonRedisExceptions:
     ],
 )
 def test_a_command_refused_by_the_acl_is_known_on_redis_and_on_valkey(reply: str) -> None:
-    """Both servers' words for a refused command (bare, and inside a script), as their parsers raise them."""
+    """Both servers' words for a refused command (bare, and inside a script), as their parsers raise
+    them; /readyz and the logs name the ACL as the cause of each."""
     assert refused_by_acl(BaseParser.parse_error(reply))
+    assert cause(BaseParser.parse_error(reply)) == "acl"
 
 
 def test_other_errors_are_not_acl_refusals() -> None:
@@ -233,3 +235,4 @@ def test_other_errors_are_not_acl_refusals() -> None:
         BaseParser.parse_error("WRONGTYPE Operation against a key holding the wrong kind of value")
     )
     assert not refused_by_acl(BaseParser.parse_error("ERR Error running script: attempt to index a nil value"))
+    assert cause(BaseParser.parse_error("ERR Error running script: attempt to index a nil value")) == ""
