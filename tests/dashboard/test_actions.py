@@ -10,7 +10,6 @@ import pytest
 import redis
 
 from plaita.store.acl import ADMIN_ACL_RULES, FLOW_ADMIN_ACL_RULES
-from tests.dashboard import test_executions
 from tests.dashboard.conftest import SAME_ORIGIN, TOKEN, MakeDashboard, dead_letter, login, sample
 from tests.dashboard.test_executions import acl_user
 from tests.flows.support import Harness, start
@@ -18,8 +17,6 @@ from tests.support.ops import DLQ, QUEUE, ops_worker, wait_until
 from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
-
-h = test_executions.h  # the real flow engine over the test flows, fed tasks by hand
 
 
 def _notice(page: str) -> str:
