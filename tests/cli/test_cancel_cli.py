@@ -40,14 +40,19 @@ def test_cancel_of_a_start_waiting_for_a_slot_and_of_a_running_last_step(
         flows.start("gated", {}, execution_id="g-wait")  # waits for the slot: no execution yet
         r = plaita(redis_url, "executions", "cancel", "g-wait")
         assert r.returncode == 0, r.stderr
-        assert "queued and will end cancelled when a worker reads it" in r.stdout, r.stdout
+        # The worker may read the start put back and end it before the cancel looks again (CI saw it).
+        assert any(
+            said in r.stdout for said in ("queued and will end cancelled when a worker reads it", "g-wait ended cancelled")
+        ), r.stdout
         assert flows.wait("g-wait", WAIT_S)["status"] == "cancelled"  # without the slot:
         assert flows.get("g-hold")["status"] == "running"  # type: ignore[index]
         assert ledgers("g-wait", ["occupy"]) == [0]
 
         r = plaita(redis_url, "executions", "cancel", "g-hold", "--wait", "--timeout-s", str(WAIT_S))
         assert r.returncode == 0, r.stderr
-        assert "is running: it ends cancelled at its next checkpoint" in r.stdout, r.stdout
+        assert any(said in r.stdout for said in ("is running: it ends cancelled at its next", "g-hold ended cancelled")), (
+            r.stdout
+        )
         assert "execution g-hold cancelled" in r.stdout, r.stdout
         assert ledgers("g-hold", ["occupy"], "staged") == [0]  # its last step's writes discarded
 

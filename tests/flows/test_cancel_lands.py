@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plaita.flows.model.execution import DEADLINE_EXCEEDED
-from plaita.flows.producer.cancel import ALREADY_CANCELLED, ENDED, QUEUED, RUNNING
+from plaita.flows.producer.cancel import ALREADY_CANCELLED, CANCELLED, ENDED, QUEUED, RUNNING, request_cancel
 from plaita.flows.producer.client import ExecutionNotFound
 from plaita.store.executions.flow_limits import TAKEN, FlowLimitStore
 from tests.flows import cancel_flows, flowdefs
@@ -198,6 +198,22 @@ def test_cancel_of_a_parked_start_puts_it_back_and_it_ends_cancelled(h: Harness)
     assert FlowLimitStore(h.client, h.store.ks).waiting("gated") == 0
 
 
+def test_a_parked_start_a_worker_ends_before_the_cancel_looks_again_is_reported_cancelled(h: Harness) -> None:
+    """CI saw it: the parked start put back on its stream was read and ended ``cancelled`` by a
+    worker before the cancel read the document again, and the cancel said "already cancelled" as
+    if another had done it. Here the worker reads the start the moment it is put back."""
+    slot_taken_elsewhere(h)
+    h.flows.start("gated", {}, execution_id="q9")
+    body = queued_start(h, "q9")
+    assert (h.run(body) or {}).get("status") == "queued"  # parked
+    ended: list[dict[str, Any] | None] = []
+    done = request_cancel(h.flows.store, lambda b: ended.append(h.run(b)), "q9", h.queue.stream)
+    assert [d["status"] for d in ended if d is not None] == ["cancelled"]
+    assert done is not None and (done.outcome, done.landed, done.status) == (CANCELLED, True, "cancelled")
+    assert done.describe() == "cancel recorded; execution q9 ended cancelled"
+    assert h.flows.cancel("q9").outcome == ALREADY_CANCELLED and ledgers("q9", ["occupy"]) == [0]
+
+
 def test_cancel_says_what_it_did(h: Harness) -> None:
     """Unknown (no document, no start queued): ExecutionNotFound and no flag; running: recorded;
     ended: said so, ``landed`` False for completed only."""
@@ -209,8 +225,9 @@ def test_cancel_says_what_it_did(h: Harness) -> None:
         h.flows.cancel("nobody")
     running = InThread(h, start("q5", "polite"))
     in_step("q5", "listen")
-    done = h.flows.cancel("q5")
-    assert done.outcome == RUNNING and done.status == "running" and "next checkpoint" in done.describe()
+    done = h.flows.cancel("q5")  # CANCELLED: the step saw the flag before the cancel looked again
+    assert (done.outcome, done.status) in ((RUNNING, "running"), (CANCELLED, "cancelled")), done
+    assert "next checkpoint" in done.describe() or done.outcome == CANCELLED
     assert running.result()["status"] == "cancelled"  # type: ignore[index]
     again = h.flows.cancel("q5")
     assert (again.outcome, again.landed) == (ALREADY_CANCELLED, True)

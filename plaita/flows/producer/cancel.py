@@ -32,6 +32,10 @@ from plaita.store.executions.store import QUEUED as QUEUED_STATUS
 
 #: ``CancelOutcome.outcome``: the cancel is recorded and the execution will end ``cancelled``.
 QUEUED, RUNNING, SUSPENDED, UNSEEN = "queued", "running", "suspended", "unseen"
+#: ``CancelOutcome.outcome``: the cancel landed and a worker had already ended the execution
+#: ``cancelled`` when the cancel read its document again (a queued start read at once, a step
+#: that saw ``ctx.cancel`` at once).
+CANCELLED = "cancelled"
 #: ``CancelOutcome.outcome``: it had ended before; only ``ENDED`` (completed, error) means the
 #: cancel did not land.
 ALREADY_CANCELLED, ENDED = "already_cancelled", "ended"
@@ -71,6 +75,7 @@ class CancelOutcome:
             UNSEEN: f"cancel recorded; execution {eid} does not exist yet and the queue is longer than"
             f" {MAX_SCANNED_ENTRIES} tasks, so its start was not looked for: a start of it read within {days}"
             " days ends cancelled",
+            CANCELLED: f"cancel recorded; execution {eid} ended cancelled",
             ALREADY_CANCELLED: f"execution {eid} already cancelled",
         }.get(self.outcome, f"execution {eid} already {self.status}; nothing to cancel")
 
@@ -105,6 +110,8 @@ def request_cancel(
     status = None if doc is None else doc.get("status")
     if doc is None:
         return CancelOutcome(execution_id, UNSEEN if queued is None else QUEUED, None)
+    if status == "cancelled":  # it was not when the flag was set: a worker ended it on this flag
+        return CancelOutcome(execution_id, CANCELLED, doc)
     if status in TERMINAL:
         return _ended(execution_id, doc)
     if status == QUEUED_STATUS or parked is not None:
