@@ -68,7 +68,8 @@ class _Packer(HiredisRespSerializer):
 
 
 #: Only where redis-py packs with hiredis itself (an older hiredis leaves it the pure-Python packer).
-_PACKER = _Packer() if HIREDIS_AVAILABLE else None
+#: Built through Any: redis-py's packer __init__ is typed in some releases and not in others.
+_PACKER: _Packer | None = cast(Any, _Packer)() if HIREDIS_AVAILABLE else None
 
 
 def make_client(
@@ -260,11 +261,12 @@ def _sentinel_client(target: SentinelTarget, options: dict[str, Any]) -> redis.R
     """A client of the master the sentinels name now. After a failover the first call fails
     (ReadOnlyError, a reset or a timeout: the worker backs off) and the next connection asks the
     sentinels again, so the worker follows the new master without a restart."""
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # Through Any: Sentinel and master_for are typed in some redis-py releases and not in others.
+    sentinel: Any = cast(Any, Sentinel)(
         target.sentinels,
         sentinel_kwargs={"socket_timeout": CONNECT_TIMEOUT_S, "socket_connect_timeout": CONNECT_TIMEOUT_S},
     )
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(
         target.service, db=target.db, username=target.username, password=target.password, **options
     )
     return client

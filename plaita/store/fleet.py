@@ -166,7 +166,8 @@ def wait_reply(client: redis.Redis, reply_to: str, timeout_s: float) -> dict[str
 
 def open_pubsub(client: redis.Redis) -> Any:
     """A pub/sub object that reports subscribe confirmations (the listener waits for them)."""
-    return client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+    pubsub: Any = client.pubsub  # typed in some redis-py releases, not in others
+    return pubsub(ignore_subscribe_messages=False)
 
 
 class FleetView:

@@ -42,7 +42,8 @@ def test_cancel_of_a_start_waiting_for_a_slot_and_of_a_running_last_step(
         assert r.returncode == 0, r.stderr
         # The worker may read the start put back and end it before the cancel looks again (CI saw it).
         assert any(
-            said in r.stdout for said in ("queued and will end cancelled when a worker reads it", "g-wait ended cancelled")
+            said in r.stdout
+            for said in ("queued and will end cancelled when a worker reads it", "g-wait ended cancelled")
         ), r.stdout
         assert flows.wait("g-wait", WAIT_S)["status"] == "cancelled"  # without the slot:
         assert flows.get("g-hold")["status"] == "running"  # type: ignore[index]
@@ -50,9 +51,9 @@ def test_cancel_of_a_start_waiting_for_a_slot_and_of_a_running_last_step(
 
         r = plaita(redis_url, "executions", "cancel", "g-hold", "--wait", "--timeout-s", str(WAIT_S))
         assert r.returncode == 0, r.stderr
-        assert any(said in r.stdout for said in ("is running: it ends cancelled at its next", "g-hold ended cancelled")), (
-            r.stdout
-        )
+        assert any(
+            said in r.stdout for said in ("is running: it ends cancelled at its next", "g-hold ended cancelled")
+        ), r.stdout
         assert "execution g-hold cancelled" in r.stdout, r.stdout
         assert ledgers("g-hold", ["occupy"], "staged") == [0]  # its last step's writes discarded
 
