@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -32,10 +33,16 @@ from bench.common import WorkerProcess, client_for, cpu_seconds, wait_for
 from bench.flowcurve import COMPLETED, FLOW_IDS, STEPS, _fill
 from tests.support.redis_server import RedisServer
 
-#: Functions on top of an idle thread's stack (waiting in C: a queue get, a condition, select).
-IDLE = ("select", "epoll", ":wait", "_wait_for_tstate_lock", ":acquire", ":get", "thread.py:_worker", "Condition.wait")
+#: Functions on top of a waiting thread's stack (in C: a queue get, a condition, select, a recv
+#: for a reply not there yet). py-spy --nonblocking cannot always tell a thread blocked in a
+#: syscall from one running, and these waits are no CPU: left out of "busy".
+IDLE = (
+    *("select", "epoll", ":wait", "_wait_for_tstate_lock", ":acquire", ":get", "thread.py:_worker"),
+    *("Condition.wait", "read_from_socket"),
+)
+_PLAITA_FILE = re.compile(r"[( /]plaita/([\w/]+)\.py:")
 #: py-spy samples per second: enough samples for a 2–5 s drain without slowing the worker much.
-RATE_HZ = 400
+RATE_HZ = 1000
 
 
 def _frames(stack: str) -> list[str]:
@@ -55,10 +62,13 @@ def _where(frame: str) -> str:
 
 
 def _area(frames: list[str]) -> str:
-    """The innermost plaita module, else the library on top (redis, asyncio, threading, ...)."""
+    """The package of the innermost plaita frame (``flows/runner``, ``store/executions``, ...),
+    else the library on top (redis, asyncio, threading, ...). py-spy names a file under the
+    current directory by its relative path, others by their absolute one."""
     for frame in reversed(frames):
-        if "/plaita/" in frame:
-            return frame.split("/plaita/", 1)[1].split(":", 1)[0].rsplit("/", 1)[0] or "plaita"
+        m = _PLAITA_FILE.search(frame)
+        if m is not None:
+            return m.group(1).rsplit("/", 1)[0] if "/" in m.group(1) else "plaita"
     top = frames[-1] if frames else "?"
     return _where(top).split("/", 1)[0].split(".py", 1)[0]
 
@@ -121,6 +131,21 @@ def profile(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def refold(args: argparse.Namespace) -> dict[str, object]:
+    """The shares of an earlier run's samples (no CPU figure: µs are per 100 busy samples)."""
+    by_self, by_area, total = fold(args.raw)
+    scale = 100 / max(total, 1)
+    return {
+        "steps": args.steps,
+        "concurrency": args.concurrency,
+        "executions_per_s": 0,
+        "worker_cpu_us_per_step": 0,
+        "samples": total,
+        "self_us_per_step": [(f, round(n * scale, 1)) for f, n in by_self.most_common(args.top)],
+        "area_us_per_step": [(a, round(n * scale, 1)) for a, n in by_area.most_common()],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.flowprofile", description=__doc__)
     p.add_argument("--executions", type=int, default=4000, help="executions to drain (default 4000)")
@@ -128,8 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", default="async", choices=sorted(FLOW_IDS), help="sync or async def steps")
     p.add_argument("--top", type=int, default=25, help="functions listed by self time (default 25)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--raw", type=Path, help="fold this py-spy raw file of an earlier run (no run)")
     args = p.parse_args(argv)
-    result = profile(args)
+    result = refold(args) if args.raw else profile(args)
     if args.json:
         print(json.dumps(result, indent=2))
         return
