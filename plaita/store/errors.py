@@ -53,10 +53,14 @@ REDIS_CLASS_KINDS: dict[type[BaseException], ErrorKind] = {
     rx.LockError: P,
     rx.RedisError: P,
 }
-# redis-py 8.1 added NoSuchFieldsetError; plaita also runs on 8.0, which lacks it.
-_NO_SUCH_FIELDSET: type[BaseException] | None = getattr(rx, "NoSuchFieldsetError", None)
-if _NO_SUCH_FIELDSET is not None:
-    REDIS_CLASS_KINDS[_NO_SUCH_FIELDSET] = P
+#: Classes of later redis-py releases (plaita also runs on 8.0, which lacks them): 8.1 added
+#: NoSuchFieldsetError; 8.2 MaxClientsReachedError (the server is at ``maxclients``: a client
+#: disconnects soon, retry) and RedisClusterUnreachableError (no node of the cluster answers).
+_LATER_CLASS_KINDS = {"NoSuchFieldsetError": P, "MaxClientsReachedError": T, "RedisClusterUnreachableError": T}
+for _name, _kind in _LATER_CLASS_KINDS.items():
+    _cls: type[BaseException] | None = getattr(rx, _name, None)
+    if _cls is not None:
+        REDIS_CLASS_KINDS[_cls] = _kind
 
 #: Error-reply prefixes that a plain ``ResponseError`` may carry, and their kind.
 RESPONSE_PREFIX_KINDS: dict[str, ErrorKind] = {
@@ -176,6 +180,9 @@ CAUSES_BY_CLASS: dict[type[BaseException], str] = {
     rx.ConnectionError: "Redis is unreachable (refused, reset or closed connection)",
     rx.MaxConnectionsError: "the connection pool is exhausted",
 }
+_MAX_CLIENTS: type[BaseException] | None = getattr(rx, "MaxClientsReachedError", None)
+if _MAX_CLIENTS is not None:  # redis-py >= 8.2
+    CAUSES_BY_CLASS[_MAX_CLIENTS] = "Redis refused the connection: it serves its maxclients already"
 
 #: Longest server message quoted in a cause (a reply can carry a whole script or value).
 DETAIL_CHARS = 200

@@ -24,6 +24,7 @@ EXPECTED_REDIS_KINDS: dict[str, ErrorKind] = {
     "TimeoutError": T,
     "BusyLoadingError": T,
     "MaxConnectionsError": T,
+    "MaxClientsReachedError": T,  # redis-py >= 8.2: the server is at maxclients
     "InvalidResponse": T,
     "WatchError": T,
     # the server is temporarily unable to serve (failover, replica, cluster reshuffle)
@@ -36,6 +37,7 @@ EXPECTED_REDIS_KINDS: dict[str, ErrorKind] = {
     "MovedError": T,
     "SlotNotCoveredError": T,
     "RedisClusterException": T,
+    "RedisClusterUnreachableError": T,  # redis-py >= 8.2
     # an operator must act: credentials, ACLs, memory, scripts, modules, types
     "AuthenticationError": P,
     "AuthenticationWrongNumberOfArgsError": P,
