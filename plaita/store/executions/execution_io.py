@@ -16,17 +16,18 @@ tenant's is this adapter's own, no call).
 
 The writes of a step are built here, beside the adapter that sends them: ``create_call`` and
 ``checkpoint_call`` (one fenced EVALSHA each, with the parser of its reply), so the store side of
-a create or a checkpoint is this module alone. ``create_now`` and ``checkpoint_now`` send the same calls
-at once, for tools and tests that hold a store and no runner.
+a create or a checkpoint is this module alone. ``create_now`` and ``checkpoint_now`` send the
+same calls at once, for tools and tests that hold a store and no runner.
 
 The batcher. With ``await runner.run_async(task)`` every create and checkpoint would otherwise be
 a thread hop of its own (``asyncio.to_thread``) and a round trip of its own. ``CallBatcher`` sends
 them over the loop's own connection when it can serve the client; else the loop queues the call
-and awaits a future, and one thread takes whatever is queued, sends it as one pipeline
-(``plaita.store.calls.run_calls``: each call is still one atomic, fenced script, with its own
-reply or error) and resolves the futures with one hand-back per loop. While one batch is on
-the wire the next one gathers: at ``--concurrency`` N up to N calls share a round trip (and,
-with ``appendfsync always``, the server's fsync), and at 1 a call costs what it did.
+and awaits a future, and one thread (``plaita.store.executions.thread_calls``) takes whatever is
+queued, sends it as one pipeline (``plaita.store.calls.run_calls``: each call is still one
+atomic, fenced script, with its own reply or error) and resolves the futures with one hand-back
+per loop. While one batch is on the wire the next one gathers: at ``--concurrency`` N up to N
+calls share a round trip (and, with ``appendfsync always``, the server's fsync), and at 1 a call
+costs what it did.
 """
 
 from __future__ import annotations
