@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+from plaita.store.executions.execution_io import checkpoint_now, create_now
 from plaita.store.executions.store import (
     FLAG_TTL_S,
     STATUSES,
@@ -67,12 +68,13 @@ class Setup:
         lease = self.leases.acquire(eid)
         assert isinstance(lease, Lease)
         self.lease = lease
-        code, _, _ = self.store.create(eid, lease.generation, json.dumps({"n": 0}), time.time(), None)
+        code, _, _ = create_now(self.store, eid, lease.generation, json.dumps({"n": 0}), time.time(), None)
         assert code == 1
 
     def checkpoint(self, staged: list[Staged], *, status: str = "completed", generation: int | None = None) -> bool:
         gen = self.lease.generation if generation is None else generation
-        ok, _ = self.store.checkpoint(
+        ok, _ = checkpoint_now(
+            self.store,
             self.eid,
             gen,
             json.dumps({"n": 1}),
@@ -249,7 +251,7 @@ def _create(client: redis.Redis, eid: str, dedup: str | None) -> int:
     store, leases = ExecutionStore(client), LeaseManager(client, consumer=f"create-{eid}", ttl_s=30.0)
     lease = leases.acquire(eid)
     assert isinstance(lease, Lease)
-    return store.create(eid, lease.generation, json.dumps({"n": 0}), time.time(), dedup)[0]
+    return create_now(store, eid, lease.generation, json.dumps({"n": 0}), time.time(), dedup)[0]
 
 
 def test_create_records_the_dedup_key_with_its_ttl(client: redis.Redis) -> None:
@@ -282,5 +284,5 @@ def test_a_fenced_out_create_writes_nothing(client: redis.Redis) -> None:
     client.incr(DEFAULT.fence_key("k2"))
     keys = [DEFAULT.execution_key("k2"), DEFAULT.status_key(0, "running"), DEFAULT.dedup_key(0, "order-3")]
     before = snapshot(client, keys)
-    assert store.create("k2", lease.generation, "{}", time.time(), "order-3")[0] == 0
+    assert create_now(store, "k2", lease.generation, "{}", time.time(), "order-3")[0] == 0
     assert snapshot(client, keys) == before

@@ -16,6 +16,7 @@ from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
+from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
 from plaita.store.streams.partitioned import keyspace_of, open_queue
@@ -378,7 +379,7 @@ def test_a_child_the_keeper_marks_orphaned_wakes_its_parent(redis_url: str, flow
         assert isinstance(lease, Lease)
         kid = Execution.start(c1, runner.flows.get("kid"), starts[c1]["params"], dedup_key=None, now_s=time.time())  # type: ignore[arg-type]
         kid = replace(kid, extra={"parent": starts[c1]["parent"]})
-        assert store.create(c1, lease.generation, kid.encode(), kid.created_at, None)[0] == 1
+        assert create_now(store, c1, lease.generation, kid.encode(), kid.created_at, None)[0] == 1
         leases.release(lease)
         flowdefs.client().delete(QUEUE)
         keeper = Keeper(

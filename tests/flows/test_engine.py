@@ -12,6 +12,7 @@ import pytest
 from plaita.errors import BadTaskError, ConfigError
 from plaita.flows import Flow, FlowRunner, LeaseLostError, load_flows
 from plaita.flows.model.execution import Execution
+from plaita.store.executions.execution_io import checkpoint_now, create_now
 from plaita.store.keyspace import DEFAULT
 from plaita.store.leases import Lease
 from tests.flows import flowdefs
@@ -204,7 +205,7 @@ def test_stale_generation_checkpoint_is_refused(h: Harness) -> None:
     with pytest.raises(LeaseLostError):
         h.runner(task)
     assert h.store.get("z1") is None
-    ok, _ = h.store.checkpoint("z1", lease.generation, "{}", status="running", now_s=time.time())
+    ok, _ = checkpoint_now(h.store, "z1", lease.generation, "{}", status="running", now_s=time.time())
     assert not ok
 
 
@@ -262,7 +263,7 @@ def test_redelivered_start_of_a_running_execution_continues_at_its_step(h: Harne
     doc = Execution.start("re1", flow, {}, dedup_key=None, now_s=time.time()).to_doc()
     doc.update(step_index=1, step="two", state={"one": 1})
     task, lease = h.task(start("re1"))
-    code, _, _ = h.store.create("re1", lease.generation, json.dumps(doc), doc["created_at"], None)
+    code, _, _ = create_now(h.store, "re1", lease.generation, json.dumps(doc), doc["created_at"], None)
     h.leases.release(lease)
     assert code == 1
     doc = h.run(start("re1"))
@@ -294,7 +295,7 @@ def test_resume_of_a_still_running_execution_is_applied_at_its_suspension(h: Har
     doc = Execution.start("pr1", flow, {}, dedup_key=None, now_s=time.time()).to_doc()
     doc.update(step_index=1, step="wait_email", state={"user": "ann"})
     task, lease = h.task(start("pr1", "signup"))
-    assert h.store.create("pr1", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
+    assert create_now(h.store, "pr1", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
     h.leases.release(lease)
     doc = h.run(resume("pr1", "event", "ann@x", resume_id="ev-1"))
     assert doc is not None and doc["status"] == "completed" and doc["state"]["email"] == "ann@x"
@@ -312,7 +313,7 @@ def test_redelivered_resume_whose_worker_died_in_a_later_step_continues(h: Harne
     doc = Execution.start("pr2", flow, {}, dedup_key=None, now_s=time.time()).to_doc()
     doc.update(step_index=2, step="finish", state={"user": "ann", "email": "a@x"}, applied_resumes=["ev-2"])
     task, lease = h.task(start("pr2", "signup"))
-    assert h.store.create("pr2", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
+    assert create_now(h.store, "pr2", lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
     h.leases.release(lease)
     doc = h.run(resume("pr2", "event", "a@x", resume_id="ev-2"))
     assert doc is not None and doc["status"] == "completed", doc

@@ -16,6 +16,7 @@ from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
+from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.keeper_store import keeper_lease_key
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease
@@ -36,7 +37,7 @@ def make_orphan(h: Harness, eid: str, flow: str = "ledger3", *, keep_lease: bool
     assert isinstance(lease, Lease)
     now_s = time.time() - age_s
     doc = Execution.start(eid, h.runner.flows.get(flow), {}, dedup_key=None, now_s=now_s).to_doc()  # type: ignore[arg-type]
-    code, _, _ = h.store.create(eid, lease.generation, json.dumps(doc), doc["created_at"], None)
+    code, _, _ = create_now(h.store, eid, lease.generation, json.dumps(doc), doc["created_at"], None)
     assert code == 1
     if not keep_lease:
         h.leases.release(lease)

@@ -25,6 +25,7 @@ from plaita.flows import Flow, FlowRunner, StepContext
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.execution import Execution
 from plaita.store.client import make_client
+from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.keeper_store import KEEPER_LEASE_KEY
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.leases import Lease, LeaseManager
@@ -72,7 +73,7 @@ def make_orphan(store: ExecutionStore, leases: LeaseManager, eid: str, *, age_s:
     lease = leases.acquire(eid)
     assert isinstance(lease, Lease)
     doc = Execution.start(eid, flowdefs.ledger3, {}, dedup_key=None, now_s=time.time() - age_s).to_doc()
-    code, _, _ = store.create(eid, lease.generation, json.dumps(doc), doc["created_at"], None)
+    code, _, _ = create_now(store, eid, lease.generation, json.dumps(doc), doc["created_at"], None)
     assert code == 1
     leases.release(lease)
 

@@ -26,7 +26,7 @@ from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import start_worker
 from plaita.store.calls import ScriptCall
 from plaita.store.executions import loop_calls
-from plaita.store.executions.execution_io import CallBatcher
+from plaita.store.executions.execution_io import CallBatcher, checkpoint_call, create_now
 from plaita.store.executions.store import ExecutionStore, Staged
 from plaita.store.leases import Lease, LeaseManager
 from tests.support.lease_workers import QUEUE, settings
@@ -43,15 +43,22 @@ def created(client: redis.Redis, eids: list[str]) -> tuple[ExecutionStore, dict[
     for eid in eids:
         lease = leases.acquire(eid)
         assert isinstance(lease, Lease)
-        assert store.create(eid, lease.generation, "{}", time.time(), None)[0] == 1
+        assert create_now(store, eid, lease.generation, "{}", time.time(), None)[0] == 1
         gens[eid] = lease.generation
     return store, gens
 
 
 def step(store: ExecutionStore, eid: str, generation: int, n: int, counter: str = "app:lf") -> ScriptCall:
     staged = [Staged("incrby", counter, "1")]
-    return store.checkpoint_call(
-        eid, generation, json.dumps({"n": n}), status="running", now_s=time.time(), staged=staged
+    return checkpoint_call(
+        store.client,
+        store.ks,
+        eid,
+        generation,
+        json.dumps({"n": n}),
+        status="running",
+        now_s=time.time(),
+        staged=staged,
     )
 
 

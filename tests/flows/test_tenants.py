@@ -20,6 +20,7 @@ from plaita.flows.model.context import StepContext
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import FlowClient
 from plaita.store.client import make_client
+from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.fanout import done_key
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import DEFAULT, TENANTS_KEY, Keyspace, hash_tag, tenant_prefix
@@ -224,7 +225,7 @@ def _orphan(h: Harness, store: ExecutionStore, eid: str) -> None:
     lease = h.leases.acquire_many([eid], [store.ks])[0]
     assert isinstance(lease, Lease) and lease.key == store.ks.lease_key(eid)
     doc = Execution.start(eid, h.runner.flows.get("ledger3"), {}, dedup_key=None, now_s=time.time()).to_doc()  # type: ignore[arg-type]
-    assert store.create(eid, lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
+    assert create_now(store, eid, lease.generation, json.dumps(doc), doc["created_at"], None)[0] == 1
     h.leases.release(lease)
 
 

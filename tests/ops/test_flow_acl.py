@@ -21,6 +21,7 @@ from plaita.flows.model.definition import load_flows
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import ExecutionNotFound, FlowClient
 from plaita.store.acl import ADMIN_ACL_RULES, FLOW_WORKER_ACL_RULES, PRODUCER_ACL_RULES
+from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.flow_limits import FlowLimitStore
 from plaita.store.keyspace import Keyspace
 from plaita.store.leases import Lease
@@ -167,7 +168,7 @@ def _orphan(h: Harness, eid: str, *, age_s: float) -> None:
     assert isinstance(lease, Lease)
     doc = Execution.start(eid, h.runner.flows.get("acl-kid"), {"item": 1}, dedup_key=None, now_s=time.time() - age_s)
     body = doc.to_doc()
-    assert h.store.create(eid, lease.generation, json.dumps(body), body["created_at"], None)[0] == 1
+    assert create_now(h.store, eid, lease.generation, json.dumps(body), body["created_at"], None)[0] == 1
     h.leases.release(lease)
 
 

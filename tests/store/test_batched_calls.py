@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from plaita.store.calls import ScriptCall, batchable, run_calls
-from plaita.store.executions.execution_io import CallBatcher
+from plaita.store.executions.execution_io import CallBatcher, checkpoint_call, checkpoint_now, create_call, create_now
 from plaita.store.executions.store import ExecutionStore, Staged, StagedWriteRefused
 from plaita.store.leases import Lease, LeaseManager
 
@@ -35,13 +35,15 @@ def created(client: redis.Redis, store: ExecutionStore, eids: list[str]) -> dict
     for eid in eids:
         lease = leases.acquire(eid)
         assert isinstance(lease, Lease)
-        assert store.create(eid, lease.generation, "{}", time.time(), None)[0] == 1
+        assert create_now(store, eid, lease.generation, "{}", time.time(), None)[0] == 1
         out[eid] = lease.generation
     return out
 
 
 def checkpoint(store: ExecutionStore, eid: str, generation: int, n: int, **kw: Any) -> ScriptCall:
-    return store.checkpoint_call(eid, generation, json.dumps({"n": n}), status="running", now_s=time.time(), **kw)
+    return checkpoint_call(
+        store.client, store.ks, eid, generation, json.dumps({"n": n}), status="running", now_s=time.time(), **kw
+    )
 
 
 def test_one_pipeline_fences_each_call_on_its_own(client: redis.Redis) -> None:
@@ -234,7 +236,15 @@ def test_loop_connection_sends_a_write_larger_than_the_socket_takes_at_once(clie
 
     async def big() -> list[Any]:
         calls = [
-            store.checkpoint_call(e, gens[e], json.dumps({"n": i, "blob": blob}), status="running", now_s=time.time())
+            checkpoint_call(
+                store.client,
+                store.ks,
+                e,
+                gens[e],
+                json.dumps({"n": i, "blob": blob}),
+                status="running",
+                now_s=time.time(),
+            )
             for i, e in enumerate(eids)
         ]
         return await asyncio.gather(*(batcher.run(c) for c in calls), return_exceptions=True)
@@ -284,15 +294,15 @@ def test_noscript_in_a_mixed_batch_resends_only_the_refused_call_never_one_that_
     lease = leases.acquire("mx2")
     assert isinstance(lease, Lease)
     client.script_flush()
-    assert store.checkpoint("mx1", gens["mx1"], "{}", status="running", now_s=time.time()) == (True, False)
+    assert checkpoint_now(store, "mx1", gens["mx1"], "{}", status="running", now_s=time.time()) == (True, False)
     checkpoint_sha, create_sha = (
         checkpoint(store, "mx1", 0, 0).script.sha,
-        store.create_call("x", 1, "{}", 0.0, None).script.sha,
+        create_call(store.client, store.ks, "x", 1, "{}", 0.0, None).script.sha,
     )
     assert client.script_exists(checkpoint_sha, create_sha) == [True, False]  # the mix the bug needs
     calls = [
         checkpoint(store, "mx1", gens["mx1"], 1, staged=[Staged("incrby", "app:mx:count", "1")]),
-        store.create_call("mx2", lease.generation, "{}", time.time(), None),
+        create_call(store.client, store.ks, "mx2", lease.generation, "{}", time.time(), None),
         checkpoint(store, "mx1", gens["mx1"], 2, staged=[Staged("incrby", "app:mx:count", "10")]),
     ]
     outcomes = _send_all(client, calls, sender)
@@ -308,7 +318,7 @@ def test_a_batch_of_more_than_max_batch_calls_answers_every_call(client: redis.R
     was queued past the first 256 (``self._queued = []``), left 43 of 300 awaits unanswered
     for ever (here: the bounded wait fails). The server is paused while the calls queue, so the
     thread finds all 299 queued at once behind the first call."""
-    from plaita.store.executions import execution_io as batch_module
+    from plaita.store.executions import thread_calls as batch_module
 
     store = ExecutionStore(client)
     n = batch_module.MAX_BATCH + 44
@@ -319,14 +329,16 @@ def test_a_batch_of_more_than_max_batch_calls_answers_every_call(client: redis.R
     batcher = CallBatcher(loop_connection=False)
 
     def queued() -> int:
-        with batcher._cond:
-            return len(batcher._queued)
+        with batcher.threaded._cond:
+            return len(batcher.threaded._queued)
 
     async def held_then_released() -> list[Any]:
         admin.client_pause(30_000, all=False)  # WRITE: the EVALSHAs wait, CLIENT UNPAUSE does not
         try:
             first = asyncio.ensure_future(batcher.run(calls[0]))
-            await _until(lambda: batcher._thread is not None and queued() == 0, "the thread to take the first call")
+            await _until(
+                lambda: batcher.threaded._thread is not None and queued() == 0, "the thread to take the first call"
+            )
             rest = [asyncio.ensure_future(batcher.run(c)) for c in calls[1:]]
             await _until(lambda: queued() == n - 1, f"{n - 1} calls queued behind the first")
         finally:

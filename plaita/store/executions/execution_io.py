@@ -11,38 +11,179 @@ Built once per runner mode, and that choice fixes how every call travels:
   thread of its own; any other call (reads, enqueues, a blocking helper of the runner) goes to
   an offload thread (``asyncio.to_thread``), so the loop is never blocked.
 
-Every call is addressed by the task it serves: ``ExecutionStore.of(task)`` picks its tenant.
+Every call is addressed by the task it serves: its body's tenant picks the store (the default
+tenant's is this adapter's own, no call).
+
+The writes of a step are built here, beside the adapter that sends them: ``create_call`` and
+``checkpoint_call`` (one fenced EVALSHA each, with the parser of its reply), so the store side of
+a create or a checkpoint is this module alone. ``create_now`` and ``checkpoint_now`` send the
+same calls at once, for tools and tests that hold a store and no runner.
 
 The batcher. With ``await runner.run_async(task)`` every create and checkpoint would otherwise be
 a thread hop of its own (``asyncio.to_thread``) and a round trip of its own. ``CallBatcher`` sends
 them over the loop's own connection when it can serve the client; else the loop queues the call
-and awaits a future, and one thread takes whatever is queued, sends it as one pipeline
-(``plaita.store.calls.run_calls``: each call is still one atomic, fenced script, with its own
-reply or error) and resolves the futures with one hand-back per loop. While one batch is on
-the wire the next one gathers: at ``--concurrency`` N up to N calls share a round trip (and,
-with ``appendfsync always``, the server's fsync), and at 1 a call costs what it did.
+and awaits a future, and one thread (``plaita.store.executions.thread_calls``) takes whatever is
+queued, sends it as one pipeline (``plaita.store.calls.run_calls``: each call is still one
+atomic, fenced script, with its own reply or error) and resolves the futures with one hand-back
+per loop. While one batch is on the wire the next one gathers: at ``--concurrency`` N up to N
+calls share a round trip (and, with ``appendfsync always``, the server's fsync), and at 1 a call
+costs what it did.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from plaita.store.calls import ScriptCall, batchable, run_calls
+import redis
+
+from plaita.store import scripts
+from plaita.store.calls import ScriptCall, batchable
 from plaita.store.executions import fanout
+from plaita.store.executions.execution_docs import reply_text
 from plaita.store.executions.flow_limits import FlowLimitStore
-from plaita.store.executions.loop_calls import LoopCalls, LoopUnsupported, resolve, servable
-from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
+from plaita.store.executions.loop_calls import LoopCalls, LoopUnsupported, servable
+from plaita.store.executions.queued import QUEUED
+from plaita.store.executions.staged import ExecutionKeyError, StagedWriteRefused
+from plaita.store.executions.staged import plan as plan_staged
+from plaita.store.executions.store import (
+    FLAG_TTL_S,
+    STATUSES,
+    TERMINAL,
+    ExecutionStore,
+    Staged,
+    UnreadableExecution,
+)
+from plaita.store.executions.thread_calls import ThreadCalls
 from plaita.store.fleet import FleetView
+from plaita.store.keyspace import Keyspace
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+CHECKPOINT = scripts.script("checkpoint_execution")
+CREATE = scripts.script("create_execution")
+
+
+def create_call(
+    client: redis.Redis,
+    ks: Keyspace,
+    execution_id: str,
+    generation: int,
+    state_json: str,
+    now_s: float,
+    dedup: str | None,
+) -> ScriptCall:
+    """Create the state under the lease, as a call to send (alone or in a batch): its reply
+    (code, text, cancel requested), see the CREATE script; only once the store's tenant is
+    registered (``ExecutionStore.register``). ExecutionKeyError (nothing written) when one of its
+    keys holds the wrong type."""
+    p = ks.partition_of(execution_id)
+    keys = [
+        ks.lease_key(execution_id),
+        ks.fence_key(execution_id),
+        ks.execution_key(execution_id),
+        ks.status_key(p, "running"),
+        ks.cancel_key(execution_id),
+        ks.status_key(p, QUEUED),  # a producer's queued record is taken over,
+        ks.status_key(p, "error"),  # or its end when its start was dead-lettered
+    ]
+    if dedup:
+        keys.append(ks.dedup_key(p, dedup))
+    args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
+    return ScriptCall(client, CREATE, keys, args, _created)
+
+
+def _created(reply: list[Any]) -> tuple[int, str, bool]:
+    """CREATE's reply as (code, text, cancel requested), or the wrong-typed key it names."""
+    code, text, cancel = reply
+    if int(code) == 4:
+        raise ExecutionKeyError(reply_text(text), "holds the wrong type")
+    return int(code), reply_text(text), int(cancel) == 1
+
+
+def checkpoint_call(
+    client: redis.Redis,
+    ks: Keyspace,
+    execution_id: str,
+    generation: int,
+    state_json: str,
+    *,
+    status: str,
+    now_s: float,
+    deadline_s: float | None = None,
+    retention_s: int = 0,
+    index_keep_s: int | None = None,
+    staged: Sequence[Staged] = (),
+) -> ScriptCall:
+    """One fenced write of the state, index, deadline and staged writes, as a call to send: its
+    reply (written, cancel requested). A ``completed`` state is refused while the cancel flag is
+    set: (False, True), nothing written. All or nothing: StagedWriteRefused for a staged write
+    Redis would refuse (checked here, before anything is sent, or by the script against the
+    key's current type and value), ExecutionKeyError for a wrong-typed index; ValueError for a
+    deadline that is no finite time. ``index_keep_s``: the status index drops entries older than
+    that (0: none; None: as ``retention_s``), so a flow kept longer than this one stays listed
+    (``Flow.retention_s``); or older than the longest keep another writer used within that keep
+    (the index keeps key: workers of other flows in the same tenant)."""
+    if deadline_s is not None and not math.isfinite(deadline_s):
+        raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
+    p = ks.partition_of(execution_id)
+    keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
+    keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
+    keys += [s.key for s in staged]
+    keys.append(ks.events_key(execution_id))  # expires with the state once terminal
+    if status in TERMINAL:  # the trim keeps what any writer of this partition's index owes
+        keys.append(ks.index_keeps_key(p))
+    args: list[Any] = [
+        generation,
+        state_json,
+        STATUSES.index(status) + 1,
+        repr(now_s),
+        execution_id,
+        "" if deadline_s is None else repr(deadline_s),
+        retention_s if status in TERMINAL else 0,
+        len(staged),
+        *plan_staged(staged),
+    ]
+    if index_keep_s is not None and status in TERMINAL:  # how long its index keeps entries
+        args.append(index_keep_s)
+    return ScriptCall(client, CHECKPOINT, keys, args, _checkpointed)
+
+
+def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
+    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names. (False, True):
+    nothing written, a ``completed`` result refused because the cancel flag is set."""
+    code = int(reply[0])
+    if code == 2:
+        raise StagedWriteRefused(reply_text(reply[1]), reply_text(reply[2]))
+    if code == 3:
+        raise ExecutionKeyError(reply_text(reply[1]), reply_text(reply[2]))
+    return code == 1, code in (1, 4) and int(reply[1]) == 1
+
+
+def create_now(
+    store: ExecutionStore, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
+) -> tuple[int, str, bool]:
+    """``create_call`` on ``store``, sent now (its tenant registered first)."""
+    store.register()
+    return cast(
+        tuple[int, str, bool],
+        create_call(store.client, store.ks, execution_id, generation, state_json, now_s, dedup).run(),
+    )
+
+
+def checkpoint_now(
+    store: ExecutionStore, execution_id: str, generation: int, state_json: str, **kw: Any
+) -> tuple[bool, bool]:
+    """``checkpoint_call`` on ``store``, sent now."""
+    return cast(
+        tuple[bool, bool], checkpoint_call(store.client, store.ks, execution_id, generation, state_json, **kw).run()
+    )
 
 
 class StoreIO:
@@ -56,8 +197,9 @@ class StoreIO:
         self._limits: FlowLimitStore | None = None
 
     def _of(self, task: Task) -> ExecutionStore:
-        """The store of ``task``'s tenant."""
-        return self._store.of(task)
+        """The store of ``task``'s tenant (the default tenant's: this adapter's own, no call)."""
+        tenant = task.tenant_id
+        return self._store.for_tenant(tenant) if tenant else self._store
 
     # -- how calls travel: decided once, here ---------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -100,8 +242,8 @@ class StoreIO:
     async def create(self, task: Task, document: str, now_s: float, dedup: str | None) -> tuple[int, str, bool]:
         store, eid, generation = self._of(task), task.execution_id, task.fencing_token
         if not store.registered:  # a tenant's first create registers the tenant first
-            return await self._call(store.create, eid, generation, document, now_s, dedup)
-        reply = await self._send(store.create_call(eid, generation, document, now_s, dedup))
+            return await self._call(create_now, store, eid, generation, document, now_s, dedup)
+        reply = await self._send(create_call(store.client, store.ks, eid, generation, document, now_s, dedup))
         return cast(tuple[int, str, bool], reply)
 
     def create_ahead(
@@ -110,7 +252,7 @@ class StoreIO:
         store = self._of(task)
         if self._batcher is None or not store.registered:
             return None
-        call = store.create_call(task.execution_id, task.fencing_token, document, now_s, dedup)
+        call = create_call(store.client, store.ks, task.execution_id, task.fencing_token, document, now_s, dedup)
         return asyncio.ensure_future(self._batcher.run(call))
 
     async def checkpoint(
@@ -125,7 +267,10 @@ class StoreIO:
         staged: Sequence[Staged],
         index_keep_s: int | None = None,
     ) -> tuple[bool, bool]:
-        call = self._of(task).checkpoint_call(
+        store = self._of(task)
+        call = checkpoint_call(
+            store.client,
+            store.ks,
             task.execution_id,
             task.fencing_token,
             document,
@@ -204,23 +349,14 @@ class StoreIO:
         return FleetView(self._store.client)
 
 
-#: Calls one round trip carries at most (more wait for the next one).
-MAX_BATCH = 256
-
-_Queued = tuple[ScriptCall, asyncio.Future[Any], asyncio.AbstractEventLoop]
-
-
 class CallBatcher:
-    """One daemon thread (started with the first call) sending queued calls in batches; the
-    calls of a client a loop connection can serve go over that instead (``loop_connection``,
-    ``plaita.store.executions.loop_calls``: no thread hand-offs, batches pipelined)."""
+    """Script calls sent in batches: over the loop's own connection when it can serve the
+    client (``loop_connection``, ``plaita.store.executions.loop_calls``: no thread hand-offs,
+    batches pipelined), else by one daemon thread (``plaita.store.executions.thread_calls``)."""
 
     def __init__(self, *, loop_connection: bool = True) -> None:
         self._loop_calls = LoopCalls() if loop_connection else None
-        self._cond = threading.Condition()
-        self._queued: list[_Queued] = []
-        self._stopped = False
-        self._thread: threading.Thread | None = None
+        self.threaded = ThreadCalls()
 
     async def run(self, call: ScriptCall) -> Any:
         """``call.run()``, sent with whatever else is queued; raises what the call raised."""
@@ -231,70 +367,10 @@ class CallBatcher:
                 if self._loop_calls is not None:  # once: the calls that met it at the same time say nothing
                     logger.warning("flow runner: Redis calls go through a thread, not the loop connection: %s", exc)
                     self._loop_calls = None
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        with self._cond:
-            if self._stopped:
-                raise RuntimeError("flow runner closed: no more Redis calls")
-            self._queued.append((call, future, loop))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="plaita-flow-io", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-        return await future
+        return await self.threaded.run(call)
 
     def stop(self) -> None:
         """Send what is queued, then end the thread (and close the loop connections)."""
         if self._loop_calls is not None:
             self._loop_calls.stop()
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(2.0)
-
-    def _take(self) -> list[_Queued] | None:
-        with self._cond:
-            while not self._queued and not self._stopped:
-                self._cond.wait()
-            if not self._queued:
-                return None
-            batch, self._queued = self._queued[:MAX_BATCH], self._queued[MAX_BATCH:]
-            return batch
-
-    def _serve(self) -> None:
-        while (batch := self._take()) is not None:
-            outcomes = _send(batch)
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
-            for (_, future, loop), outcome in zip(batch, outcomes, strict=True):
-                by_loop.setdefault(loop, []).append((future, outcome))
-            for loop, settled in by_loop.items():
-                _hand_back(loop, settled)
-
-
-def _send(batch: list[_Queued]) -> list[Any]:
-    """Each call's outcome (a reply, or the exception it ended in), one pipeline per client."""
-    outcomes: list[Any] = [None] * len(batch)
-    by_client: dict[int, list[int]] = {}
-    for i, (call, _, _) in enumerate(batch):
-        by_client.setdefault(id(call.client), []).append(i)
-    for indexes in by_client.values():
-        calls = [batch[i][0] for i in indexes]
-        try:
-            results = run_calls(calls[0].client, calls)
-        except BaseException as exc:  # noqa: B036 - every waiting execution must hear of it
-            results = [exc] * len(calls)
-        for i, result in zip(indexes, results, strict=True):
-            outcomes[i] = result
-    return outcomes
-
-
-def _hand_back(loop: asyncio.AbstractEventLoop, settled: list[tuple[asyncio.Future[Any], Any]]) -> None:
-    with contextlib.suppress(RuntimeError):  # a closed loop: its worker is exiting, nobody awaits these
-        loop.call_soon_threadsafe(_resolve, settled)
-
-
-def _resolve(settled: list[tuple[asyncio.Future[Any], Any]]) -> None:
-    for future, outcome in settled:
-        resolve(future, outcome)
+        self.threaded.stop()

@@ -216,13 +216,9 @@ class _Connection:
                 self._reruns.add(rerun)
                 rerun.add_done_callback(self._reruns.discard)
                 return
-            outcome: Any = error
-        else:
-            try:
-                outcome = call.parse(reply)
-            except Exception as exc:  # the refusal the reply names: that call's outcome
-                outcome = exc
-        resolve(future, outcome)
+            resolve(future, error)
+        else:  # read by the call that awaits it (``LoopCalls.run``), not in this reader callback
+            resolve(future, reply)
 
     def _check_progress(self) -> None:
         self._watch = None
@@ -263,8 +259,8 @@ class _Connection:
 
 
 async def _rerun(call: ScriptCall, future: asyncio.Future[Any]) -> None:
-    try:
-        outcome: Any = await asyncio.to_thread(call.run)
+    try:  # the raw reply, as ``_settle`` hands it over: ``LoopCalls.run`` reads it
+        outcome: Any = await asyncio.to_thread(call.script, call.client, call.keys, call.args)
     except Exception as exc:  # that call's outcome, as in run_calls
         outcome = exc
     resolve(future, outcome)
@@ -301,7 +297,7 @@ class LoopCalls:
             conn = await self._connect(key, loop, call.client)
         future: asyncio.Future[Any] = loop.create_future()
         conn.send(call, future)
-        return await future
+        return call.parse(await future)  # the refusal a reply names is raised here, to the caller
 
     async def _connect(self, key: tuple[int, int], loop: asyncio.AbstractEventLoop, client: redis.Redis) -> _Connection:
         """The loop's connection for ``client``: one connect at a time, awaited by every caller."""

@@ -16,21 +16,21 @@ A tenant's executions have the same keys in its namespace (``plaita:<tenant>:exe
 ``plaita.store.keyspace``): ``ExecutionStore.for_tenant``. Creating a tenant's first execution in
 a process adds the tenant to ``plaita:tenants`` (the keeper's list of tenants).
 
-A checkpoint is one EVALSHA: the lease generation is checked inside Lua (a worker that lost
-its lease can never overwrite its successor), then the state, the status index, the deadline
-and the step's staged writes are written together. Every key a script touches is in KEYS.
+A create and a checkpoint are one EVALSHA each, built beside the runner's adapter that sends
+them (``plaita.store.executions.execution_io``: ``create_call``, ``checkpoint_call``): the lease
+generation is checked inside Lua (a worker that lost its lease can never overwrite its
+successor), then the state, the status index, the deadline and the step's staged writes are
+written together. Every key a script touches is in KEYS.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, cast
 
 import redis
 
 from plaita.store import scripts
-from plaita.store.calls import ScriptCall
 from plaita.store.client import get_many
 from plaita.store.executions import fanout
 from plaita.store.executions.events import EventAccess
@@ -38,7 +38,6 @@ from plaita.store.executions.execution_docs import UnreadableExecution, checked,
 from plaita.store.executions.keeper_store import KeeperAccess
 from plaita.store.executions.queued import QUEUED, Enqueued, QueuedAccess
 from plaita.store.executions.staged import STAGE_OPS, ExecutionKeyError, Staged, StagedWriteRefused
-from plaita.store.executions.staged import plan as plan_staged
 from plaita.store.keyspace import (
     CANCEL_PREFIX,
     DEADLINES_KEY,
@@ -83,28 +82,7 @@ MAX_SCANNED_ENTRIES = 100_000
 MAX_CACHED_TENANTS = 1024
 
 
-CHECKPOINT = scripts.script("checkpoint_execution")
-CREATE = scripts.script("create_execution")
 REOPEN = scripts.script("reopen_execution")
-
-
-def _created(reply: list[Any]) -> tuple[int, str, bool]:
-    """CREATE's reply as (code, text, cancel requested), or the wrong-typed key it names."""
-    code, text, cancel = reply
-    if int(code) == 4:
-        raise ExecutionKeyError(reply_text(text), "holds the wrong type")
-    return int(code), reply_text(text), int(cancel) == 1
-
-
-def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
-    """CHECKPOINT's reply as (written, cancel requested), or the refusal it names. (False, True):
-    nothing written, a ``completed`` result refused because the cancel flag is set."""
-    code = int(reply[0])
-    if code == 2:
-        raise StagedWriteRefused(reply_text(reply[1]), reply_text(reply[2]))
-    if code == 3:
-        raise ExecutionKeyError(reply_text(reply[1]), reply_text(reply[2]))
-    return code == 1, code in (1, 4) and int(reply[1]) == 1
 
 
 class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
@@ -163,114 +141,17 @@ class ExecutionStore(KeeperAccess, EventAccess, QueuedAccess):
             raise doc
         return doc
 
-    def create(
-        self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
-    ) -> tuple[int, str, bool]:
-        """Create the state under the lease: (code, text, cancel requested); see CREATE.
-        ExecutionKeyError (nothing written) when one of its keys holds the wrong type."""
-        if not self._registered:  # before the state exists: the keeper must find every tenant's
-            self.client.sadd(TENANTS_KEY, self.ks.tenant)
-            self._registered = True
-        return cast(tuple[int, str, bool], self.create_call(execution_id, generation, state_json, now_s, dedup).run())
-
-    def create_call(
-        self, execution_id: str, generation: int, state_json: str, now_s: float, dedup: str | None
-    ) -> ScriptCall:
-        """``create`` as a call to send (alone or in a batch: ``run_calls``); only once this
-        store's tenant is registered (``registered``)."""
-        ks, p = self.ks, self.ks.partition_of(execution_id)
-        keys = [
-            ks.lease_key(execution_id),
-            ks.fence_key(execution_id),
-            ks.execution_key(execution_id),
-            ks.status_key(p, "running"),
-            ks.cancel_key(execution_id),
-            ks.status_key(p, QUEUED),  # a producer's queued record is taken over,
-            ks.status_key(p, "error"),  # or its end when its start was dead-lettered
-        ]
-        if dedup:
-            keys.append(ks.dedup_key(p, dedup))
-        args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
-        return ScriptCall(self.client, CREATE, keys, args, _created)
-
     @property
     def registered(self) -> bool:
         """This store's tenant is in ``TENANTS_KEY`` (its creates need no SADD first)."""
         return self._registered
 
-    def checkpoint(
-        self,
-        execution_id: str,
-        generation: int,
-        state_json: str,
-        *,
-        status: str,
-        now_s: float,
-        deadline_s: float | None = None,
-        retention_s: int = 0,
-        staged: Sequence[Staged] = (),
-    ) -> tuple[bool, bool]:
-        """One fenced write of the state, index, deadline and staged writes: (written, cancel requested).
-        A ``completed`` state is refused while the cancel flag is set: (False, True), nothing written.
-
-        All or nothing. StagedWriteRefused for a staged write Redis would refuse (checked here,
-        or by the script against the key's current type and value), ExecutionKeyError for a
-        wrong-typed index: in both cases nothing was written.
-        """
-        call = self.checkpoint_call(
-            execution_id,
-            generation,
-            state_json,
-            status=status,
-            now_s=now_s,
-            deadline_s=deadline_s,
-            retention_s=retention_s,
-            staged=staged,
-        )
-        return cast(tuple[bool, bool], call.run())
-
-    def checkpoint_call(
-        self,
-        execution_id: str,
-        generation: int,
-        state_json: str,
-        *,
-        status: str,
-        now_s: float,
-        deadline_s: float | None = None,
-        retention_s: int = 0,
-        index_keep_s: int | None = None,
-        staged: Sequence[Staged] = (),
-    ) -> ScriptCall:
-        """``checkpoint`` as a call to send (alone or in a batch: ``run_calls``); its bad
-        values (deadline, staged writes) are refused here, before anything is sent.
-        ``index_keep_s``: the status index drops entries older than that (0: none; None: as
-        ``retention_s``), so a flow kept longer than this one stays listed (``Flow.retention_s``);
-        or older than the longest keep another writer used within that keep (the index keeps
-        key: workers of other flows in the same tenant)."""
-        if deadline_s is not None and not math.isfinite(deadline_s):
-            raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
-        ks, p = self.ks, self.ks.partition_of(execution_id)
-        keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
-        keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
-        keys += [s.key for s in staged]
-        keys.append(ks.events_key(execution_id))  # expires with the state once terminal
-        if status in TERMINAL:  # the trim keeps what any writer of this partition's index owes
-            keys.append(ks.index_keeps_key(p))
-        args: list[Any] = [
-            generation,
-            state_json,
-            STATUSES.index(status) + 1,
-            repr(now_s),
-            execution_id,
-            "" if deadline_s is None else repr(deadline_s),
-            retention_s if status in TERMINAL else 0,
-            len(staged),
-            *plan_staged(staged),
-        ]
-        if index_keep_s is not None and status in TERMINAL:  # how long its index keeps entries
-            args.append(index_keep_s)
-        return ScriptCall(self.client, CHECKPOINT, keys, args, _checkpointed)
+    def register(self) -> None:
+        """Add this store's tenant to ``TENANTS_KEY`` (before its first execution exists: the
+        keeper must find every tenant's); once per store."""
+        if not self._registered:
+            self.client.sadd(TENANTS_KEY, self.ks.tenant)
+            self._registered = True
 
     def reopen(
         self, execution_id: str, generation: int, state_json: str, now_s: float, rerun_steps: Sequence[str] = ()
