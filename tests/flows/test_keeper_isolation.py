@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from plaita.errors import ConfigError
 from plaita.flows import Flow, Schedule
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
@@ -30,7 +29,6 @@ from tests.support.lease_workers import QUEUE, ROOT, worker_env
 pytestmark = pytest.mark.redis
 
 FAST = KeeperSettings(interval_s=0.1, orphan_grace_s=0.0, lease_ttl_s=2.0, retry_cooldown_s=60)
-NEVER = ("0 0 30 2 *", "0 0 31 4 *", "0 0 31 2 * 0")
 
 
 def scheduled(flow_id: str, cron: str = "*/5 * * * *") -> Flow:
@@ -44,14 +42,6 @@ def queued(h: Harness) -> list[dict[str, object]]:
 
 
 # -- refused at definition ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cron", NEVER)
-def test_a_cron_that_never_fires_is_refused_naming_the_flow(cron: str) -> None:
-    with pytest.raises(ConfigError, match="never fires"):
-        Schedule(cron)
-    with pytest.raises(ConfigError, match=r"flow 'nightly'.*never fires"):
-        Flow("nightly", schedule=cron)
 
 
 @pytest.mark.parametrize("command", [("keeper", "--once"), ("worker",), ("schedules", "list")])

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
 
-from plaita.errors import ConfigError, NotForThisWorker
+from plaita.errors import NotForThisWorker
 from plaita.flows import Flow, StepContext
 from plaita.flows.runner.limits import WAIT_MAX_S
 from plaita.store.executions.flow_limits import FULL, RATE_LIMITED, TAKEN, limit_keys
-from plaita.store.keyspace import DEFAULT, Keyspace, hash_tag
 from tests.flows.limitdefs import suspend_once
 from tests.flows.support import Harness, harness, limits, start
 from tests.support.lease_workers import wait_for
@@ -147,30 +145,12 @@ def test_the_start_rate_counts_starts_only(h: Harness) -> None:
     assert done is not None and done["status"] == "completed"
 
 
-def test_limit_keys_share_one_hash_tag_of_their_own() -> None:
-    """Every script touches keys of one slot (Redis Cluster), apart from the partitions' tags."""
-    for ks in (DEFAULT, Keyspace("q", partitions=4, tagged=True)):
-        keys = limit_keys(ks, "my}flow")
-        assert len({hash_tag(k) for k in keys}) == 1
-        assert hash_tag(keys[0]) not in ks.tags
-
-
 def test_a_key_of_another_type_is_refused_before_any_write(h: Harness, rclient: redis.Redis) -> None:
     slots, owners, _ = limit_keys(h.store.ks, "gate")
     rclient.set(owners, "not a hash")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         take(h, "gate", "x", "t")
     assert rclient.exists(slots) == 0
-
-
-@pytest.mark.parametrize(
-    "options",
-    [{"max_concurrent": 0}, {"max_concurrent": True}, {"max_concurrent": 1.5}, {"max_starts_per_s": 0},
-     {"max_starts_per_s": float("nan")}, {"max_starts_per_s": "5"}],
-)  # fmt: skip
-def test_bad_limits_are_config_errors(options: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError, match="max_"):
-        Flow("f", **options)
 
 
 def server_ms(client: redis.Redis) -> int:

@@ -17,13 +17,11 @@ from plaita.flows import Flow, LimitControl
 from plaita.flows.producer.client import FlowClient
 from plaita.store.executions.flow_limits import (
     FULL,
-    KEY_NAME_MAX,
     RATE_LIMITED,
     TAKEN,
     flow_keys,
     key_scope,
 )
-from plaita.store.keyspace import Keyspace, hash_tag
 from tests.flows.limitdefs import suspend_once
 from tests.flows.support import Harness, harness, limits, resume, start
 from tests.support.lease_workers import wait_for
@@ -89,31 +87,6 @@ def test_a_start_without_its_key_is_a_bad_task(h: Harness) -> None:
     with pytest.raises(BadTaskError, match="concurrency key"):
         h.run(start("nokey", "charge", other=1))
     assert h.store.get("nokey") is None
-
-
-def test_per_key_configuration_is_checked() -> None:
-    with pytest.raises(ConfigError, match="concurrency_key"):
-        Flow("f", max_concurrent_per_key=1)
-    with pytest.raises(ConfigError, match="max_concurrent_per_key"):
-        Flow("f", concurrency_key="c")
-    with pytest.raises(ConfigError, match="max_concurrent_per_key must be"):
-        Flow("f", max_concurrent_per_key=0, concurrency_key="c")
-    with pytest.raises(ConfigError, match="cannot be combined"):
-        Flow("f", max_concurrent=2, max_concurrent_per_key=1, concurrency_key="c")
-
-
-def test_user_keys_cannot_break_key_names() -> None:
-    """A key holding ``:``, ``%``, braces or a megabyte stays one name part of bounded length, in
-    the flow's own hash tag (one slot on a cluster); two keys that differ only in escaping differ."""
-    ks = Keyspace("plaita:q")
-    keys = ["a:b", "a%3Ab", "{x}", "}", "", "x" * KEY_NAME_MAX, "x" * (KEY_NAME_MAX + 1), "é" * 1_000_000]
-    scopes = [key_scope(k) for k in keys]
-    assert len(set(scopes)) == len(keys)
-    assert all(":" not in s and len(s) <= KEY_NAME_MAX + 2 for s in scopes)
-    flow_tag = hash_tag(flow_keys(ks, "charge").slots)
-    for k in keys:
-        fk = flow_keys(ks, "charge", k)
-        assert {hash_tag(x) for x in (fk.slots, fk.owners, fk.parked, fk.parked_tasks, fk.limits)} == {flow_tag}
 
 
 def test_a_dead_holders_key_slot_is_swept_to_its_parked_start(h: Harness) -> None:

@@ -16,7 +16,8 @@ from plaita.flows.model.schedules import execution_id_of
 from plaita.flows.producer.client import FlowClient
 from plaita.flows.schedule_control import ScheduleControl, ScheduleNotFound, TooManyTicks
 from plaita.store.executions.store import ExecutionStore
-from tests.flows.test_schedules import T0, Env, flow, utc
+from tests.flows.test_schedule_ticks import utc
+from tests.flows.test_schedules import T0, Env, flow
 from tests.support.lease_workers import QUEUE, ROOT, worker_env
 
 pytestmark = pytest.mark.redis

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 
 import pytest
 import redis
@@ -23,18 +22,8 @@ from plaita.store.executions.schedule_store import ScheduleStore, schedule_key
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.streams.partitioned import open_queue
 from plaita.store.streams.queue import StreamQueue
+from tests.flows.test_schedule_ticks import T0
 from tests.support.lease_workers import QUEUE
-
-#: 2026-12-01 12:00:00 UTC, on every minute and five-minute tick.
-T0 = int(datetime(2026, 12, 1, 12, 0, tzinfo=UTC).timestamp())
-
-
-def at(*date: int) -> float:
-    return datetime(*date, tzinfo=UTC).timestamp()  # type: ignore[misc]
-
-
-def utc(epoch_s: int) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%d %H:%M")
 
 
 def flow(flow_id: str = "sync", **schedule: object) -> Flow:
@@ -85,35 +74,6 @@ def env(redis_url: str) -> Iterator[Env]:
 def test_a_bad_schedule_is_a_config_error_at_definition(options: dict[str, object], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         Flow("f", schedule=Schedule(**options))  # type: ignore[arg-type]
-
-
-def test_a_cron_string_is_a_utc_schedule_that_skips_missed_ticks() -> None:
-    f = Flow("f", schedule="*/5 * * * *")
-    assert f.schedule == Schedule("*/5 * * * *", tz="UTC", missed="skip")
-    with pytest.raises(ConfigError, match="not a cron expression"):
-        Flow("f", schedule="*/5 * *")
-
-
-def test_ticks_follow_the_time_zone_across_daylight_saving_changes() -> None:
-    paris = Schedule("0 9 * * *", tz="Europe/Paris", max_catchup=10)
-    # Paris leaves winter time (UTC+1) for summer time (UTC+2) on 2026-03-29.
-    spring, _ = paris.due_ticks(
-        datetime(2026, 3, 27, 12, tzinfo=UTC).timestamp(), datetime(2026, 3, 30, 12, tzinfo=UTC).timestamp()
-    )
-    assert [utc(t) for t in reversed(spring)] == ["2026-03-28 08:00", "2026-03-29 07:00", "2026-03-30 07:00"]
-    # ...and comes back on 2026-10-25.
-    autumn, _ = paris.due_ticks(
-        datetime(2026, 10, 23, 12, tzinfo=UTC).timestamp(), datetime(2026, 10, 26, 12, tzinfo=UTC).timestamp()
-    )
-    assert [utc(t) for t in reversed(autumn)] == ["2026-10-24 07:00", "2026-10-25 08:00", "2026-10-26 08:00"]
-    # 02:30 does not exist on 2026-03-29 (runs at 03:00 CEST) and happens twice on 2026-10-25.
-    night = Schedule("30 2 * * *", tz="Europe/Paris", max_catchup=10)
-    spring, _ = night.due_ticks(at(2026, 3, 28, 12), at(2026, 3, 30, 12))
-    assert [utc(t) for t in reversed(spring)] == ["2026-03-29 01:00", "2026-03-30 00:30"]
-    autumn, _ = night.due_ticks(at(2026, 10, 24, 12), at(2026, 10, 26, 12))
-    assert [utc(t) for t in reversed(autumn)] == ["2026-10-25 00:30", "2026-10-25 01:30", "2026-10-26 01:30"]
-    assert utc(Schedule("0 9 * * *").next_tick_s(T0)) == "2026-12-02 09:00"  # UTC by default
-    assert utc(paris.next_tick_s(T0)) == "2026-12-02 08:00"
 
 
 # -- the pass ----------------------------------------------------------------------------

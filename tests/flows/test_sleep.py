@@ -3,7 +3,6 @@ the NEXT step; surviving kill -9; the keeper wakes it within a second of its dea
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
-from plaita.flows.model.context import Sleep, StepContext
 from plaita.flows.producer.client import FlowClient
-from plaita.testing import step_context
 from tests.flows import flowdefs, sleepdefs
 from tests.flows.support import Harness, ledgers, resume, start
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, wait_for, worker_proc
@@ -35,27 +32,6 @@ def h(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
         yield harness
     finally:
         harness.close()
-
-
-def _ctx() -> StepContext:
-    return step_context(execution_id="e", flow_id="f", step="s")  # the testing kit's, as users build it
-
-
-@pytest.mark.parametrize("seconds", [-1, math.nan, math.inf, 10 * 366 * 86400, None, "5", True])
-def test_a_sleep_out_of_bounds_is_refused_in_the_step(seconds: object) -> None:
-    with pytest.raises(ValueError):
-        _ctx().sleep(seconds)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("until", [math.nan, math.inf, -math.inf, 1e11, None])
-def test_a_sleep_until_out_of_bounds_is_refused(until: object) -> None:
-    with pytest.raises(ValueError):
-        _ctx().sleep_until(until)  # type: ignore[arg-type]
-
-
-def test_sleep_values() -> None:
-    assert _ctx().sleep(0) == Sleep(0.0) and _ctx().sleep(3 * 86400).timeout_s == 3 * 86400
-    assert _ctx().sleep_until(5.0).until_s == 5.0  # in the past: wakes at once
 
 
 def test_a_sleep_suspends_at_its_deadline_and_continue_runs_the_next_step(h: Harness) -> None:
