@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -29,7 +30,26 @@ _SUMMED = ("length", "pending", "dlq_length")
 def stream_stats(q: StreamQueue) -> dict[str, Any]:
     """Stream length, group pending/lag and DLQ length (raises on Redis errors), summed over
     the partitions of a partitioned queue (each partition's own row under ``partitions``)."""
-    return _merged(q, [_one_stream_stats(part) for part in q.partition_queues()])
+    return _merged(q, [_with_levels(part, _one_stream_stats) for part in q.partition_queues()])
+
+
+def _with_levels(part: StreamQueue, one: Callable[[StreamQueue], dict[str, Any]]) -> dict[str, Any]:
+    """``one``'s row of a partition, its priority levels' streams counted in (``length``,
+    ``pending``, ``lag``, ``delayed``; each level's length under ``levels``). They share its DLQ."""
+    queues = part.level_queues()
+    rows = [one(q) for q in queues]
+    if len(rows) == 1:
+        return rows[0]
+    out = dict(rows[0])
+    out["length"] = sum(int(r["length"]) for r in rows)
+    out["pending"] = sum(int(r["pending"]) for r in rows)
+    lags, delayed = [r["lag"] for r in rows], [r["delayed"] for r in rows]
+    out["lag"] = None if any(lag is None for lag in lags) else sum(int(lag) for lag in lags)
+    out["delayed"] = None if any(n is None for n in delayed) else sum(int(n) for n in delayed)
+    oldest = max(rows, key=lambda r: float(r["oldest_pending_age_s"]))
+    out["oldest_pending_id"], out["oldest_pending_age_s"] = oldest["oldest_pending_id"], oldest["oldest_pending_age_s"]
+    out["levels"] = {q.stream: int(r["length"]) for q, r in zip(queues, rows, strict=True)}
+    return out
 
 
 def _merged(q: StreamQueue, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -104,7 +124,7 @@ def _delayed_or_none(q: StreamQueue) -> int | None:
 
 def is_settled(q: StreamQueue) -> bool:
     """True when every stream is empty and nothing is pending (every ack reached Redis)."""
-    return all(_one_settled(part) for part in q.partition_queues())
+    return all(_one_settled(level) for part in q.partition_queues() for level in part.level_queues())
 
 
 def _one_settled(q: StreamQueue) -> bool:
@@ -117,7 +137,7 @@ def _one_settled(q: StreamQueue) -> bool:
 
 def stream_stats_or_empty(q: StreamQueue) -> dict[str, Any]:
     """``stream_stats``, or zeros with a note when the stream or its group does not exist yet."""
-    return _merged(q, [_one_or_empty(part) for part in q.partition_queues()])
+    return _merged(q, [_with_levels(part, _one_or_empty) for part in q.partition_queues()])
 
 
 def _one_or_empty(q: StreamQueue) -> dict[str, Any]:
