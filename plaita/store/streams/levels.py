@@ -161,7 +161,7 @@ class LeveledQueue(StreamQueue):
         level = check_priority(priority)
         if level:
             self.announce(level)
-        return level_stream(self.stream, level)
+        return self._level(level).stream
 
     def announce(self, level: int) -> None:
         """SADD ``level`` to the set workers read, once per ``ANNOUNCE_EVERY_S`` per process."""
@@ -197,7 +197,8 @@ class LeveledQueue(StreamQueue):
         level = check_priority(priority)
         if level:
             self.announce(level)
-        ids = self._level(level).enqueue_many(
+        ids = StreamQueue.enqueue_many(
+            self._level(level),
             bodies, schema_version=schema_version, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms
         )
         return [f"{level}/{mid}" for mid in ids] if level else ids
