@@ -199,7 +199,10 @@ class LeveledQueue(StreamQueue):
             self.announce(level)
         ids = StreamQueue.enqueue_many(
             self._level(level),
-            bodies, schema_version=schema_version, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms
+            bodies,
+            schema_version=schema_version,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
         )
         return [f"{level}/{mid}" for mid in ids] if level else ids
 

@@ -1,0 +1,53 @@
+"""Plain tasks with priorities through ``TaskClient`` and a real worker: a priority task runs, its
+retry waits in its level's delayed set and comes back on its level, bad priorities are refused."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from plaita import TaskClient, start_worker
+from plaita.cli.main import main
+from plaita.errors import ConfigError
+from plaita.store.keyspace import level_stream
+from plaita.store.streams.delayed import delayed_count
+from plaita.testing import TestClock
+from tests.support import named_tasks
+from tests.support.ops import wait_until
+from tests.tasking.test_named_tasks import MODULE, QUEUE, WAIT_S, _settings
+
+pytestmark = pytest.mark.redis
+
+
+def test_a_priority_task_runs_and_its_retry_keeps_its_level(redis_url: str, rclient: redis.Redis) -> None:
+    named_tasks.CALLS.clear()
+    with (
+        TestClock() as clock,
+        start_worker(_settings(redis_url), tasks=MODULE),
+        TaskClient.from_url(redis_url, queue_name=QUEUE) as client,
+    ):
+        assert client.result(client.enqueue("add", [2, 3], priority=9), timeout_s=WAIT_S) == 5
+        task_id = client.enqueue("fails_then_waits_an_hour", ["prio"], priority=7)
+        wait_until(lambda: delayed_count(rclient, [level_stream(QUEUE, 7)]) == 1, WAIT_S, "the retry on level 7")
+        assert delayed_count(rclient, [QUEUE]) == 0
+        clock.advance(3600 * 1.3)
+        assert client.result(task_id, timeout_s=WAIT_S) == "ok on attempt 2"
+        assert rclient.xlen(level_stream(QUEUE, 7)) == 0 and rclient.xlen(level_stream(QUEUE, 9)) == 0
+
+
+def test_a_bad_priority_is_refused_before_anything_is_written(redis_url: str, rclient: redis.Redis) -> None:
+    with TaskClient.from_url(redis_url, queue_name=QUEUE) as client:
+        for bad in (10, -1, 2.5):
+            with pytest.raises(ConfigError, match="priority"):
+                client.enqueue("add", [1, 2], priority=bad)  # type: ignore[arg-type]
+    assert rclient.keys("*") == []
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "enqueue", "add", "--priority", "10", "--redis-url", redis_url, "--queue-name", QUEUE])
+    assert exit_.value.code == 2
+
+
+def test_plaita_enqueue_priority_puts_the_tasks_on_their_level(redis_url: str, rclient: redis.Redis) -> None:
+    body = '{"type": "task", "task": "add", "args": [1, 2], "kwargs": {}, "task_id": "t1"}'
+    code = main(["enqueue", body, "--priority", "4", "--redis-url", redis_url, "--queue-name", QUEUE])
+    assert code == 0
+    assert rclient.xlen(level_stream(QUEUE, 4)) == 1 and not rclient.exists(QUEUE)
