@@ -178,7 +178,9 @@ def test_statistics_count_the_level_streams(redis_url: str, producer: StreamQueu
 def test_partitions_with_priorities_read_level_nine_of_every_partition_first(redis_url: str) -> None:
     producer = _open(redis_url, "p", partitions=3)
     producer.enqueue_many([{"type": "start", "flow_id": "f", "execution_id": f"lo{i}"} for i in range(12)])
-    top = producer.enqueue_many([{"type": "start", "flow_id": "f", "execution_id": f"hi{i}"} for i in range(6)], priority=9)
+    top = producer.enqueue_many(
+        [{"type": "start", "flow_id": "f", "execution_id": f"hi{i}"} for i in range(6)], priority=9
+    )
     assert {mid.split("/")[0] for mid in top} == {"0", "1", "2"} and all(m.split("/")[1] == "9" for m in top)
     q = _open(redis_url, partitions=3)
     q.ensure_group()
