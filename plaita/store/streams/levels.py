@@ -52,7 +52,8 @@ ANNOUNCE_EVERY_S = 60.0
 _AT = "@"
 
 
-def _qualify(level: int, entries: list[Entry]) -> list[Entry]:
+def qualify_level(level: int, entries: list[Entry]) -> list[Entry]:
+    """``entries`` of ``level``'s stream with their ids as the queue names them (``<L>/<id>``; level 0 as is)."""
     if level == 0:
         return entries
     return [dataclasses.replace(e, message_id=f"{level}/{e.message_id}") for e in entries]
@@ -103,6 +104,10 @@ class LeveledQueue(StreamQueue):
         self._smembers_refused = False
 
     # -- levels ------------------------------------------------------------------------------
+    def level_queue(self, level: int) -> StreamQueue:
+        """The queue of ``level``'s stream (this one for 0)."""
+        return self._level(level)
+
     def _level(self, level: int) -> StreamQueue:
         if level == 0:
             return self
@@ -222,15 +227,16 @@ class LeveledQueue(StreamQueue):
         self._idle = not out
         return out
 
-    def has_levels(self) -> bool:
-        """Any level > 0 in use (``refresh_levels`` at most every ``LEVELS_REFRESH_S``; groups made)."""
-        return bool(self._in_use())
+    def levels_in_use(self) -> list[int]:
+        """The levels > 0 in use, highest first (``refresh_levels`` at most every ``LEVELS_REFRESH_S``),
+        each one's group made (the owner thread only)."""
+        return self._in_use()
 
     def read_level(self, level: int, count: int) -> list[Entry]:
         """Up to ``count`` new entries of ``level`` (no BLOCK), their ids qualified; [] for a level not in use."""
         if level and level not in self._levels:
             return []
-        return _qualify(level, StreamQueue.read_new(self._level(level), count, 0))
+        return qualify_level(level, StreamQueue.read_new(self._level(level), count, 0))
 
     def _sweep(self, order: list[int], count: int) -> list[Entry]:
         out: list[Entry] = []
@@ -253,7 +259,7 @@ class LeveledQueue(StreamQueue):
         found: list[tuple[int, list[Entry]]] = []
         for name, items in pairs:
             level = names[as_text(name)]
-            found.append((level, _qualify(level, parse_read([(name, items)]))))
+            found.append((level, qualify_level(level, parse_read([(name, items)]))))
         found.sort(key=lambda pair: -pair[0])
         out = [e for _, entries in found for e in entries]
         surplus = [(e.message_id, e.fields) for e in out[count:] if e.fields is not None]
@@ -272,7 +278,7 @@ class LeveledQueue(StreamQueue):
         for at in order[order.index(level) if level in order else 0 :]:
             page = StreamQueue.read_own_pending(self._level(at), cursor, count)
             if page:
-                return _qualify(at, page)
+                return qualify_level(at, page)
             cursor = "0"
         return []
 
@@ -332,9 +338,9 @@ class LeveledQueue(StreamQueue):
             self._level(level), inner, min_idle_ms, count, dead_ms=dead_ms
         )
         if after != "0-0":
-            return f"{level}{_AT}{after}", _qualify(level, entries), skipped
+            return f"{level}{_AT}{after}", qualify_level(level, entries), skipped
         rest = order[order.index(level) + 1 :] if level in order else []
-        return (f"{rest[0]}{_AT}0-0" if rest else "0-0"), _qualify(level, entries), skipped
+        return (f"{rest[0]}{_AT}0-0" if rest else "0-0"), qualify_level(level, entries), skipped
 
     def renew_pending(self, ids: list[str]) -> list[str]:
         if not _leveled(ids):

@@ -24,7 +24,7 @@ from plaita.config import Settings
 from plaita.store.client import clients_for, interrupt
 from plaita.store.keyspace import Keyspace, hash_tag
 from plaita.store.streams.entries import DeadLetter, Entry, ReplicationLagError, parse_read
-from plaita.store.streams.levels import FairOrder, LeveledQueue
+from plaita.store.streams.levels import FairOrder, LeveledQueue, qualify_level
 from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import encode_body
 
@@ -216,7 +216,7 @@ class PartitionedQueue(StreamQueue):
         if levels:
             out = self._sweep_levels(order, self._fair.next([*levels, 0]), count)
         else:
-            out = self._sweep_pipelined(order, count) if self._idle else self._sweep(order, count)
+            out = self._sweep_pipelined([(p, 0) for p in order], count) if self._idle else self._sweep(order, count)
         if not out and block_ms > 0:
             share_ms = max(MIN_BLOCK_MS, block_ms // len(order))
             out = self._qualified(order[0], self.parts[order[0]].read_new(count, share_ms))
@@ -225,15 +225,22 @@ class PartitionedQueue(StreamQueue):
 
     def _sweep_levels(self, order: list[int], levels: list[int], count: int) -> list[Entry]:
         """Priorities in use: level by level in ``levels``' order (``FairOrder``), each across the
-        partitions in turn, so a level 9 task of any partition goes before level 0 of every one."""
+        partitions in turn, so a level 9 task of any partition goes before level 0 of every one.
+        After an empty read, one pipelined sweep of every partition per level instead, until a
+        level has entries (an idle worker's poll costs one round trip per level in use)."""
+        in_use = {p: {0, *self.parts[p].levels_in_use()} for p in order}
+        if self._idle:
+            for level in levels:
+                found = self._sweep_pipelined([(p, level) for p in order if level in in_use[p]], count)
+                if found:
+                    return found
+            return []
+        pairs = [(p, level) for level in levels for p in order if level in in_use[p]]
         out: list[Entry] = []
-        for p in order:
-            self.parts[p].has_levels()  # a new level's group is made before it is read
-        for level in levels:
-            for p in order:
-                if len(out) >= count:
-                    return out
-                out += self._qualified(p, self.parts[p].read_level(level, count - len(out)))
+        for p, level in pairs:
+            if len(out) >= count:
+                break
+            out += self._qualified(p, self.parts[p].read_level(level, count - len(out)))
         return out
 
     def _sweep(self, order: list[int], count: int) -> list[Entry]:
@@ -245,17 +252,18 @@ class PartitionedQueue(StreamQueue):
             out += self._qualified(p, self.parts[p].read_new(count - len(out), 0))
         return out
 
-    def _sweep_pipelined(self, order: list[int], count: int) -> list[Entry]:
-        """Idle: every partition at once, the batch shared out (one round trip per server: an idle
-        worker polls every partition once per BLOCK share, so this is most of its cost)."""
-        quotas = [count // len(order) + (1 if i < count % len(order) else 0) for i in range(len(order))]
-        wanted = [(p, n) for p, n in zip(order, quotas, strict=True) if n > 0]
+    def _sweep_pipelined(self, pairs: list[tuple[int, int]], count: int) -> list[Entry]:
+        """Idle: every (partition, level) stream at once, the batch shared out in ``pairs``' order
+        (one round trip per server: an idle worker polls every partition once per BLOCK share, so
+        this is most of its cost)."""
+        quotas = [count // len(pairs) + (1 if i < count % len(pairs) else 0) for i in range(len(pairs))]
+        wanted = [(p, level, n) for (p, level), n in zip(pairs, quotas, strict=True) if n > 0]
         pipe = self.read_client.pipeline(transaction=False)
-        for p, n in wanted:
-            pipe.xreadgroup(self.group, self.consumer, {self.parts[p].stream: ">"}, count=n)
+        for p, level, n in wanted:
+            pipe.xreadgroup(self.group, self.consumer, {self.parts[p].level_queue(level).stream: ">"}, count=n)
         out: list[Entry] = []
-        for (p, _), reply in zip(wanted, pipe.execute(), strict=True):
-            out += self._qualified(p, parse_read(reply))
+        for (p, level, _), reply in zip(wanted, pipe.execute(), strict=True):
+            out += self._qualified(p, qualify_level(level, parse_read(reply)))
         return out
 
     def read_own_pending(self, after_id: str, count: int) -> list[Entry]:
