@@ -20,8 +20,10 @@ When every level was empty, one XREADGROUP BLOCKs on all of them at once (the ba
 a surplus handed back), so a new task at any level wakes the worker and a stop cuts the read.
 
 Cost: with no level in use a read is today's single XREADGROUP; the worker adds one SMEMBERS
-per ``LEVELS_REFRESH_S`` (and per partition). With levels in use a busy read costs one round
-trip per level it tries until the batch is full; an idle one is one round trip.
+per ``LEVELS_REFRESH_S`` (and per partition). With levels in use a read is one round trip too:
+a busy one runs ``read_levels-n.lua`` (XREADGROUP level after level inside one script), an idle
+one the BLOCKing read. Partitioned, a busy read tries level after level across the partitions
+(one round trip each until the batch is full), an idle one pipelines each level's partitions.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ FAIR_EVERY = 4
 LEVELS_REFRESH_S = 1.0
 #: How often a producer adds a level it uses to the set again (the set survives a flush this late).
 ANNOUNCE_EVERY_S = 60.0
+_READ_LEVELS = scripts.script("read_levels")
 #: Separates the level from its own cursor in a claim cursor (``<L>@<cursor>``).
 _AT = "@"
 
@@ -239,11 +242,13 @@ class LeveledQueue(StreamQueue):
         return qualify_level(level, StreamQueue.read_new(self._level(level), count, 0))
 
     def _sweep(self, order: list[int], count: int) -> list[Entry]:
+        """The levels in ``order`` until ``count``, in one script call (one round trip)."""
+        keys = [self._level(level).stream for level in order]
+        reply = cast(list[Any], _READ_LEVELS(self.read_client, keys, [self.group, self.consumer, count]))
         out: list[Entry] = []
-        for level in order:
-            if len(out) >= count:
-                break
-            out += self.read_level(level, count - len(out))
+        for index, items in zip(reply[::2], reply[1::2], strict=True):
+            level = order[int(index) - 1]
+            out += qualify_level(level, parse_read([(None, items)]))
         return out
 
     def _read_blocking(self, order: list[int], count: int, block_ms: int) -> list[Entry]:
