@@ -18,6 +18,7 @@ from plaita.flows.producer.client import FlowClient
 from plaita.store.keyspace import Keyspace, check_priority, level_stream, levels_key, split_level
 from plaita.store.stats import is_settled, stream_stats
 from plaita.store.streams.delayed import add_tasks, delayed_key
+from plaita.store.streams.dlq import DeadLetterQueue
 from plaita.store.streams.entries import DeadLetter
 from plaita.store.streams.levels import FAIR_EVERY, LeveledQueue
 from plaita.store.streams.partitioned import open_queue
@@ -129,10 +130,13 @@ def test_a_level_entry_is_dead_lettered_and_handed_back_on_its_own_stream(
     assert q.settle([], [dead]) == []
     [row] = rclient.xrange(QUEUE + ":dlq")
     assert level_stream(QUEUE, 7) in row[1]["payload"]
+    [back] = DeadLetterQueue(q).requeue([DeadLetterQueue(q).all_ids()[0]])
+    assert back[1].startswith("7/")  # requeued on the level it came from
+    assert rclient.xlen(level_stream(QUEUE, 7)) == 2  # the handed-out second and the requeued first
     assert second.fields is not None
     q.hand_back([(second.message_id, second.fields)], [], timeout_s=None)
     again = q.read_new(5, 0) or q.read_own_pending("0", 5)
-    assert [_level_of(e.message_id) for e in again] == [7]
+    assert [_level_of(e.message_id) for e in again] == [7, 7]  # the requeued one and the handed-back one
 
 
 def test_a_delayed_priority_task_lands_on_its_level_when_due(redis_url: str, rclient: redis.Redis) -> None:
