@@ -17,13 +17,15 @@ BLOCK; one read in every ``FAIR_EVERY`` instead starts at the next level of a ro
 the levels in use (then the rest, highest first). So a level with a backlog is served by at
 least one read in every ``FAIR_EVERY × (levels in use)``, however busy the levels above it.
 When every level was empty, one XREADGROUP BLOCKs on all of them at once (the batch shared out,
-a surplus handed back), so a new task at any level wakes the worker and a stop cuts the read.
+a surplus handed back: only streams filled at the same moment give one), so a new task at any
+level wakes the worker and a stop cuts the read.
 
 Cost: with no level in use a read is today's single XREADGROUP; the worker adds one SMEMBERS
-per ``LEVELS_REFRESH_S`` (and per partition). With levels in use a read is one round trip too:
-a busy one runs ``read_levels-n.lua`` (XREADGROUP level after level inside one script), an idle
-one the BLOCKing read. Partitioned, a busy read tries level after level across the partitions
-(one round trip each until the batch is full), an idle one pipelines each level's partitions.
+per ``LEVELS_REFRESH_S`` (and per partition). With levels in use a read is one round trip:
+``read_levels-n.lua`` (XREADGROUP level after level inside one script); an idle worker adds the
+BLOCKing read after it (two round trips per BLOCK instead of one). Partitioned, a busy read tries
+level after level across the partitions (one round trip each until the batch is full), an idle
+one pipelines each level's partitions.
 """
 
 from __future__ import annotations
@@ -103,7 +105,6 @@ class LeveledQueue(StreamQueue):
         self._levels_read_at_s = float("-inf")
         self._announced_at_s: dict[int, float] = {}
         self._fair = FairOrder()
-        self._idle = True
         self._smembers_refused = False
 
     # -- levels ------------------------------------------------------------------------------
@@ -221,13 +222,11 @@ class LeveledQueue(StreamQueue):
         if not levels:
             return super().read_new(count, block_ms)
         order = self._fair.next([*levels, 0])
-        if self._idle and block_ms > 0:
+        # The sweep first even when idle: a BLOCKing read over several ready streams would share
+        # its batch over them, not take the highest level first.
+        out = self._sweep(order, count)
+        if not out and block_ms > 0:
             out = self._read_blocking(order, count, block_ms)
-        else:
-            out = self._sweep(order, count)
-            if not out and block_ms > 0:
-                out = self._read_blocking(order, count, block_ms)
-        self._idle = not out
         return out
 
     def levels_in_use(self) -> list[int]:
