@@ -51,3 +51,13 @@ def test_plaita_enqueue_priority_puts_the_tasks_on_their_level(redis_url: str, r
     code = main(["enqueue", body, "--priority", "4", "--redis-url", redis_url, "--queue-name", QUEUE])
     assert code == 0
     assert rclient.xlen(level_stream(QUEUE, 4)) == 1 and not rclient.exists(QUEUE)
+
+
+def test_plaita_executions_start_priority_starts_on_its_level(redis_url: str, rclient: redis.Redis) -> None:
+    head = ["executions", "--redis-url", redis_url, "--queue-name", QUEUE, "start", "f"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*head, "--priority", "12"])
+    assert exit_.value.code == 2
+    assert main([*head, "--priority", "3", "--execution-id", "cli-p3"]) == 0
+    [(_, fields)] = rclient.xrange(level_stream(QUEUE, 3))
+    assert '"execution_id":"cli-p3"' in fields["payload"].replace(" ", "")
