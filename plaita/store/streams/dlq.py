@@ -174,8 +174,7 @@ class DeadLetterQueue:
         for (source, target), rows in groups.items():
             new_ids = self._move(source, target, rows)
             moved += [
-                (row["dlq_id"], self.ks.qualify(target, new))
-                for (_, row), new in zip(rows, new_ids, strict=True)
+                (row["dlq_id"], self.ks.qualify(target, new)) for (_, row), new in zip(rows, new_ids, strict=True)
             ]
         return moved
 

@@ -41,8 +41,8 @@ from plaita.store import scripts
 from plaita.store.errors import refused_by_acl
 from plaita.store.keyspace import check_priority, level_stream, levels_key, split_level
 from plaita.store.leases import RELEASE_MANY
-from plaita.store.streams.entries import DeadLetter, Entry, as_text, parse_read
-from plaita.store.streams.queue import DEAD_LETTER, HAND_BACK_TIMEOUT_S, StreamQueue, _refused_dead_letters
+from plaita.store.streams.entries import DeadLetter, Entry, as_text, parse_read, refused_dead_letters
+from plaita.store.streams.queue import DEAD_LETTER, HAND_BACK_TIMEOUT_S, StreamQueue
 
 logger = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ class LeveledQueue(StreamQueue):
         results = scripts.execute(
             self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True, raise_on_error=False
         )
-        return _refused_dead_letters(results, dead)
+        return refused_dead_letters(results, dead)
 
     def claim_unleased(
         self, cursor: str, min_idle_ms: int, count: int, *, dead_ms: int = 0

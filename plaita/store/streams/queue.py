@@ -19,7 +19,7 @@ from plaita.config import Settings
 from plaita.envelope import build_envelope
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, clients_for, close_clone, interrupt, node_client
-from plaita.store.errors import error_code, refused_by_acl
+from plaita.store.errors import refused_by_acl
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
 from plaita.store.streams import delayed, reclaim
@@ -31,6 +31,7 @@ from plaita.store.streams.entries import (
     as_text,
     parse_read,
     raw_fields,
+    refused_dead_letters,
 )
 from plaita.store.streams.stream_scan import stream_execution_ids
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, field_name_bytes
@@ -40,25 +41,6 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait for each round trip of the hand-back transaction while stopping.
 HAND_BACK_TIMEOUT_S = 0.3
-
-
-def _refused_dead_letters(results: list[Any], dead: list[DeadLetter]) -> list[tuple[DeadLetter, str]]:
-    """The dead letters (the first ``len(dead)`` results) a key refused; any other error raises."""
-    refused = []
-    for i, result in enumerate(results):
-        if not isinstance(result, Exception):
-            continue
-        if i < len(dead) and _is_per_key(result):
-            refused.append((dead[i], f"{type(result).__name__}: {result}"))
-        else:
-            raise result
-    return refused
-
-
-def _is_per_key(exc: Exception) -> bool:
-    """An error that one key caused (it holds another type), not a failure of Redis itself."""
-    # Errors raised inside a script keep the reply code of the command that failed (Redis >= 7).
-    return error_code(exc) == "WRONGTYPE"
 
 
 DEAD_LETTER = scripts.script("dead_letter")
@@ -270,7 +252,7 @@ class StreamQueue:
         results = scripts.execute(
             self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True, raise_on_error=False
         )
-        return _refused_dead_letters(results, dead)
+        return refused_dead_letters(results, dead)
 
     def queue_dead_letters(self, pipe: Pipeline, dead: list[DeadLetter], envelopes: list[str]) -> None:
         """Queue one dead-letter script call per entry of ``dead`` (one reply each) on ``pipe``."""
