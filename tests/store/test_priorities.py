@@ -15,6 +15,7 @@ from redis.crc import key_slot
 from plaita.clock import wall_s
 from plaita.config import Settings
 from plaita.flows.producer.client import FlowClient
+from plaita.store.acl import PRODUCER_ACL_RULES, WORKER_ACL_RULES, setuser_command
 from plaita.store.keyspace import Keyspace, check_priority, level_stream, levels_key, split_level
 from plaita.store.stats import is_settled, stream_stats
 from plaita.store.streams.delayed import add_tasks, delayed_key
@@ -210,3 +211,24 @@ def test_a_read_without_levels_costs_todays_one_command(redis_url: str, rclient:
     assert stats["cmdstat_xreadgroup"]["calls"] == 50
     # One SMEMBERS per LEVELS_REFRESH_S (1 s): at most 2 in a run this short.
     assert stats.get("cmdstat_smembers", {"calls": 0})["calls"] <= 2
+
+
+def test_the_producer_and_worker_acls_suffice_for_priorities(redis_url: str, rclient: redis.Redis) -> None:
+    """SADD (producer), SMEMBERS and the read script's XREADGROUP (worker): nothing refused."""
+    for user, rules in (("prio-producer", PRODUCER_ACL_RULES), ("prio-worker", WORKER_ACL_RULES)):
+        rclient.execute_command(*setuser_command(user, "pw", rules))
+    port = redis_url.rsplit(":", 1)[1]
+    flows = FlowClient.from_url(f"redis://prio-producer:pw@127.0.0.1:{port}", queue_name=QUEUE)
+    producer = flows.queue
+    started = flows.start("f", {}, priority=6)
+    producer.enqueue({"n": 1})
+    worker = _open(f"redis://prio-worker:pw@127.0.0.1:{port}")
+    worker.ensure_group()
+    batch = worker.read_new(10, 0)
+    assert [_level_of(e.message_id) for e in batch] == [6, 0]
+    worker.settle([e.message_id for e in batch], [])
+    assert is_settled(worker) and flows.cancel(started).outcome == "queued"
+    add_tasks(producer, [{"n": 2}], delay_s=60, priority=6)
+    assert worker.move_due(0) == 0
+    assert rclient.acl_log() == []
+    flows.close()
