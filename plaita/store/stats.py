@@ -14,7 +14,7 @@ import redis
 from plaita.store.client import is_cluster
 from plaita.store.errors import error_code
 from plaita.store.executions.store import ExecutionStore
-from plaita.store.keyspace import Keyspace
+from plaita.store.keyspace import LEVEL_SUFFIX, Keyspace
 from plaita.store.streams.delayed import delayed_key
 from plaita.store.streams.entries import as_text
 from plaita.store.streams.queue import StreamQueue
@@ -35,7 +35,8 @@ def stream_stats(q: StreamQueue) -> dict[str, Any]:
 
 def _with_levels(part: StreamQueue, one: Callable[[StreamQueue], dict[str, Any]]) -> dict[str, Any]:
     """``one``'s row of a partition, its priority levels' streams counted in (``length``,
-    ``pending``, ``lag``, ``delayed``; each level's length under ``levels``). They share its DLQ."""
+    ``pending``, ``lag``, ``delayed``; each level's length under ``levels``, by level). They share
+    its DLQ."""
     queues = part.level_queues()
     rows = [one(q) for q in queues]
     if len(rows) == 1:
@@ -48,8 +49,13 @@ def _with_levels(part: StreamQueue, one: Callable[[StreamQueue], dict[str, Any]]
     out["delayed"] = None if any(n is None for n in delayed) else sum(int(n) for n in delayed)
     oldest = max(rows, key=lambda r: float(r["oldest_pending_age_s"]))
     out["oldest_pending_id"], out["oldest_pending_age_s"] = oldest["oldest_pending_id"], oldest["oldest_pending_age_s"]
-    out["levels"] = {q.stream: int(r["length"]) for q, r in zip(queues, rows, strict=True)}
+    out["levels"] = {str(_level_of(part, q)): int(r["length"]) for q, r in zip(queues, rows, strict=True)}
     return out
+
+
+def _level_of(part: StreamQueue, q: StreamQueue) -> int:
+    """The priority level of ``q``, one of ``part.level_queues()``: its stream's ``:prio<L>``."""
+    return 0 if q is part else int(q.stream.rsplit(LEVEL_SUFFIX, 1)[1])
 
 
 def _merged(q: StreamQueue, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -70,6 +76,12 @@ def _merged(q: StreamQueue, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out.pop("note", None)
     if notes:
         out["note"] = "; ".join(notes)
+    if any("levels" in r for r in rows):  # a partition without levels has its length at level 0
+        levels: dict[str, int] = {}
+        for r in rows:
+            for level, n in r.get("levels", {"0": int(r["length"])}).items():
+                levels[level] = levels.get(level, 0) + n
+        out["levels"] = dict(sorted(levels.items()))
     out["partitions"] = rows
     return out
 

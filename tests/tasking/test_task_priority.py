@@ -3,6 +3,8 @@ retry waits in its level's delayed set and comes back on its level, bad prioriti
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import redis
 
@@ -13,7 +15,7 @@ from plaita.store.keyspace import level_stream
 from plaita.store.streams.delayed import delayed_count
 from plaita.testing import TestClock
 from tests.support import named_tasks
-from tests.support.ops import wait_until
+from tests.support.ops import plaita, wait_until
 from tests.tasking.test_named_tasks import MODULE, QUEUE, WAIT_S, _settings
 
 pytestmark = pytest.mark.redis
@@ -61,3 +63,18 @@ def test_plaita_executions_start_priority_starts_on_its_level(redis_url: str, rc
     assert main([*head, "--priority", "3", "--execution-id", "cli-p3"]) == 0
     [(_, fields)] = rclient.xrange(level_stream(QUEUE, 3))
     assert '"execution_id":"cli-p3"' in fields["payload"].replace(" ", "")
+
+
+def test_plaita_status_shows_the_length_of_each_priority_level(redis_url: str) -> None:
+    common = ["--redis-url", redis_url, "--queue-name", QUEUE]
+    for level, n in ((0, 2), (9, 3)):
+        for i in range(n):
+            body = f'{{"type": "task", "task": "add", "args": [{i}, 1], "kwargs": {{}}, "task_id": "s{level}{i}"}}'
+            assert main(["enqueue", body, "--priority", str(level), *common]) == 0
+    done = plaita(redis_url, "status", "--json", queue=QUEUE)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["length"] == 5 and status["levels"] == {"0": 2, "9": 3}
+    done = plaita(redis_url, "status", queue=QUEUE)
+    assert done.returncode == 0, done.stderr
+    assert "length by priority: 9: 3, 0: 2" in [line.strip() for line in done.stdout.splitlines()]
