@@ -233,3 +233,20 @@ def test_the_producer_and_worker_acls_suffice_for_priorities(redis_url: str, rcl
     assert worker.move_due(0) == 0
     assert rclient.acl_log() == []
     flows.close()
+
+
+def test_a_blocking_read_over_several_ready_levels_keeps_its_count_and_hands_the_rest_back(
+    redis_url: str, producer: StreamQueue
+) -> None:
+    """Only streams filled at the same moment during a BLOCK give more than the batch: the
+    highest level's are kept, the rest go back unread (not charged a delivery)."""
+    producer.enqueue({"n": 0})
+    producer.enqueue({"n": 9}, priority=9)
+    q = _open(redis_url)
+    q.ensure_group()
+    assert isinstance(q, LeveledQueue)
+    [kept] = q._read_blocking([9, 0], 1, 100)
+    assert _level_of(kept.message_id) == 9
+    [again] = q.read_new(5, 0)  # the level-0 entry is new again, not pending to us
+    assert _level_of(again.message_id) == 0 and again.delivery_count == 1
+    assert stream_stats(q)["pending"] == 2
