@@ -231,7 +231,8 @@ def test_the_producer_and_worker_acls_suffice_for_priorities(redis_url: str, rcl
     assert is_settled(worker) and flows.cancel(started).outcome == "queued"
     add_tasks(producer, [{"n": 2}], delay_s=60, priority=6)
     assert worker.move_due(0) == 0
-    assert rclient.acl_log() == []
+    # redis-py's optional CLIENT SETINFO may be refused and logged (docs/operations.md): nothing else.
+    assert [e for e in rclient.acl_log() if not str(e["object"]).startswith("client|")] == []
     flows.close()
 
 
