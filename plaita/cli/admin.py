@@ -168,6 +168,9 @@ def _print_queue_status(stats: dict[str, Any]) -> None:
     keys = ("length", "pending", "lag", "consumers", "oldest_pending_id", "oldest_pending_age_s", "dlq_length")
     for key in (*keys, "delayed"):
         print(f"{key:>22}: {stats.get(key)}")
+    if stats.get("levels"):  # priority levels in use: each one's length, highest first
+        by_level = sorted(stats["levels"].items(), key=lambda kv: -int(kv[0]))
+        print(f"{'length by priority':>22}: " + ", ".join(f"{level}: {n}" for level, n in by_level))
     print(f"{'partitions':>22}: {stats['partitions_count']} ({stats['partitions_from']})")
     if stats.get("note"):
         print(f"{'note':>22}: {stats['note']}")

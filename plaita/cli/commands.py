@@ -70,9 +70,14 @@ def run_enqueue(args: argparse.Namespace) -> int:
         # A script's trace context comes in $TRACEPARENT (the environment carrier of OpenTelemetry).
         with producing(bodies, q.keyspace.queue, parent=parse_traceparent(env.get("TRACEPARENT"))):
             if args.delay_s:
-                ids = add_tasks(q, bodies, delay_s=args.delay_s)
+                ids = add_tasks(q, bodies, delay_s=args.delay_s, priority=args.priority)
             else:
-                ids = q.enqueue_many(bodies, wait_replicas=args.wait_replicas, wait_timeout_ms=args.wait_timeout_ms)
+                ids = q.enqueue_many(
+                    bodies,
+                    wait_replicas=args.wait_replicas,
+                    wait_timeout_ms=args.wait_timeout_ms,
+                    priority=args.priority,
+                )
         for message_id in ids:
             print(message_id)
     except ReplicationLagError as exc:

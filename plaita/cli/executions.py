@@ -67,6 +67,14 @@ def _add_start(sub: WithParents) -> None:
     st.add_argument(
         "--delay-s", type=float, help="a delayed start: recorded queued now, its task added when due (<= 10 years)"
     )
+    st.add_argument(
+        "--priority",
+        type=int,
+        choices=range(10),
+        default=0,
+        metavar="0..9",
+        help="0..9: higher levels are read first, a lower one never starved (default 0)",
+    )
     st.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -188,6 +196,7 @@ def _start(flows: Any, args: argparse.Namespace) -> int:
             deadline_s=args.deadline_s,
             delay_s=args.delay_s,
             on_duplicate="raise",
+            priority=args.priority,
         )
     except DuplicateStart as dup:  # still exit 0 with the holder's id: the start is done, once
         eid = dup.execution_id

@@ -30,6 +30,14 @@ def add_parsers(group: GroupMaker) -> None:
     en.add_argument("--kwargs", default="{}", help="keyword arguments, a JSON object (default {})")
     en.add_argument("--task-id", default=None, help="the task id (default: a new one)")
     en.add_argument("--delay-s", type=float, default=None, help="run it no earlier than this from now")
+    en.add_argument(
+        "--priority",
+        type=int,
+        choices=range(10),
+        default=0,
+        metavar="0..9",
+        help="0..9: higher levels are read first, a lower one never starved (default 0)",
+    )
     en.add_argument("--json", action="store_true", help="print JSON")
     rs = sub.add_parser("result", help="a task's result: its value, or its error")
     rs.add_argument("task_id", metavar="TASK_ID")
@@ -56,7 +64,9 @@ def run_tasks(args: argparse.Namespace) -> int:
         if args.tasks_command == "enqueue":
             call_args = _json_arg("--args", args.args, list)
             kwargs = _json_arg("--kwargs", args.kwargs, dict)
-            task_id = client.enqueue(args.name, call_args, kwargs, task_id=args.task_id, delay_s=args.delay_s)
+            task_id = client.enqueue(
+                args.name, call_args, kwargs, task_id=args.task_id, delay_s=args.delay_s, priority=args.priority
+            )
             print(json_text({"task_id": task_id}) if args.json else task_id)
             return 0
         value = client.result(args.task_id, timeout_s=args.timeout_s)

@@ -17,6 +17,8 @@ or ``--dlq-key`` live elsewhere. Needs Redis >= 7.0 (``command|subcommand`` rule
 Delayed tasks: a worker's reclaim pass moves them (a script: TYPE, ZRANGEBYSCORE, XADD, ZREM) and
 its queue statistics count them (ZCARD); ``plaita enqueue --delay-s`` adds them (ZADD); a cancel of
 a delayed start makes its task due now (ZRANGEBYSCORE, then ZADD XX).
+Priorities: a producer SADDs a level it uses to ``<stream>:prio-levels``; a worker reads that set
+(SMEMBERS; a worker refused it logs once and reads level 0 only), a cancel and the statistics too.
 tests/ops/test_security.py proves the worker's and admin's suffice, tests/ops/test_flow_acl.py the
 flow worker's and producer's, tests/dashboard the dashboard's.
 """
@@ -31,7 +33,7 @@ WORKER_ACL_RULES = (
     "+evalsha +script|load +script|exists "
     "+get +set +del +exists +incr +expire +pexpire +rpush +type +pttl +scan +mget "
     "+multi +exec +subscribe +client|setname +info +hset +hget +hdel "
-    "+zcard +zrangebyscore +zrem"
+    "+zcard +zrangebyscore +zrem +smembers"
 )
 
 #: Rules for a flow worker (``--flows``, with or without ``--keeper``) and ``plaita keeper``:
@@ -41,7 +43,7 @@ WORKER_ACL_RULES = (
 #: SREM/SRANDMEMBER (the concurrency keys with parked starts) and WATCH/UNWATCH (the keeper's
 #: compare-and-set on a zombie).
 FLOW_WORKER_ACL_RULES = (
-    WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +hsetnx +incrby +persist +sadd +scard +smembers "
+    WORKER_ACL_RULES + " +hexists +hlen +hmget +hgetall +hsetnx +incrby +persist +sadd +scard "
     "+srem +srandmember +zadd +zrange +zremrangebyscore +zscore +time +watch +unwatch"
 )
 

@@ -8,6 +8,8 @@ and every key that one atomic script touches carries it, so each script stays in
 =====================  ==============================================
 stream                 ``<queue>:T``            (DLQ ``<queue>:T:dlq``)
 delayed tasks          ``<queue>:T:delayed``    (``plaita.store.streams.delayed.delayed_key``)
+priority level L       ``<queue>:T:prio<L>``    (L in 1..9; its delayed set ``<queue>:T:prio<L>:delayed``)
+levels in use          ``<queue>:T:prio-levels`` (a set of L; ``plaita.store.streams.levels``)
 lease, fence           ``plaita:execution:lease:T:<id>``, ``…fence:T:<id>``
 lease generations      ``plaita:executions:lease-generation:T`` (lease format v2)
 crash strikes          ``plaita:execution:crashes:T:<id>``
@@ -41,7 +43,9 @@ Keys written before this layout for ids with ``:`` or ``%`` are moved by ``plait
 An execution belongs to partition ``crc32(utf-8 id) % partitions`` (zlib's CRC-32, so a producer
 in any language routes the same way). A task without an ``execution_id`` is keyed by its message
 id, which a partitioned queue qualifies as ``<partition>/<stream id>`` so ids of different
-streams never collide; such a name belongs to the partition it names.
+streams never collide; such a name belongs to the partition it names. An entry of priority level
+L > 0 is ``<L>/<stream id>`` within its partition (``<partition>/<L>/<stream id>`` partitioned):
+level 0 keeps today's ids, and the lease key of a task without an execution id names its level.
 """
 
 from __future__ import annotations
@@ -76,7 +80,12 @@ GENERATION_KEY = "plaita:executions:lease-generation"
 #: A set of the tenant ids (not the default one) whose executions were created: the keeper reads it.
 TENANTS_KEY = "plaita:tenants"
 
-_QUALIFIED = re.compile(r"(\d+)/(\d+-\d+)")
+_QUALIFIED = re.compile(r"(\d+)/(?:[1-9]/)?(\d+-\d+)")
+#: Highest priority level (``priority=0..9``; 0, the default, is the queue's own stream).
+PRIORITY_MAX = 9
+#: A priority level's stream: ``<stream>:prio<L>``; the set of levels in use: ``<stream>:prio-levels``.
+LEVEL_SUFFIX = ":prio"
+LEVELS_SUFFIX = ":prio-levels"
 #: Suffixes tried per partition for a tag whose slot falls in the partition's share of the slots.
 _TAG_SEARCH = 10_000
 
@@ -98,6 +107,31 @@ def key_id_bytes(name: bytes) -> bytes:
 def id_of_key(part: str) -> str:
     """The id a key's id part names: the inverse of ``key_id``."""
     return part.replace("%3A", ":").replace("%25", "%") if "%" in part else part
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is an int within 0..9, else ValueError (a bool is refused too)."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= PRIORITY_MAX:
+        raise ValueError(f"priority must be an int within 0..{PRIORITY_MAX} (higher runs first), not {priority!r}")
+    return priority
+
+
+def level_stream(stream: str, level: int) -> str:
+    """The stream of priority ``level`` beside ``stream`` (its hash tag, so its slot); 0: ``stream``."""
+    return stream if level == 0 else f"{stream}{LEVEL_SUFFIX}{level}"
+
+
+def levels_key(stream: str) -> str:
+    """The set of the priority levels producers used on ``stream`` (workers read it)."""
+    return stream + LEVELS_SUFFIX
+
+
+def split_level(message_id: str) -> tuple[int, str]:
+    """(level, stream id) of a message id within one partition: ``<L>/<id>`` for L in 1..9, else level 0."""
+    head, sep, rest = message_id.partition("/")
+    if sep and len(head) == 1 and "1" <= head <= "9":
+        return int(head), rest
+    return 0, message_id
 
 
 def hash_tag(key: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -13,7 +14,7 @@ import redis
 from plaita.store.client import is_cluster
 from plaita.store.errors import error_code
 from plaita.store.executions.store import ExecutionStore
-from plaita.store.keyspace import Keyspace
+from plaita.store.keyspace import LEVEL_SUFFIX, Keyspace
 from plaita.store.streams.delayed import delayed_key
 from plaita.store.streams.entries import as_text
 from plaita.store.streams.queue import StreamQueue
@@ -29,7 +30,32 @@ _SUMMED = ("length", "pending", "dlq_length")
 def stream_stats(q: StreamQueue) -> dict[str, Any]:
     """Stream length, group pending/lag and DLQ length (raises on Redis errors), summed over
     the partitions of a partitioned queue (each partition's own row under ``partitions``)."""
-    return _merged(q, [_one_stream_stats(part) for part in q.partition_queues()])
+    return _merged(q, [_with_levels(part, _one_stream_stats) for part in q.partition_queues()])
+
+
+def _with_levels(part: StreamQueue, one: Callable[[StreamQueue], dict[str, Any]]) -> dict[str, Any]:
+    """``one``'s row of a partition, its priority levels' streams counted in (``length``,
+    ``pending``, ``lag``, ``delayed``; each level's length under ``levels``, by level). They share
+    its DLQ."""
+    queues = part.level_queues()
+    rows = [one(q) for q in queues]
+    if len(rows) == 1:
+        return rows[0]
+    out = dict(rows[0])
+    out["length"] = sum(int(r["length"]) for r in rows)
+    out["pending"] = sum(int(r["pending"]) for r in rows)
+    lags, delayed = [r["lag"] for r in rows], [r["delayed"] for r in rows]
+    out["lag"] = None if any(lag is None for lag in lags) else sum(int(lag) for lag in lags)
+    out["delayed"] = None if any(n is None for n in delayed) else sum(int(n) for n in delayed)
+    oldest = max(rows, key=lambda r: float(r["oldest_pending_age_s"]))
+    out["oldest_pending_id"], out["oldest_pending_age_s"] = oldest["oldest_pending_id"], oldest["oldest_pending_age_s"]
+    out["levels"] = {str(_level_of(part, q)): int(r["length"]) for q, r in zip(queues, rows, strict=True)}
+    return out
+
+
+def _level_of(part: StreamQueue, q: StreamQueue) -> int:
+    """The priority level of ``q``, one of ``part.level_queues()``: its stream's ``:prio<L>``."""
+    return 0 if q is part else int(q.stream.rsplit(LEVEL_SUFFIX, 1)[1])
 
 
 def _merged(q: StreamQueue, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -50,6 +76,12 @@ def _merged(q: StreamQueue, rows: list[dict[str, Any]]) -> dict[str, Any]:
     out.pop("note", None)
     if notes:
         out["note"] = "; ".join(notes)
+    if any("levels" in r for r in rows):  # a partition without levels has its length at level 0
+        levels: dict[str, int] = {}
+        for r in rows:
+            for level, n in r.get("levels", {"0": int(r["length"])}).items():
+                levels[level] = levels.get(level, 0) + n
+        out["levels"] = dict(sorted(levels.items()))
     out["partitions"] = rows
     return out
 
@@ -104,7 +136,7 @@ def _delayed_or_none(q: StreamQueue) -> int | None:
 
 def is_settled(q: StreamQueue) -> bool:
     """True when every stream is empty and nothing is pending (every ack reached Redis)."""
-    return all(_one_settled(part) for part in q.partition_queues())
+    return all(_one_settled(level) for part in q.partition_queues() for level in part.level_queues())
 
 
 def _one_settled(q: StreamQueue) -> bool:
@@ -117,7 +149,7 @@ def _one_settled(q: StreamQueue) -> bool:
 
 def stream_stats_or_empty(q: StreamQueue) -> dict[str, Any]:
     """``stream_stats``, or zeros with a note when the stream or its group does not exist yet."""
-    return _merged(q, [_one_or_empty(part) for part in q.partition_queues()])
+    return _merged(q, [_with_levels(part, _one_or_empty) for part in q.partition_queues()])
 
 
 def _one_or_empty(q: StreamQueue) -> dict[str, Any]:

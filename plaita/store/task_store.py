@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from plaita.store.keyspace import key_id
+from plaita.store.keyspace import PRIORITY_MAX, key_id
 from plaita.store.streams.delayed import add_tasks
 from plaita.store.streams.queue import StreamQueue
 
@@ -56,8 +56,15 @@ class TaskStore:
     def add_later(self, body: dict[str, Any], delay_s: float) -> None:
         """Add ``body`` to its partition's delayed set, due ``delay_s`` from now (``wall_s``): a
         worker's reclaim pass puts it on the stream once due; a zero delay adds it now.
-        ValueError for a delay that is not a finite number within 10 years (``due_ms_of``)."""
-        add_tasks(self.queue, [body], delay_s=delay_s)
+        ValueError for a delay that is not a finite number within 10 years (``due_ms_of``). The
+        body's ``priority`` (a named task's, 1..9) keeps its level: a retry goes where it came from."""
+        add_tasks(self.queue, [body], delay_s=delay_s, priority=body_priority(body))
+
+
+def body_priority(body: dict[str, Any]) -> int:
+    """The priority level a body asks for (its ``priority``, an int 1..9), else 0."""
+    value = body.get("priority")
+    return value if type(value) is int and 1 <= value <= PRIORITY_MAX else 0
 
 
 def task_store_of(queue: StreamQueue) -> TaskStore:

@@ -15,6 +15,7 @@ from typing import Any, Unpack
 
 from plaita.config import DEFAULT_QUEUE_NAME, DEFAULT_REDIS_URL
 from plaita.errors import ConfigError
+from plaita.store.keyspace import check_priority
 from plaita.store.queue_access import QueueClient, QueueOptions, open_producer_queue
 from plaita.store.streams.delayed import due_ms_of
 from plaita.store.streams.queue import StreamQueue
@@ -52,13 +53,27 @@ class TaskClient(QueueClient):
         *,
         task_id: str | None = None,
         delay_s: float | None = None,
+        priority: int = 0,
     ) -> str:
         """Enqueue a call of ``task`` (its name, or the registered function); returns its task id
         (``task_id``, else a new one). ``delay_s``: it runs no earlier than that from now (it waits
         in its stream's delayed set; a worker's reclaim pass puts it on the stream when due).
-        ConfigError for arguments that are not JSON or a bad delay."""
+        ``priority`` 0..9: higher levels are read first, none starved (docs/tasks.md); its retries
+        keep it. ConfigError for arguments that are not JSON, a bad delay or a bad priority."""
+        try:
+            check_priority(priority)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         name, new_id = task_name_of(task), task_id or uuid.uuid4().hex
-        body = {"type": NAMED_TYPE, "task": name, "args": list(args), "kwargs": dict(kwargs or {}), "task_id": new_id}
+        body: dict[str, Any] = {
+            "type": NAMED_TYPE,
+            "task": name,
+            "args": list(args),
+            "kwargs": dict(kwargs or {}),
+            "task_id": new_id,
+        }
+        if priority:
+            body["priority"] = priority
         try:
             json.dumps(body)
         except (TypeError, ValueError) as exc:
@@ -71,7 +86,7 @@ class TaskClient(QueueClient):
         if delay_s:
             self.store.add_later(body, delay_s)
         else:
-            self.queue.enqueue(body)
+            self.queue.enqueue(body, priority=priority)
         return new_id
 
     def result(self, task_id: str, *, timeout_s: float = 0.0) -> Any:
@@ -110,8 +125,9 @@ def enqueue(
     partitions: int = 1,
     task_id: str | None = None,
     delay_s: float | None = None,
+    priority: int = 0,
 ) -> str:
     """One ``TaskClient.enqueue`` on a client opened and closed for it; returns the task id.
     A program enqueuing often keeps a ``TaskClient`` instead (one connection pool)."""
     with TaskClient.from_url(redis_url, queue_name=queue_name, partitions=partitions) as tasks:
-        return tasks.enqueue(task, args, kwargs, task_id=task_id, delay_s=delay_s)
+        return tasks.enqueue(task, args, kwargs, task_id=task_id, delay_s=delay_s, priority=priority)

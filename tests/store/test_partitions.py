@@ -18,8 +18,8 @@ from plaita.store.leases import LeaseManager
 from plaita.store.stats import is_settled, stream_stats
 from plaita.store.streams.dlq import DeadLetterQueue
 from plaita.store.streams.entries import DeadLetter
+from plaita.store.streams.levels import LeveledQueue
 from plaita.store.streams.partitioned import PartitionedQueue, open_queue
-from plaita.store.streams.queue import StreamQueue
 from tests.support.redis_server import free_port
 
 QUEUE = "plaita:test:pq"
@@ -106,7 +106,8 @@ def exec_body(eid: str, n: int = 0) -> dict[str, object]:
 class TestPartitionedQueue:
     def test_plain_settings_give_the_plain_queue(self, redis_url: str) -> None:
         q = open_queue(Settings(redis_url=redis_url, queue_name=QUEUE))
-        assert type(q) is StreamQueue and q.stream == QUEUE
+        # A plain stream with its priority levels (none in use: today's keys, today's reads).
+        assert type(q) is LeveledQueue and q.stream == QUEUE and q.level_streams() == [QUEUE]
         q.close()
 
     def test_enqueue_routes_by_execution_id(self, pq: PartitionedQueue, rclient: redis.Redis) -> None:

@@ -81,19 +81,19 @@ class CancelOutcome:
 
 
 def request_cancel(
-    store: ExecutionStore, enqueue: Callable[[dict[str, Any]], Any], execution_id: str, stream: str
+    store: ExecutionStore, enqueue: Callable[[dict[str, Any]], Any], execution_id: str, streams: list[str]
 ) -> CancelOutcome | None:
-    """Cancel ``execution_id`` (``enqueue`` sends a task; ``stream``: where its start would be
-    queued); None when it has no document and no start of it is queued. The flag is set before
-    the document is read again, so whatever a worker did meanwhile (created it, suspended it)
-    the cancel lands."""
+    """Cancel ``execution_id`` (``enqueue`` sends a task; ``streams``: where its start would be
+    queued, its partition's stream and each priority level's in use); None when it has no
+    document and no start of it is queued. The flag is set before the document is read again, so
+    whatever a worker did meanwhile (created it, suspended it) the cancel lands."""
     doc = store.get(execution_id)
     queued: bool | None = None
     parked: dict[str, Any] | None = None
     if doc is None or doc.get("status") == QUEUED_STATUS:  # its start may be parked for a slot
         parked = FlowLimitStore.sharing(store).parked_start(member_of(store.ks.tenant, execution_id))
     if doc is None and parked is None:
-        queued = store.start_queued(execution_id, stream)
+        queued = _start_queued(store, execution_id, streams)
         if queued is False:
             doc = store.get(execution_id)  # created (maybe ended) while the stream was read
             if doc is None:
@@ -105,7 +105,7 @@ def request_cancel(
     store.request_cancel(execution_id, ttl_s=_flag_ttl_s(doc))
     if parked is not None:  # read with its flag set: it takes no slot, leaves the parked starts, ends
         enqueue(parked)
-    _start_delayed_now(store, doc, stream)
+    _start_delayed_now(store, doc, streams)
     doc = store.get(execution_id)
     status = None if doc is None else doc.get("status")
     if doc is None:
@@ -138,14 +138,27 @@ def _flag_ttl_s(doc: dict[str, Any] | None) -> int:
     return FLAG_TTL_S + max(0, math.ceil(until - wall_s()))
 
 
-def _start_delayed_now(store: ExecutionStore, doc: dict[str, Any] | None, stream: str) -> None:
+def _start_queued(store: ExecutionStore, execution_id: str, streams: list[str]) -> bool | None:
+    """Whether a start of ``execution_id`` waits in any of ``streams`` (None: one was too long to
+    read through and none holds it)."""
+    answer: bool | None = False
+    for stream in streams:
+        found = store.start_queued(execution_id, stream)
+        if found:
+            return True
+        answer = None if found is None else answer
+    return answer
+
+
+def _start_delayed_now(store: ExecutionStore, doc: dict[str, Any] | None, streams: list[str]) -> None:
     """A delayed start just cancelled: its task is made due now (after the flag is set), so the
     next reclaim pass moves it, a worker reads it and it ends cancelled, not when it was due."""
     waiting = doc.get("waiting") if doc is not None and doc.get("status") == QUEUED_STATUS else None
     if isinstance(waiting, dict) and waiting.get("for") == "due":
         due_ms, task = waiting.get("due_ms"), waiting.get("task")
         if isinstance(due_ms, int) and not isinstance(due_ms, bool) and isinstance(task, str) and task:
-            store.start_now(stream, due_ms, task)  # refused by an ACL: it ends cancelled when due
+            # Refused by an ACL: it ends cancelled when due. Its set is its priority level's.
+            any(store.start_now(stream, due_ms, task) for stream in streams)
 
 
 def _ended(execution_id: str, doc: dict[str, Any]) -> CancelOutcome:

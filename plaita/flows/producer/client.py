@@ -34,6 +34,7 @@ from plaita.flows.retention import Deleted
 from plaita.flows.retention import NotDeletable as NotDeletable
 from plaita.flows.tracing import producing
 from plaita.store.executions.store import QUEUED, TERMINAL, ExecutionStore
+from plaita.store.keyspace import check_priority
 from plaita.store.queue_access import QueueClient, QueueOptions, open_producer_queue
 from plaita.store.streams.delayed import delayed_member, due_ms_of, new_member_id
 from plaita.store.streams.queue import StreamQueue
@@ -134,6 +135,7 @@ class FlowClient(QueueClient):
         on_duplicate: str = "return",
         delay_s: float | None = None,
         at: float | None = None,
+        priority: int = 0,
     ) -> str:
         """Record the execution as ``queued`` and enqueue its start, in one atomic call; returns
         its id. With ``dedup_key`` already held (by a start within 7 days, however close), nothing
@@ -148,7 +150,13 @@ class FlowClient(QueueClient):
         ``delay_s`` (seconds from now) or ``at`` (epoch seconds): a delayed start. It is recorded
         ``queued`` at once (``waiting`` says until when), so get, list and cancel see it; its
         task is added to the queue when due (``plaita.store.streams.delayed``). A deadline counts
-        from now, not from the due time. ValueError for both, or one not within 10 years."""
+        from now, not from the due time. ValueError for both, or one not within 10 years.
+
+        ``priority`` 0..9 (default 0): the start goes to its partition's stream of that level;
+        workers read higher levels first without starving the lower (docs/flows.md). It orders
+        the start; the execution's later tasks (resumes, retries) go at level 0. ValueError
+        unless an int within 0..9."""
+        check_priority(priority)
         if params is not None and not isinstance(params, dict):
             raise TypeError("params must be a dict (a JSON object)")
         if on_duplicate not in ON_DUPLICATE:
@@ -182,7 +190,7 @@ class FlowClient(QueueClient):
         )
         ks = self.queue.keyspace
         with producing([body], ks.queue):
-            stream = ks.stream(ks.partition_of(eid))
+            stream = self.queue.partition_queues()[ks.partition_of(eid)].stream_for(priority)
             # Built in here: the body carries its trace context from now on.
             delayed = delayed_member(body, due_ms, member_id=task_id) if due_ms else None
             done = self.store.enqueue_start(
@@ -399,7 +407,8 @@ class FlowClient(QueueClient):
         soon as a worker takes the ``cancel`` task enqueued for it, its children stopping at their
         next checkpoint. ExecutionNotFound when there is no execution and no start of it queued."""
         ks = self.queue.keyspace
-        outcome = request_cancel(self.store, self._enqueue, execution_id, ks.stream(ks.partition_of(execution_id)))
+        streams = self.queue.partition_queues()[ks.partition_of(execution_id)].level_streams()
+        outcome = request_cancel(self.store, self._enqueue, execution_id, streams)
         if outcome is None:
             raise ExecutionNotFound(f"no execution {execution_id!r} and no start of it queued")
         return outcome

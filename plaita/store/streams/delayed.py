@@ -40,6 +40,8 @@ _MOVE_DUE = scripts.script("move_due")
 class _Stream(Protocol):
     stream: str
 
+    def stream_for(self, priority: int = 0) -> str: ...
+
 
 class Queue(Protocol):
     """What ``add_tasks`` needs of a queue (``StreamQueue``, ``PartitionedQueue``); a protocol, as
@@ -51,7 +53,9 @@ class Queue(Protocol):
 
     def partition_for(self, body: dict[str, Any]) -> int: ...
 
-    def enqueue_many(self, bodies: list[dict[str, Any]], *, schema_version: int = 1) -> list[str]: ...
+    def enqueue_many(
+        self, bodies: list[dict[str, Any]], *, schema_version: int = 1, priority: int = 0
+    ) -> list[str]: ...
 
 
 def delayed_key(stream: str) -> str:
@@ -106,20 +110,23 @@ def add_tasks(
     delay_s: float | None = None,
     at_s: float | None = None,
     schema_version: int = 1,
+    priority: int = 0,
 ) -> list[str]:
     """Add ``bodies`` to ``queue``, each on its partition: at once (their stream entry ids), or
     delayed ``delay_s`` seconds from now (``wall_s``) / due at ``at_s`` epoch seconds (their
     delayed member ids, ``d-…``). ValueError as ``due_ms_of``. The one way a producer adds a task
-    with a delay: ``plaita enqueue --delay-s`` and the plain-task client call it."""
+    with a delay: ``plaita enqueue --delay-s`` and the plain-task client call it. ``priority``
+    (0..9): each goes to its partition's stream of that level, or that level's delayed set, so a
+    delayed task lands on its level when due."""
     due_ms = due_ms_of(delay_s, at_s, wall_s())
     if due_ms == 0:
-        return queue.enqueue_many(bodies, schema_version=schema_version)
+        return queue.enqueue_many(bodies, schema_version=schema_version, priority=priority)
     parts: list[_Stream] = queue.partition_queues()
     pipe = queue.client.pipeline(transaction=False)
     ids = []
     for body in bodies:
         m = delayed_member(body, due_ms, schema_version=schema_version)
-        pipe.zadd(delayed_key(parts[queue.partition_for(body)].stream), {m.member: due_ms})
+        pipe.zadd(delayed_key(parts[queue.partition_for(body)].stream_for(priority)), {m.member: due_ms})
         ids.append(m.member_id)
     pipe.execute()
     return ids

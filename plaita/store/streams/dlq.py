@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from plaita.envelope import original_fields
+from plaita.store.keyspace import LEVEL_SUFFIX, PRIORITY_MAX, level_stream
 from plaita.store.streams.entries import as_text
 from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body
@@ -173,22 +174,38 @@ class DeadLetterQueue:
         for (source, target), rows in groups.items():
             new_ids = self._move(source, target, rows)
             moved += [
-                (row["dlq_id"], self.ks.qualify(target, as_text(new)))
-                for (_, row), new in zip(rows, new_ids, strict=True)
+                (row["dlq_id"], self.ks.qualify(target, new)) for (_, row), new in zip(rows, new_ids, strict=True)
             ]
         return moved
 
-    def _move(self, source: int, target: int, rows: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    def _move(self, source: int, target: int, rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """The new ids, each as its partition names it (``<L>/<id>`` on a priority level)."""
         same_slot = source == target
         pipe = self.client.pipeline(transaction=same_slot)
-        for _, row in rows:
-            pipe.xadd(self.parts[target].stream, _replay_fields(row))
+        levels = [self._replay_level(source, target, row) for _, row in rows]
+        for (_, row), level in zip(rows, levels, strict=True):
+            pipe.xadd(self.parts[target].stream_for(level), _replay_fields(row))
         if not same_slot:
             new_ids = pipe.execute()
             pipe = self.client.pipeline(transaction=False)
         pipe.xdel(self.parts[source].dlq_key, *(mid for mid, _ in rows))
         results = pipe.execute()
-        return new_ids if not same_slot else results[: len(rows)]
+        added = new_ids if not same_slot else results[: len(rows)]
+        return [f"{lv}/{as_text(mid)}" if lv else as_text(mid) for lv, mid in zip(levels, added, strict=True)]
+
+    def _replay_level(self, source: int, target: int, row: dict[str, Any]) -> int:
+        """The priority level a dead letter goes back to: the one it was read from (its envelope's
+        ``source_stream``), 0 when none or when the queue has no levels (a plain StreamQueue)."""
+        came_from = str(row.get("source_stream") or "")
+        _, sep, tail = came_from.rpartition(LEVEL_SUFFIX)
+        level = int(tail) if sep and tail.isdigit() and 1 <= int(tail) <= PRIORITY_MAX else 0
+        if level == 0 or came_from != level_stream(self.parts[source].stream, level):
+            return 0
+        try:
+            self.parts[target].stream_for(level)
+        except ValueError:
+            return 0
+        return level
 
     def all_ids(self) -> list[str]:
         return [self.ks.qualify(p, as_text(mid)) for p in range(len(self.parts)) for mid, _ in self._range(p)]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plaita.errors import PlaitaError
+from plaita.store.errors import error_code
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, decode_fields, field_name_bytes
 
 
@@ -92,3 +93,22 @@ def parse_read(reply: Any) -> list[Entry]:
             fields, problems = decode_fields(flat)
             entries.append(Entry(mid, fields, 1, tuple(problems)))
     return entries
+
+
+def refused_dead_letters(results: list[Any], dead: list[DeadLetter]) -> list[tuple[DeadLetter, str]]:
+    """The dead letters (the first ``len(dead)`` results) a key refused; any other error raises."""
+    refused = []
+    for i, result in enumerate(results):
+        if not isinstance(result, Exception):
+            continue
+        if i < len(dead) and _is_per_key(result):
+            refused.append((dead[i], f"{type(result).__name__}: {result}"))
+        else:
+            raise result
+    return refused
+
+
+def _is_per_key(exc: Exception) -> bool:
+    """An error that one key caused (it holds another type), not a failure of Redis itself."""
+    # Errors raised inside a script keep the reply code of the command that failed (Redis >= 7).
+    return error_code(exc) == "WRONGTYPE"

@@ -24,6 +24,7 @@ from plaita.config import Settings
 from plaita.store.client import clients_for, interrupt
 from plaita.store.keyspace import Keyspace, hash_tag
 from plaita.store.streams.entries import DeadLetter, Entry, ReplicationLagError, parse_read
+from plaita.store.streams.levels import FairOrder, LeveledQueue, qualify_level
 from plaita.store.streams.queue import StreamQueue
 from plaita.tasks import encode_body
 
@@ -45,7 +46,7 @@ def open_queue(
     """The queue of ``settings``: a plain ``StreamQueue`` for one untagged partition (today's keys),
     else a ``PartitionedQueue``. Clients are made from the settings unless given."""
     if not settings.tagged_keys:
-        return StreamQueue.from_settings(settings, client=client, read_client=read_client)
+        return LeveledQueue.from_settings(settings, client=client, read_client=read_client)
     client, read_client = clients_for(settings, client, read_client)
     return PartitionedQueue(
         client,
@@ -67,9 +68,10 @@ def _partition_queue(
     group: str,
     consumer: str,
     dlq_max_len: int,
-) -> StreamQueue:
-    """Partition ``p``'s own queue: its stream, DLQ and lease keys all under its hash tag."""
-    return StreamQueue(
+) -> LeveledQueue:
+    """Partition ``p``'s own queue: its stream, its priority levels', DLQ and lease keys all under
+    its hash tag."""
+    return LeveledQueue(
         client,
         read_client=read_client,
         stream=ks.stream(p),
@@ -117,11 +119,15 @@ class PartitionedQueue(StreamQueue):
         self.dlq_key = f"{ks.dlq(0)} …" if ks.partitions > 1 else ks.dlq(0)
         self.assigned = sorted(set(assigned)) if assigned is not None else list(range(ks.partitions))
         self._turn = 0
+        self._fair = FairOrder()
         #: The last read found nothing: the next sweep is pipelined (cheap while idle).
         self._idle = True
 
     def partition_queues(self) -> list[StreamQueue]:
         return list(self.parts)
+
+    def stream_for(self, priority: int = 0) -> str:
+        raise ValueError("a partitioned queue has one stream per partition: ask partition_queues()[p].stream_for")
 
     # -- helpers ---------------------------------------------------------------------------
     def _rotation(self) -> list[int]:
@@ -162,9 +168,9 @@ class PartitionedQueue(StreamQueue):
             return self.keyspace.partition_of(eid)
         return self.keyspace.partition_of(encode_body(body))
 
-    def enqueue(self, body: dict[str, Any], *, schema_version: int = 1) -> str:
+    def enqueue(self, body: dict[str, Any], *, schema_version: int = 1, priority: int = 0) -> str:
         p = self.partition_for(body)
-        return f"{p}/{self.parts[p].enqueue(body, schema_version=schema_version)}"
+        return f"{p}/{self.parts[p].enqueue(body, schema_version=schema_version, priority=priority)}"
 
     def enqueue_many(
         self,
@@ -173,6 +179,7 @@ class PartitionedQueue(StreamQueue):
         schema_version: int = 1,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        priority: int = 0,
     ) -> list[str]:
         """One pipeline per partition (each with its own WAIT); ids in the order of ``bodies``."""
         groups: dict[int, list[int]] = {}
@@ -187,6 +194,7 @@ class PartitionedQueue(StreamQueue):
                     schema_version=schema_version,
                     wait_replicas=wait_replicas,
                     wait_timeout_ms=wait_timeout_ms,
+                    priority=priority,
                 )
             except ReplicationLagError as exc:  # added, not proven: the other partitions still go
                 lagging.append(exc)
@@ -204,11 +212,35 @@ class PartitionedQueue(StreamQueue):
         ``block_ms`` 0 never blocks, as on a plain queue: the read ahead of a batch still waiting
         for its leases (``ConsumePhases._read_ahead``) must not hold that batch up."""
         order = self._rotation()
-        out = self._sweep_pipelined(order, count) if self._idle else self._sweep(order, count)
+        levels = sorted({lv for p in order for lv in self.parts[p].refresh_levels()}, reverse=True)
+        if levels:
+            out = self._sweep_levels(order, self._fair.next([*levels, 0]), count)
+        else:
+            out = self._sweep_pipelined([(p, 0) for p in order], count) if self._idle else self._sweep(order, count)
         if not out and block_ms > 0:
             share_ms = max(MIN_BLOCK_MS, block_ms // len(order))
             out = self._qualified(order[0], self.parts[order[0]].read_new(count, share_ms))
         self._idle = not out
+        return out
+
+    def _sweep_levels(self, order: list[int], levels: list[int], count: int) -> list[Entry]:
+        """Priorities in use: level by level in ``levels``' order (``FairOrder``), each across the
+        partitions in turn, so a level 9 task of any partition goes before level 0 of every one.
+        After an empty read, one pipelined sweep of every partition per level instead, until a
+        level has entries (an idle worker's poll costs one round trip per level in use)."""
+        in_use = {p: {0, *self.parts[p].levels_in_use()} for p in order}
+        if self._idle:
+            for level in levels:
+                found = self._sweep_pipelined([(p, level) for p in order if level in in_use[p]], count)
+                if found:
+                    return found
+            return []
+        pairs = [(p, level) for level in levels for p in order if level in in_use[p]]
+        out: list[Entry] = []
+        for p, level in pairs:
+            if len(out) >= count:
+                break
+            out += self._qualified(p, self.parts[p].read_level(level, count - len(out)))
         return out
 
     def _sweep(self, order: list[int], count: int) -> list[Entry]:
@@ -220,17 +252,18 @@ class PartitionedQueue(StreamQueue):
             out += self._qualified(p, self.parts[p].read_new(count - len(out), 0))
         return out
 
-    def _sweep_pipelined(self, order: list[int], count: int) -> list[Entry]:
-        """Idle: every partition at once, the batch shared out (one round trip per server: an idle
-        worker polls every partition once per BLOCK share, so this is most of its cost)."""
-        quotas = [count // len(order) + (1 if i < count % len(order) else 0) for i in range(len(order))]
-        wanted = [(p, n) for p, n in zip(order, quotas, strict=True) if n > 0]
+    def _sweep_pipelined(self, pairs: list[tuple[int, int]], count: int) -> list[Entry]:
+        """Idle: every (partition, level) stream at once, the batch shared out in ``pairs``' order
+        (one round trip per server: an idle worker polls every partition once per BLOCK share, so
+        this is most of its cost)."""
+        quotas = [count // len(pairs) + (1 if i < count % len(pairs) else 0) for i in range(len(pairs))]
+        wanted = [(p, level, n) for (p, level), n in zip(pairs, quotas, strict=True) if n > 0]
         pipe = self.read_client.pipeline(transaction=False)
-        for p, n in wanted:
-            pipe.xreadgroup(self.group, self.consumer, {self.parts[p].stream: ">"}, count=n)
+        for p, level, n in wanted:
+            pipe.xreadgroup(self.group, self.consumer, {self.parts[p].level_queue(level).stream: ">"}, count=n)
         out: list[Entry] = []
-        for (p, _), reply in zip(wanted, pipe.execute(), strict=True):
-            out += self._qualified(p, parse_read(reply))
+        for (p, level, _), reply in zip(wanted, pipe.execute(), strict=True):
+            out += self._qualified(p, qualify_level(level, parse_read(reply)))
         return out
 
     def read_own_pending(self, after_id: str, count: int) -> list[Entry]:

@@ -19,7 +19,7 @@ from plaita.config import Settings
 from plaita.envelope import build_envelope
 from plaita.store import scripts
 from plaita.store.client import bounded_clone, clients_for, close_clone, interrupt, node_client
-from plaita.store.errors import error_code, refused_by_acl
+from plaita.store.errors import refused_by_acl
 from plaita.store.keyspace import LEASE_PREFIX, Keyspace
 from plaita.store.leases import RELEASE_MANY
 from plaita.store.streams import delayed, reclaim
@@ -31,6 +31,7 @@ from plaita.store.streams.entries import (
     as_text,
     parse_read,
     raw_fields,
+    refused_dead_letters,
 )
 from plaita.store.streams.stream_scan import stream_execution_ids
 from plaita.tasks import PAYLOAD_FIELD, SCHEMA_FIELD, encode_body, field_name_bytes
@@ -40,25 +41,6 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait for each round trip of the hand-back transaction while stopping.
 HAND_BACK_TIMEOUT_S = 0.3
-
-
-def _refused_dead_letters(results: list[Any], dead: list[DeadLetter]) -> list[tuple[DeadLetter, str]]:
-    """The dead letters (the first ``len(dead)`` results) a key refused; any other error raises."""
-    refused = []
-    for i, result in enumerate(results):
-        if not isinstance(result, Exception):
-            continue
-        if i < len(dead) and _is_per_key(result):
-            refused.append((dead[i], f"{type(result).__name__}: {result}"))
-        else:
-            raise result
-    return refused
-
-
-def _is_per_key(exc: Exception) -> bool:
-    """An error that one key caused (it holds another type), not a failure of Redis itself."""
-    # Errors raised inside a script keep the reply code of the command that failed (Redis >= 7).
-    return error_code(exc) == "WRONGTYPE"
 
 
 DEAD_LETTER = scripts.script("dead_letter")
@@ -115,7 +97,23 @@ class StreamQueue:
 
     @property
     def streams(self) -> list[str]:
-        return [q.stream for q in self.partition_queues()]
+        """Every stream of this queue: each partition's, and each of its priority levels in use."""
+        return [s for q in self.partition_queues() for s in q.level_streams()]
+
+    def level_streams(self) -> list[str]:
+        """This stream and those of its priority levels in use (``plaita.store.streams.levels``)."""
+        return [q.stream for q in self.level_queues()]
+
+    def level_queues(self) -> list[StreamQueue]:
+        """This queue and one per priority level in use, lowest first (a plain queue: itself)."""
+        return [self]
+
+    def stream_for(self, priority: int = 0) -> str:
+        """The stream a task of ``priority`` goes to. A plain queue has level 0 only: ValueError
+        for another (``open_queue`` opens one with levels)."""
+        if priority:
+            raise ValueError(f"queue {self.stream} has no priority levels (open it with open_queue)")
+        return self.stream
 
     def execution_ids(self, max_entries: int) -> tuple[set[str], bool]:
         """The execution ids of every task in this queue's streams, and whether every stream was
@@ -151,8 +149,9 @@ class StreamQueue:
         return True
 
     # -- produce ----------------------------------------------------------------------
-    def enqueue(self, body: dict[str, Any], *, schema_version: int = 1) -> str:
-        """XADD a task body; returns its id."""
+    def enqueue(self, body: dict[str, Any], *, schema_version: int = 1, priority: int = 0) -> str:
+        """XADD a task body; returns its id. ``priority``: 0 only (see ``stream_for``)."""
+        self.stream_for(priority)
         fields = {PAYLOAD_FIELD: encode_body(body), SCHEMA_FIELD: str(schema_version)}
         return as_text(cast(bytes, self.client.xadd(self.stream, fields)))  # type: ignore[arg-type]
 
@@ -163,14 +162,16 @@ class StreamQueue:
         schema_version: int = 1,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        priority: int = 0,
     ) -> list[str]:
-        """XADD many bodies in one pipeline; returns their ids in order.
+        """XADD many bodies in one pipeline; returns their ids in order. ``priority``: 0 only here.
 
         ``wait_replicas``: a durable enqueue. Replication is asynchronous, so a failover can lose
         entries the old master acknowledged but never sent on; WAIT makes the call return only
         once that many replicas have them (or raise ``ReplicationLagError`` after the timeout,
         when the ids are on the master but not proven on a replica).
         """
+        self.stream_for(priority)
         # WAIT counts what this connection wrote: on a cluster, the XADDs and the WAIT go together
         # to the master of the stream's slot.
         client = node_client(self.client, self.stream) if wait_replicas > 0 else self.client
@@ -243,20 +244,26 @@ class StreamQueue:
         # Safe to run twice (see plaita.store.scripts): XACK/XDEL and compare-and-delete are
         # idempotent, and a NOSCRIPT reply means no dead-letter script ran.
         def build(pipe: Pipeline) -> None:
-            for d, envelope in zip(dead, envelopes, strict=True):
-                DEAD_LETTER.queue(
-                    pipe, [self.dlq_key, self.stream], [self.group, self.dlq_max_len, d.message_id, envelope]
-                )
-            if acks:
-                pipe.xack(self.stream, self.group, *acks)
-                pipe.xdel(self.stream, *acks)
+            self.queue_dead_letters(pipe, dead, envelopes)
+            self.queue_acks(pipe, acks)
             if releases:
                 RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
 
         results = scripts.execute(
             self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True, raise_on_error=False
         )
-        return _refused_dead_letters(results, dead)
+        return refused_dead_letters(results, dead)
+
+    def queue_dead_letters(self, pipe: Pipeline, dead: list[DeadLetter], envelopes: list[str]) -> None:
+        """Queue one dead-letter script call per entry of ``dead`` (one reply each) on ``pipe``."""
+        for d, envelope in zip(dead, envelopes, strict=True):
+            DEAD_LETTER.queue(pipe, [self.dlq_key, self.stream], [self.group, self.dlq_max_len, d.message_id, envelope])
+
+    def queue_acks(self, pipe: Pipeline, acks: list[str]) -> None:
+        """Queue XACK + XDEL of ``acks`` on ``pipe`` (nothing for none)."""
+        if acks:
+            pipe.xack(self.stream, self.group, *acks)
+            pipe.xdel(self.stream, *acks)
 
     def _envelope(self, d: DeadLetter, now: float) -> str:
         """The DLQ entry's ``payload`` field: the envelope keys DLQ readers expect (see
