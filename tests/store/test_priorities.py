@@ -216,6 +216,7 @@ def test_a_read_without_levels_costs_todays_one_command(redis_url: str, rclient:
 
 def test_the_producer_and_worker_acls_suffice_for_priorities(redis_url: str, rclient: redis.Redis) -> None:
     """SADD (producer), SMEMBERS and the read script's XREADGROUP (worker): nothing refused."""
+    rclient.execute_command("ACL", "LOG", "RESET")  # the server is shared: other tests' refusals
     for user, rules in (("prio-producer", PRODUCER_ACL_RULES), ("prio-worker", WORKER_ACL_RULES)):
         rclient.execute_command(*setuser_command(user, "pw", rules))
     port = redis_url.rsplit(":", 1)[1]
