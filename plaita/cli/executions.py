@@ -21,7 +21,7 @@ from typing import Any
 from plaita.cli import listing, retention
 from plaita.cli.common import json_arg, json_text, redis_failed
 from plaita.cli.listing import MAX_LIMIT, MAX_SCANNED, list_rows, moment_s, number_or_zero, summary
-from plaita.cli.options import GroupMaker, WithParents, flow_client_of, seconds
+from plaita.cli.options import GroupMaker, WithParents, add_priority_option, flow_client_of, seconds
 from plaita.errors import ConfigError, PlaitaError
 from plaita.tasks import tenant_ns
 
@@ -67,14 +67,7 @@ def _add_start(sub: WithParents) -> None:
     st.add_argument(
         "--delay-s", type=float, help="a delayed start: recorded queued now, its task added when due (<= 10 years)"
     )
-    st.add_argument(
-        "--priority",
-        type=int,
-        choices=range(10),
-        default=0,
-        metavar="0..9",
-        help="0..9: higher levels are read first, a lower one never starved (default 0)",
-    )
+    add_priority_option(st)
     st.add_argument("--json", action="store_true", help="print JSON")
 
 

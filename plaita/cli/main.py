@@ -29,6 +29,7 @@ from plaita.cli.options import (
     CommandGroup,
     WithParents,
     add_alert_options,
+    add_priority_option,
     add_redis_options,
     add_worker_options,
     command_group,
@@ -99,14 +100,7 @@ def _add_enqueue(add: Any, env: Mapping[str, str]) -> None:
         help="add the tasks to the queue's delayed set, due this many seconds from now (at most 10 years); "
         "any worker moves them onto the stream when due (within --reclaim-interval-s). Prints d-… ids",
     )
-    e.add_argument(
-        "--priority",
-        type=int,
-        choices=range(10),
-        default=0,
-        metavar="0..9",
-        help="0..9: higher levels are read first, a lower one never starved (default 0)",
-    )
+    add_priority_option(e)
     add_otel_option(e, env)
 
 

@@ -305,6 +305,19 @@ ALERT_WORKER_OPTIONS: tuple[Opt, ...] = (
 ALERT_SECRET_ENV = "PLAITA_ALERT_WEBHOOK_SECRET"
 
 
+def add_priority_option(p: argparse.ArgumentParser) -> None:
+    """``--priority 0..9`` of every command that enqueues a start or a task (argparse refuses any
+    other value with exit 2)."""
+    p.add_argument(
+        "--priority",
+        type=int,
+        choices=range(10),
+        default=0,
+        metavar="0..9",
+        help="0..9: higher levels are read first, a lower one never starved (default 0)",
+    )
+
+
 def add_alert_options(p: argparse.ArgumentParser, env: Mapping[str, str], *, worker: bool = True) -> None:
     """``--alert-webhook`` (and for a worker ``--alert-backoff-s``); the secret from the environment."""
     add_options(p, env, ALERT_OPTIONS + (ALERT_WORKER_OPTIONS if worker else ()))

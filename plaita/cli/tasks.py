@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from plaita.cli.common import json_text, redis_failed
-from plaita.cli.options import GroupMaker, producer_queue_of
+from plaita.cli.options import GroupMaker, add_priority_option, producer_queue_of
 from plaita.config import DEFAULT_REDIS_URL
 from plaita.errors import ConfigError, PlaitaError
 
@@ -30,14 +30,7 @@ def add_parsers(group: GroupMaker) -> None:
     en.add_argument("--kwargs", default="{}", help="keyword arguments, a JSON object (default {})")
     en.add_argument("--task-id", default=None, help="the task id (default: a new one)")
     en.add_argument("--delay-s", type=float, default=None, help="run it no earlier than this from now")
-    en.add_argument(
-        "--priority",
-        type=int,
-        choices=range(10),
-        default=0,
-        metavar="0..9",
-        help="0..9: higher levels are read first, a lower one never starved (default 0)",
-    )
+    add_priority_option(en)
     en.add_argument("--json", action="store_true", help="print JSON")
     rs = sub.add_parser("result", help="a task's result: its value, or its error")
     rs.add_argument("task_id", metavar="TASK_ID")
