@@ -62,6 +62,7 @@ def run_enqueue(args: argparse.Namespace) -> int:
         raise ConfigError(f"--delay-s: {exc}") from None
     if args.delay_s and args.wait_replicas:
         raise ConfigError("--wait-replicas applies to tasks added now, not with --delay-s")
+    _stamp_priority(bodies, args.priority)
     env = environ()
     configure_tracing(args.otel, "plaita-enqueue", env)
     client = make_client(url, socket_timeout_s=5.0, tls=tls_of(args))
@@ -92,6 +93,13 @@ def run_enqueue(args: argparse.Namespace) -> int:
     finally:
         client.close()
     return 0
+
+
+def _stamp_priority(bodies: list[dict[str, Any]], priority: int) -> None:
+    """A named task's body carries its level: its retries read it there and go back to it."""
+    for body in bodies:
+        if priority and body.get("type") not in ("start", "resume"):
+            body["priority"] = priority
 
 
 def _checked_body(body: object) -> dict[str, Any]:

@@ -53,6 +53,8 @@ def test_plaita_enqueue_priority_puts_the_tasks_on_their_level(redis_url: str, r
     code = main(["enqueue", body, "--priority", "4", "--redis-url", redis_url, "--queue-name", QUEUE])
     assert code == 0
     assert rclient.xlen(level_stream(QUEUE, 4)) == 1 and not rclient.exists(QUEUE)
+    [(_, fields)] = rclient.xrange(level_stream(QUEUE, 4))
+    assert json.loads(fields["payload"])["priority"] == 4  # its retries read their level here
 
 
 def test_plaita_executions_start_priority_starts_on_its_level(redis_url: str, rclient: redis.Redis) -> None:

@@ -41,8 +41,15 @@ from plaita.store import scripts
 from plaita.store.errors import refused_by_acl
 from plaita.store.keyspace import check_priority, level_stream, levels_key, split_level
 from plaita.store.leases import RELEASE_MANY
-from plaita.store.streams.entries import DeadLetter, Entry, as_text, parse_read, refused_dead_letters
-from plaita.store.streams.queue import DEAD_LETTER, HAND_BACK_TIMEOUT_S, StreamQueue
+from plaita.store.streams.entries import (
+    DeadLetter,
+    Entry,
+    ReplicationLagError,
+    as_text,
+    parse_read,
+    refused_dead_letters,
+)
+from plaita.store.streams.queue import DEAD_LETTER, StreamQueue
 
 logger = logging.getLogger(__name__)
 
@@ -206,14 +213,21 @@ class LeveledQueue(StreamQueue):
         level = check_priority(priority)
         if level:
             self.announce(level)
-        ids = StreamQueue.enqueue_many(
-            self._level(level),
-            bodies,
-            schema_version=schema_version,
-            wait_replicas=wait_replicas,
-            wait_timeout_ms=wait_timeout_ms,
-        )
-        return [f"{level}/{mid}" for mid in ids] if level else ids
+
+        def qualified(ids: list[str]) -> list[str]:
+            return [f"{level}/{mid}" for mid in ids] if level else ids
+
+        try:
+            ids = StreamQueue.enqueue_many(
+                self._level(level),
+                bodies,
+                schema_version=schema_version,
+                wait_replicas=wait_replicas,
+                wait_timeout_ms=wait_timeout_ms,
+            )
+        except ReplicationLagError as exc:  # its ids name their level too (what plaita enqueue prints)
+            raise ReplicationLagError(qualified(exc.ids), exc.acked, exc.wanted) from None
+        return qualified(ids)
 
     # -- consume -----------------------------------------------------------------------------
     def read_new(self, count: int, block_ms: int) -> list[Entry]:
@@ -365,27 +379,22 @@ class LeveledQueue(StreamQueue):
             out += [prefix + mid for mid in done]
         return out
 
-    def hand_back(
-        self,
-        entries: list[tuple[str, dict[str, bytes]]],
-        releases: list[tuple[str, str]],
-        *,
-        timeout_s: float | None = HAND_BACK_TIMEOUT_S,
-    ) -> None:
-        """Each level's entries back to its stream; the releases go with the last level's."""
+    def _queue_returns(self, pipe: Any, entries: list[tuple[str, dict[str, bytes]]]) -> None:
+        """Each level's entries back to its own stream, all in the one MULTI ``hand_back`` sends
+        (with the lease releases): a failure hands back none, so the settler's retry of the
+        batch cannot re-add an entry twice. The levels share the stream's slot."""
         if not _leveled([mid for mid, _ in entries]):
-            super().hand_back(entries, releases, timeout_s=timeout_s)
+            super()._queue_returns(pipe, entries)
             return
         by_level: dict[int, list[tuple[str, dict[str, bytes]]]] = {}
         for mid, fields in entries:
             level, local = split_level(mid)
             by_level.setdefault(level, []).append((local, fields))
         xnack = self.supports_xnack()
-        levels = sorted(by_level)
-        for level in levels:
+        for level, local_entries in sorted(by_level.items()):
             q = self._level(level)
             q._xnack = xnack
-            StreamQueue.hand_back(q, by_level[level], releases if level == levels[-1] else [], timeout_s=timeout_s)
+            StreamQueue._queue_returns(q, pipe, local_entries)
 
     # -- housekeeping ------------------------------------------------------------------------
     def prune_consumers(self, idle_ms: int) -> list[str]:

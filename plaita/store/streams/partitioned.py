@@ -159,7 +159,7 @@ class PartitionedQueue(StreamQueue):
     # -- group and produce -----------------------------------------------------------------
     def ensure_group(self) -> bool:
         """Create the group on every assigned partition; True if any was missing."""
-        return any(self._each(StreamQueue.ensure_group))
+        return any(self._each(lambda q: q.ensure_group()))  # each partition's own: its levels too
 
     def partition_for(self, body: dict[str, Any]) -> int:
         """The body's execution's partition; a task without one goes by its JSON text."""

@@ -356,17 +356,21 @@ class StreamQueue:
             # Not safe to run twice (it re-adds entries): the script must be there before EXEC.
             scripts.ensure_loaded(client, [RELEASE_MANY])
         pipe = client.pipeline(transaction=True)
-        ids = [mid for mid, _ in entries]
-        if ids and self.supports_xnack():
-            pipe.execute_command("XNACK", self.stream, self.group, "SILENT", "IDS", len(ids), *ids)  # type: ignore[no-untyped-call]
-        elif ids:
-            for _mid, fields in entries:
-                pipe.xadd(self.stream, raw_fields(fields))  # type: ignore[arg-type]
-            pipe.xack(self.stream, self.group, *ids)
-            pipe.xdel(self.stream, *ids)
+        self._queue_returns(pipe, entries)
         if releases:
             RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
         pipe.execute()
+
+    def _queue_returns(self, pipe: Any, entries: list[tuple[str, dict[str, bytes]]]) -> None:
+        """Queue on ``pipe`` (a MULTI) what gives ``entries`` back to this stream's group."""
+        ids = [mid for mid, _ in entries]
+        if ids and self.supports_xnack():
+            pipe.execute_command("XNACK", self.stream, self.group, "SILENT", "IDS", len(ids), *ids)
+        elif ids:
+            for _mid, fields in entries:
+                pipe.xadd(self.stream, raw_fields(fields))
+            pipe.xack(self.stream, self.group, *ids)
+            pipe.xdel(self.stream, *ids)
 
     def prune_consumers(self, idle_ms: int) -> list[str]:
         """Remove consumers with no pending entries idle longer than ``idle_ms`` (never us).
