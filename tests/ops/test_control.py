@@ -230,7 +230,10 @@ def test_a_consumer_name_reaches_the_live_worker_not_a_killed_predecessors_entry
     """A worker killed with -9 leaves its registry entry for up to its TTL under the consumer
     name its restarted successor uses (found by the soak: `plaita pause soak-0` went to the dead
     one's channel and failed with "no worker is listening"). The name must reach the live one."""
-    with ops_worker(redis_url, tmp_path) as w:
+    # A registry TTL a loaded machine cannot outlast between two heartbeats (CI saw the 2 s one
+    # read as gone), and the entry waited for: ready is not yet registered.
+    with ops_worker(redis_url, tmp_path, "--registry-ttl", "15") as w:
+        wait_until(lambda: w.registry_entry(rclient) is not None, 15, "the live worker's registry entry")
         live = json.loads(rclient.get(REGISTRY_PREFIX + w.instance_id))  # type: ignore[arg-type]
         stale = {**live, "instance_id": "0-killed-predecessor", "pid": 1}  # sorts before the live one
         rclient.set(REGISTRY_PREFIX + "0-killed-predecessor", json.dumps(stale), ex=30)
