@@ -111,7 +111,14 @@ def _drain(client: redis.Redis, stream: str, proc: Subprocess, timeout_s: float)
 
 
 def _measure(
-    client: redis.Redis, redis_pid: int, stream: str, total: int, proc: Subprocess, label: str, spy: Path | None
+    client: redis.Redis,
+    redis_pid: int,
+    stream: str,
+    total: int,
+    proc: Subprocess,
+    label: str,
+    spy: Path | None,
+    leased: bool = False,
 ) -> Run:
     spier = None
     if spy is not None:
@@ -124,7 +131,7 @@ def _measure(
     cpu0, rcpu0, sys0 = cpu_seconds(proc.pid), cpu_seconds(redis_pid), _sys_seconds(proc.pid)
     switches0 = _switches(proc.pid)
     watcher, arrived = _arrival(redis.Redis(connection_pool=client.connection_pool), stream)
-    enqueue(client, stream, total, atomic=True)
+    enqueue(client, stream, total, atomic=True, execution_ids=leased)
     watcher.join(60)
     seconds = _drain(client, stream, proc, timeout_s=600) - arrived[0]
     worker_us = (cpu_seconds(proc.pid) - cpu0) / total * 1e6
@@ -169,10 +176,12 @@ def worker_run(
     concurrency: int,
     spy: Path | None,
     callgrind: Path | None = None,
+    leased: bool = False,
 ) -> Run:
     client = server.client()
     stream = f"cpu-w-{n}"
-    label = f"{tree.name} c{concurrency}"
+    label = f"{tree.name} c{concurrency}{' leased' if leased else ''}"
+    lease_args = ["--lease-format", "v2"] if leased else []
     out = None if callgrind is None else callgrind / f"{label.replace(' ', '_')}-{n}.out"
     prefix = None
     if out is not None:
@@ -181,7 +190,7 @@ def worker_run(
         server.url,
         stream=stream,
         group=GROUP,
-        extra_args=["--concurrency", str(concurrency)],
+        extra_args=["--concurrency", str(concurrency), *lease_args],
         env={"PYTHONPATH": str(tree)},
         cwd=tree,
         prefix=prefix,
@@ -189,7 +198,7 @@ def worker_run(
         proc.wait_state("READING", timeout_s=600 if out else 20)
         if out is not None:
             subprocess.run(["callgrind_control", "-i", "on", str(proc.pid)], check=True, capture_output=True)
-        run = _measure(client, redis_pid, stream, total, proc, label, spy)
+        run = _measure(client, redis_pid, stream, total, proc, label, spy, leased)
         if out is not None:
             subprocess.run(["callgrind_control", "-i", "off", str(proc.pid)], check=True, capture_output=True)
         code = proc.terminate(timeout_s=120)
@@ -208,6 +217,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--tree", type=Path, action="append", help="a source tree to run (repeatable); default .")
     parser.add_argument("--no-raw", action="store_true", help="skip the raw loop")
+    parser.add_argument(
+        "--leased", action="store_true", help="also run leased tasks (an execution_id each, --lease-format v2)"
+    )
     parser.add_argument("--spy", type=Path, help="record each worker run with py-spy into this folder")
     parser.add_argument(
         "--callgrind", type=Path, help="count each worker's instructions per task with callgrind (files in this folder)"
@@ -242,16 +254,23 @@ def _round(server: RedisServer, args: argparse.Namespace, trees: list[Path], r: 
     pid = server.proc.pid
     if args.callgrind is not None:
         return [
-            worker_run(server, pid, args.tasks, next(_runs), tree, conc, None, args.callgrind)
+            worker_run(server, pid, args.tasks, next(_runs), tree, conc, None, args.callgrind, leased)
             for conc in args.concurrency
             for tree in trees
+            for leased in _kinds(args)
         ]
     runs = [] if args.no_raw else [raw_run(server, pid, args.tasks, next(_runs))]
     for conc in args.concurrency:
         # Alternate the order of the trees between rounds: neither always runs first.
         for tree in trees if r % 2 == 0 else trees[::-1]:
-            runs.append(worker_run(server, pid, args.tasks, next(_runs), tree, conc, args.spy))
+            for leased in _kinds(args):
+                runs.append(worker_run(server, pid, args.tasks, next(_runs), tree, conc, args.spy, None, leased))
     return runs
+
+
+def _kinds(args: argparse.Namespace) -> tuple[bool, ...]:
+    """Plain tasks, and leased ones too with ``--leased``."""
+    return (False, True) if args.leased else (False,)
 
 
 def _print(r: int, run: Run, raw: Run | None) -> None:
