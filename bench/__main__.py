@@ -13,7 +13,20 @@ import argparse
 import sys
 import time
 
-from bench import flows, latency, parking, plots, recovery, report, shutdown, storm, stranded, throughput, worker_kill
+from bench import (
+    flow_targets,
+    flows,
+    latency,
+    parking,
+    plots,
+    recovery,
+    report,
+    shutdown,
+    storm,
+    stranded,
+    throughput,
+    worker_kill,
+)
 from bench import matrix as chaos
 from bench.common import ROOT, exit_on_sigterm  # puts the repository root on sys.path first
 from tests.support.redis_server import RedisServer
@@ -127,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         if "flows" in a.sections:
             flows_section += flows.render(flows.run(server.url, min(a.tasks, 5000), a.reclaim_trials))
             flows_section += "\n" + parking.render(parking.run(server.url))
+            res.flow_cpu = flow_targets.run(server.url, 500 if a.quick else 4000, a.repeats)
     if "recovery" in a.sections:
         res.recovery = recovery.run(a.recovery_trials, a.fault_s)  # servers of its own (one is killed)
     matrix_s = 0.0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench import matrix as chaos
 from bench.common import ROOT
+from bench.flow_targets import FlowCpu, flow_rows
 from bench.latency import LatencyResult
 from bench.recovery import FAULT_TITLES, FaultResult
 from bench.shutdown import ShutdownResult
@@ -54,6 +55,7 @@ class Results:
     storm: StormResult | None = None
     reclaim: ReclaimResult | None = None
     matrix: list[chaos.Cell] | None = None
+    flow_cpu: FlowCpu | None = None
     images: dict[str, str] = field(default_factory=dict)
 
 
@@ -123,56 +125,61 @@ class Renderer:
         self.nproc = int(info["nproc"] or 1)
 
     # -- targets ----------------------------------------------------------------------
+    def _throughput_rows(self, tp: ThroughputResult) -> list[tuple[str, str, str, bool, str]]:
+        rows: list[tuple[str, str, str, bool, str]] = []
+        raw1 = tp.raw1
+        singles = [r for c in CONCURRENCIES if (r := tp.get(1, c)) is not None]
+        best = max(singles, key=lambda r: r.tasks_per_s)
+        detail = ", ".join(f"c{r.concurrency} {r.tasks_per_s / raw1:.2f}×" for r in singles)
+        why = (
+            f"per task: worker {1e6 / best.tasks_per_s:.0f} µs wall, {best.cpu_us_per_task:.0f} µs CPU; raw loop "
+            f"{1e6 / raw1:.0f} µs wall, {tp.runs[0].cpu_us_per_task:.0f} µs CPU "
+            "(see *Plain tasks: where the CPU goes* below)"
+        )
+        rows.append(
+            (
+                "throughput: one worker process vs the raw loop (1 process)",
+                f"best {best.tasks_per_s / raw1:.2f}× at --concurrency {best.concurrency} ({detail})",
+                f"≥ {TARGET_RATIO:g}×",
+                best.tasks_per_s / raw1 >= TARGET_RATIO,
+                why,
+            )
+        )
+        scal = []
+        for c in CONCURRENCIES:
+            one, four = tp.get(1, c), tp.get(4, c)
+            if one is not None and four is not None:
+                scal.append((four.tasks_per_s / one.tasks_per_s, c))
+        raw4 = tp.get(4, 0)
+        raw_scal = raw4.tasks_per_s / raw1 if raw4 is not None else float("nan")
+        best_s, best_c = max(scal)
+        best_one = tp.get(1, best_c)
+        one_redis = best_one.redis_cpu_us_per_task if best_one is not None else 0.0
+        why = (
+            f"nproc {self.nproc}: 4 workers, redis-server and the bench share {self.nproc} cores; the raw loop "
+            f"itself scales {raw_scal:.2f}× from 1 to 4 processes here; redis-server alone needs "
+            f"{one_redis:.0f} µs CPU per task, a ceiling of ~{1e6 / max(one_redis, 1e-9):,.0f} tasks/s on its one "
+            "thread"
+        )
+        rows.append(
+            (
+                "throughput: 4 worker processes vs 1",
+                f"best {best_s:.2f}× at --concurrency {best_c} (" + ", ".join(f"c{c} {s:.2f}×" for s, c in scal) + ")",
+                f"≥ {TARGET_SCALING:g}×",
+                best_s >= TARGET_SCALING,
+                why,
+            )
+        )
+        rows += speed_rows(tp)
+        return rows
+
     def targets(self) -> list[str]:
         rows: list[tuple[str, str, str, bool, str]] = []
         tp = self.res.throughput
         if tp is not None:
-            raw1 = tp.raw1
-            singles = [r for c in CONCURRENCIES if (r := tp.get(1, c)) is not None]
-            best = max(singles, key=lambda r: r.tasks_per_s)
-            detail = ", ".join(f"c{r.concurrency} {r.tasks_per_s / raw1:.2f}×" for r in singles)
-            why = (
-                f"per task: worker {1e6 / best.tasks_per_s:.0f} µs wall, {best.cpu_us_per_task:.0f} µs CPU; raw loop "
-                f"{1e6 / raw1:.0f} µs wall, {tp.runs[0].cpu_us_per_task:.0f} µs CPU "
-                "(see *Plain tasks: where the CPU goes* below)"
-            )
-            rows.append(
-                (
-                    "throughput: one worker process vs the raw loop (1 process)",
-                    f"best {best.tasks_per_s / raw1:.2f}× at --concurrency {best.concurrency} ({detail})",
-                    f"≥ {TARGET_RATIO:g}×",
-                    best.tasks_per_s / raw1 >= TARGET_RATIO,
-                    why,
-                )
-            )
-            scal = []
-            for c in CONCURRENCIES:
-                one, four = tp.get(1, c), tp.get(4, c)
-                if one is not None and four is not None:
-                    scal.append((four.tasks_per_s / one.tasks_per_s, c))
-            raw4 = tp.get(4, 0)
-            raw_scal = raw4.tasks_per_s / raw1 if raw4 is not None else float("nan")
-            best_s, best_c = max(scal)
-            best_one = tp.get(1, best_c)
-            one_redis = best_one.redis_cpu_us_per_task if best_one is not None else 0.0
-            why = (
-                f"nproc {self.nproc}: 4 workers, redis-server and the bench share {self.nproc} cores; the raw loop "
-                f"itself scales {raw_scal:.2f}× from 1 to 4 processes here; redis-server alone needs "
-                f"{one_redis:.0f} µs CPU per task, a ceiling of ~{1e6 / max(one_redis, 1e-9):,.0f} tasks/s on its one "
-                "thread"
-            )
-            rows.append(
-                (
-                    "throughput: 4 worker processes vs 1",
-                    f"best {best_s:.2f}× at --concurrency {best_c} ("
-                    + ", ".join(f"c{c} {s:.2f}×" for s, c in scal)
-                    + ")",
-                    f"≥ {TARGET_SCALING:g}×",
-                    best_s >= TARGET_SCALING,
-                    why,
-                )
-            )
-            rows += speed_rows(tp)
+            rows += self._throughput_rows(tp)
+        if self.res.flow_cpu is not None:
+            rows += flow_rows(self.res.flow_cpu, tp)
         if self.res.recovery is not None:
             for fr in self.res.recovery:
                 slow = max(fr.trials, key=lambda t: t.recovery_s)
