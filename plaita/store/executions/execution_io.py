@@ -70,6 +70,25 @@ CHECKPOINT = scripts.script("checkpoint_execution")
 CREATE = scripts.script("create_execution")
 
 
+def index_score(now_s: float, status: str) -> str:
+    """The status index score of an update at ``now_s`` to ``status``: for ``running``, its whole
+    second (rounded down); else ``now_s`` itself.
+
+    Why whole seconds for the running index: it holds the executions running now, at most a few
+    hundred, so it is mostly a listpack (up to 128 members), and every ZADD into a listpack parses
+    each member's score to find its place. A float score such as ``repr(time.time())`` takes
+    glibc's slow exact ``strtod`` each time, an integer none: redis-server spent 25 % fewer
+    instructions on a 3-step execution's checkpoints (callgrind, 566k -> 426k with the Lua
+    changes of the same commit), and a running execution is written once per step. An entry then
+    reads at most a second older than its update: the keeper's stale-running scan (a grace of
+    seconds to minutes, and the lease must be gone too) moves by that second, and the listing
+    orders running executions by the second of their last step, ties by tenant and id
+    (``index_scan.Position``). The other indexes are written once per execution (large ones are
+    skip lists, which parse nothing): exact.
+    """
+    return str(math.floor(now_s)) if status == "running" else repr(now_s)
+
+
 def create_call(
     client: redis.Redis,
     ks: Keyspace,
@@ -95,7 +114,7 @@ def create_call(
     ]
     if dedup:
         keys.append(ks.dedup_key(p, dedup))
-    args = [generation, state_json, repr(now_s), execution_id, FLAG_TTL_S]
+    args = [generation, state_json, index_score(now_s, "running"), execution_id, FLAG_TTL_S]
     return ScriptCall(client, CREATE, keys, args, _created)
 
 
@@ -143,10 +162,10 @@ def checkpoint_call(
         generation,
         state_json,
         STATUSES.index(status) + 1,
-        repr(now_s),
+        index_score(now_s, status),
         execution_id,
         "" if deadline_s is None else repr(deadline_s),
-        retention_s if status in TERMINAL else 0,
+        int(retention_s) if status in TERMINAL else 0,  # EXPIRE takes it as sent: "86400", never "86400.0"
         len(staged),
         *plan_staged(staged),
     ]

@@ -149,7 +149,7 @@ def plan(staged: Sequence[Staged]) -> list[str]:
         need = keys[s.key].requirement() if first[s.key] == i else ""
         if need.startswith("int:") and int(need.split(":")[1]) > int(need.split(":")[2]):
             raise StagedWriteRefused(s.key, "its staged increments overflow signed 64 bits whatever it holds")
-        args += [s.op, s.value, str(s.ttl_s), need]
+        args += [s.op, s.value, str(int(s.ttl_s)), need]  # "5", never "5.0": EXPIRE takes the string as sent
     return args
 
 

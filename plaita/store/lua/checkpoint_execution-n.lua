@@ -20,7 +20,7 @@
 -- ARGV[1]  the writer's generation
 -- ARGV[2]  state JSON
 -- ARGV[3]  status, 1-based index into KEYS[6..10]
--- ARGV[4]  now (epoch seconds; the index score)
+-- ARGV[4]  now (epoch seconds, whole for `running`; the index score)
 -- ARGV[5]  execution id (the index member)
 -- ARGV[6]  deadline (epoch seconds) or '' for none
 -- ARGV[7]  retention seconds when terminal, else 0
@@ -72,7 +72,7 @@ end
 -- a writer used less than that long ago (entries it wrote may be younger than it). Others are
 -- dropped. pcall: a wrong-typed keeps key leaves the trim to ``keep`` (this runs after the writes).
 local function longest_keep(key, keep, now)
-  redis.pcall('ZADD', key, now, keep)
+  redis.pcall('ZADD', key, now, string.format('%d', keep))
   local seen = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
   if type(seen) ~= 'table' or seen.err then return keep end
   for i = 1, #seen, 2 do
@@ -102,20 +102,22 @@ else redis.pcall('ZREM', KEYS[5], ARGV[5]) end
 local keep = tonumber(ARGV[9 + 4 * n] or retention)
 if #KEYS > 11 + n then  -- terminal (kept for ever too): record this keep, trim by the longest owed
   keep = longest_keep(KEYS[12 + n], keep, tonumber(ARGV[4]))
-  if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - keep) end
+  if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', tonumber(ARGV[4]) - keep)) end
 elseif retention > 0 and keep > 0 then
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', tonumber(ARGV[4]) - keep)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', tonumber(ARGV[4]) - keep))
 end
+-- Numbers go to Redis as strings made here ('%d') or as they came (ARGV): a Lua number passed
+-- to redis.call is printed with '%.17g' by Redis 7.0, a slow path of printf for every one.
 if retention > 0 then
-  redis.call('EXPIRE', KEYS[3], retention)
+  redis.call('EXPIRE', KEYS[3], ARGV[7])
   redis.call('DEL', KEYS[4])
-  if #KEYS > 10 + n then redis.call('EXPIRE', KEYS[11 + n], retention) end
+  if #KEYS > 10 + n then redis.call('EXPIRE', KEYS[11 + n], ARGV[7]) end
 end
 for i = 1, n do
-  local key, op, value, ttl = KEYS[10 + i], ARGV[4 * i + 5], ARGV[4 * i + 6], tonumber(ARGV[4 * i + 7])
+  local key, op, value, ttl = KEYS[10 + i], ARGV[4 * i + 5], ARGV[4 * i + 6], ARGV[4 * i + 7]
   if op == 'set' then redis.call('SET', key, value)
   elseif op == 'incrby' then redis.call('INCRBY', key, value)
   else redis.call('RPUSH', key, value) end
-  if ttl > 0 then redis.call('EXPIRE', key, ttl) end
+  if tonumber(ttl) > 0 then redis.call('EXPIRE', key, ttl) end
 end
 return {1, redis.call('EXISTS', KEYS[4])}

@@ -14,7 +14,7 @@
 -- KEYS[8]  start dedup key (optional)
 -- ARGV[1]  the writer's generation
 -- ARGV[2]  state JSON
--- ARGV[3]  now (epoch seconds)
+-- ARGV[3]  now (whole epoch seconds; the running index score)
 -- ARGV[4]  execution id
 -- ARGV[5]  dedup key TTL in seconds
 -- Returns  {code, text, cancel_requested}: 1 created (or a queued record taken over); 0 refused (fenced out, also when the
@@ -47,5 +47,5 @@ redis.call('SET', KEYS[3], ARGV[2])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
 redis.call('ZREM', KEYS[6], ARGV[4])
 redis.call('ZREM', KEYS[7], ARGV[4])
-if #KEYS >= 8 then redis.call('SET', KEYS[8], ARGV[4], 'EX', tonumber(ARGV[5])) end
+if #KEYS >= 8 then redis.call('SET', KEYS[8], ARGV[4], 'EX', ARGV[5]) end
 return {1, '', cancel}
