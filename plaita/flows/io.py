@@ -28,7 +28,7 @@ from plaita.tasks import Task
 
 if TYPE_CHECKING:
     from plaita.store.executions.flow_limits import FlowLimitStore
-    from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
+    from plaita.store.executions.store import Staged, UnreadableExecution
 
 T = TypeVar("T")
 
@@ -46,18 +46,6 @@ class EventWriter(Protocol):
 
     def events_key(self, execution_id: str) -> str:
         """The key named in an error message."""
-        ...
-
-
-class Fleet(Protocol):
-    """The registry as hand-over reads it (``plaita.flows.runner.handover``)."""
-
-    def workers(self) -> list[dict[str, Any]]:
-        """Every live worker's registry entry."""
-        ...
-
-    def count_handover(self, name: str, window_s: float) -> int:
-        """Count one hand-over of task ``name``: how many in its window."""
         ...
 
 
@@ -163,22 +151,38 @@ class ExecutionIO(Protocol):
         """The parent joined: its spawn's done set becomes an expiring marker."""
         ...
 
+    # -- the registry, as hand-over reads it (``plaita.flows.runner.handover``) -------------------
+    async def fleet_workers(self) -> list[dict[str, Any]]:
+        """Every live worker's registry entry."""
+        ...
+
+    async def count_handover(self, name: str, window_s: float) -> int:
+        """Count one hand-over of task ``name``: how many in its window."""
+        ...
+
     # -- the runner's blocking helpers --------------------------------------------------------
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)``, a helper of the runner whose own calls block (flow limits,
         hand-over's fleet reads, a queued start's version wait): where this adapter runs them."""
         ...
 
-    def queued(self, task: Task) -> ExecutionStore:
-        """The queued records of ``task``'s tenant (``plaita.flows.runner.queued``)."""
+    # -- a start's queued record, the producer's (``plaita.flows.runner.queued``) -----------------
+    async def version_wait(self, task: Task, now_s: float, ttl_s: float) -> tuple[float, int]:
+        """Count one more hand-back of ``task``'s start waiting for a version: (since when it
+        waits, how many times), kept ``ttl_s``."""
+        ...
+
+    async def forget_version_wait(self, task: Task) -> None:
+        """The version wait of ``task``'s start is over: a requeue from the DLQ waits afresh."""
+        ...
+
+    async def rewrite_queued(self, task: Task, document: str, status: str, now_s: float, retention_s: int) -> bool:
+        """Rewrite ``task``'s queued record under its lease (fenced), with ``status``; False when
+        it is no longer queued or the lease moved on."""
         ...
 
     def limit_store(self) -> FlowLimitStore:
         """Flow slots, start rates and parked starts (``plaita.flows.runner.limits``)."""
-        ...
-
-    def fleet(self) -> Fleet:
-        """The registry as hand-over reads it (``plaita.flows.runner.handover``)."""
         ...
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from plaita.tasks import Task
 
 if TYPE_CHECKING:
     from plaita.store.executions.flow_limits import FlowLimitStore
-    from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
+    from plaita.store.executions.store import Staged, UnreadableExecution
 
 T = TypeVar("T")
 
@@ -58,6 +58,9 @@ class _NeedsServer:
         )
 
 
+_VERSION_WAIT = "a queued start's version wait needs a real server: test it through StoreIO"
+
+
 @dataclass
 class _Events:
     """One task's ``ctx.publish`` target."""
@@ -73,26 +76,6 @@ class _Events:
 
     def events_key(self, execution_id: str) -> str:
         return f"events of {execution_id}"
-
-
-@dataclass
-class _Queued:
-    """The producer's queued records as a start's admission sees them: a dead-lettered start
-    ends its record (recorded as a write); a version wait needs the real adapter."""
-
-    io: MemoryIO
-
-    def get(self, execution_id: str) -> dict[str, Any] | None:
-        return self.io.docs.get(execution_id)
-
-    def rewrite_queued(
-        self, execution_id: str, generation: int, text: str, status: str, now_s: float, retention_s: int
-    ) -> bool:
-        self.io._write("rewrite_queued", execution_id, text)
-        return True
-
-    def __getattr__(self, name: str) -> Any:
-        raise ConfigError("a queued start's version wait needs a real server: test it through StoreIO")
 
 
 @dataclass
@@ -260,11 +243,23 @@ class MemoryIO:
     async def close_spawn(self, task: Task, parent_id: str, prefix: str) -> None:
         self.done[(parent_id, prefix)] = None
 
-    def queued(self, task: Task) -> ExecutionStore:
-        return cast("ExecutionStore", _Queued(self))
+    # A start's queued record: a dead-lettered start ends it (recorded as a write); a version
+    # wait needs the real adapter.
+    async def version_wait(self, task: Task, now_s: float, ttl_s: float) -> tuple[float, int]:
+        raise ConfigError(_VERSION_WAIT)
+
+    async def forget_version_wait(self, task: Task) -> None:
+        raise ConfigError(_VERSION_WAIT)
+
+    async def rewrite_queued(self, task: Task, document: str, status: str, now_s: float, retention_s: int) -> bool:
+        self._write("rewrite_queued", task.execution_id, document)
+        return True
 
     def limit_store(self) -> FlowLimitStore:
         return cast("FlowLimitStore", _NeedsServer("flow limits"))
 
-    def fleet(self) -> _Fleet:
-        return self.fleet_view
+    async def fleet_workers(self) -> list[dict[str, Any]]:
+        return self.fleet_view.workers()
+
+    async def count_handover(self, name: str, window_s: float) -> int:
+        return self.fleet_view.count_handover(name, window_s)

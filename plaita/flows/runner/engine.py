@@ -90,7 +90,6 @@ class FlowRunner:
         self._children = Children()
         self._admission = Admission(
             self.flows,
-            self._io_here.fleet(),
             self._io_here.queue,
             max_state_bytes=max_state_bytes,
             clock=clock,

@@ -195,6 +195,7 @@ class StoreIO:
         #: Loop mode on a single server's client: script calls of concurrent executions share round trips.
         self._batcher = CallBatcher() if not here and batchable(store.client) else None
         self._limits: FlowLimitStore | None = None
+        self._fleet = FleetView(store.client)
 
     def _of(self, task: Task) -> ExecutionStore:
         """The store of ``task``'s tenant (the default tenant's: this adapter's own, no call)."""
@@ -336,17 +337,30 @@ class StoreIO:
         store = self._of(task)
         await self._call(fanout.close_spawn, store.client, store.ks, parent_id, prefix)
 
+    # -- a start's queued record ----------------------------------------------------------------
+    async def version_wait(self, task: Task, now_s: float, ttl_s: float) -> tuple[float, int]:
+        return await self._call(self._of(task).version_wait, task.execution_id, now_s, ttl_s)
+
+    async def forget_version_wait(self, task: Task) -> None:
+        await self._call(self._of(task).forget_version_wait, task.execution_id)
+
+    async def rewrite_queued(self, task: Task, document: str, status: str, now_s: float, retention_s: int) -> bool:
+        store, eid, token = self._of(task), task.execution_id, task.fencing_token
+        return await self._call(store.rewrite_queued, eid, token, document, status, now_s, retention_s)
+
     # -- what the runner's blocking helpers are given ---------------------------------------
-    def queued(self, task: Task) -> ExecutionStore:
-        return self._of(task)
 
     def limit_store(self) -> FlowLimitStore:
         if self._limits is None:
             self._limits = FlowLimitStore(self._store.client, self._store.ks)
         return self._limits
 
-    def fleet(self) -> FleetView:
-        return FleetView(self._store.client)
+    # -- the registry, as hand-over reads it ------------------------------------------------
+    async def fleet_workers(self) -> list[dict[str, Any]]:
+        return await self._call(self._fleet.workers)
+
+    async def count_handover(self, name: str, window_s: float) -> int:
+        return await self._call(self._fleet.count_handover, name, window_s)
 
 
 class CallBatcher:
