@@ -2,7 +2,8 @@
 
 The runner (``plaita.flows.runner.engine`` and what it drives: admission, checkpoints, children,
 limits, hand-over) asks for what it needs by name: load, create, checkpoint, reopen, read other
-executions, enqueue tasks, mark a child done, publish, and run a blocking helper. It never holds
+executions, enqueue tasks, mark a child done, publish, take and give back flow slots, read the
+registry for a hand-over, keep a queued start's record. It never holds
 a Redis client and never decides how a call travels. Two adapters satisfy this protocol
 structurally (no import runs upwards):
 
@@ -21,16 +22,15 @@ Every call is addressed by the task it serves: the adapter picks that task's ten
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plaita.tasks import Task
 
 if TYPE_CHECKING:
-    from plaita.store.executions.flow_limits import FlowLimitStore
+    from plaita.store.executions.flow_limits import Admit, FlowLimitStore
     from plaita.store.executions.store import Staged, UnreadableExecution
 
-T = TypeVar("T")
 
 #: A create's reply: (code, text, cancel requested); code 1 created, 0 fenced out, 2 the dedup
 #: key started another execution (text: its id), 3 it exists (text: its stored state).
@@ -160,10 +160,39 @@ class ExecutionIO(Protocol):
         """Count one hand-over of task ``name``: how many in its window."""
         ...
 
-    # -- the runner's blocking helpers --------------------------------------------------------
-    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)``, a helper of the runner whose own calls block (flow limits,
-        hand-over's fleet reads, a queued start's version wait): where this adapter runs them."""
+    # -- flow limits, fleet-wide (``plaita.flows.runner.limits``) -----------------------------
+    async def acquire_flow_slot(
+        self,
+        flow_id: str,
+        member: str,
+        token: str,
+        *,
+        max_concurrent: int,
+        ttl_s: float,
+        starts_per_s: float,
+        burst: float,
+        window: tuple[int, float] | None,
+        park: tuple[float, dict[str, Any], float | None] | None,
+        key: str | None,
+    ) -> Admit:
+        """One atomic check of every limit of the flow for ``member``: its slot and its start
+        rates taken together, or it parks (``park``), or is refused (``Admit``)."""
+        ...
+
+    async def register_parking(self, flow_id: str) -> None:
+        """Note that ``flow_id`` parks starts (before its first park), where a cancel looks."""
+        ...
+
+    async def forget_parked_start(
+        self, flow_id: str, member: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> None:
+        """``member``'s start waits no more: out of the parked starts, a slot reserved for it freed."""
+        ...
+
+    async def release_flow_slot(
+        self, flow_id: str, member: str, token: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> bool:
+        """Give ``member``'s slot back if ``token`` still holds it (the oldest parked start takes it)."""
         ...
 
     # -- a start's queued record, the producer's (``plaita.flows.runner.queued``) -----------------
@@ -182,7 +211,8 @@ class ExecutionIO(Protocol):
         ...
 
     def limit_store(self) -> FlowLimitStore:
-        """Flow slots, start rates and parked starts (``plaita.flows.runner.limits``)."""
+        """Flow slots and parked starts, for the limits' own renewer thread (it renews the slots
+        held and sweeps the parked starts there, off any loop: ``plaita.flows.runner.limits``)."""
         ...
 
     def close(self) -> None:
