@@ -3,9 +3,9 @@
 The runner (``plaita.flows.runner.engine`` and what it drives: admission, checkpoints, children,
 limits, hand-over) asks for what it needs by name: load, create, checkpoint, reopen, read other
 executions, enqueue tasks, mark a child done, publish, take and give back flow slots, read the
-registry for a hand-over, keep a queued start's record. It never holds
-a Redis client and never decides how a call travels. Two adapters satisfy this protocol
-structurally (no import runs upwards):
+registry for a hand-over, keep a queued start's record. It never holds a Redis client and never
+decides how a call travels. Two adapters satisfy this protocol structurally (no import runs
+upwards):
 
 - ``plaita.store.executions.execution_io.StoreIO``: Redis, through ``ExecutionStore``. It is built once per
   runner mode and that choice fixes how every call travels: here, on the caller's thread (a
