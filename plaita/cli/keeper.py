@@ -84,11 +84,10 @@ def add_parser(
 
 
 def run_keeper(args: argparse.Namespace) -> int:
-    from plaita.flows.keeper.keeper import Keeper
-    from plaita.flows.keeper.scheduler import Scheduler
     from plaita.flows.model.definition import load_flows
     from plaita.ops.alert_events import keeper_sender, orphan_alert
     from plaita.ops.alerts import CLOSE_TIMEOUT_S, REQUEST_TIMEOUT_S
+    from plaita.ops.keeper_build import build_keeper
     from plaita.ops.service import KEEPER_SOCKET_TIMEOUT_S
     from plaita.store.client import make_client
     from plaita.store.executions.store import ExecutionStore
@@ -104,7 +103,7 @@ def run_keeper(args: argparse.Namespace) -> int:
     client = make_client(url, socket_timeout_s=KEEPER_SOCKET_TIMEOUT_S, client_name="plaita:keeper", tls=tls_of(args))
     queue = open_queue(queue_settings, client=client)
     store = ExecutionStore(client, queue.keyspace)
-    keeper = Keeper(store, queue, settings, scheduler=Scheduler(flows, queue, store=store))
+    keeper = build_keeper(store, queue, settings, flows=flows)
     metrics, http = _serve_metrics(args, keeper)  # a port in use: exit 2 before anything runs
     alerts = None
     if webhook:

@@ -38,8 +38,8 @@ def add_parsers(group: GroupMaker) -> None:
 def run_schedules(args: argparse.Namespace) -> int:
     if args.schedules_command != "list":
         return schedule_control.run(args)
-    from plaita.flows.keeper.scheduler import schedule_rows
     from plaita.flows.model.definition import load_flows
+    from plaita.flows.schedule_listing import schedule_rows
 
     registry: Iterable[Flow] = load_flows(args.flows) if args.flows else []  # ConfigError: exit 2, one line
     client = flow_client_of(args)

@@ -5,7 +5,7 @@ Reads only. A parent's document names its spawns (``children``: joins per step, 
 ``suspension.children`` while it waits), and child ``i`` of a spawn is ``{prefix}:{i}``
 (docs/flows.md, "Child executions"), so a page of children is one pipelined GET of its ids: no
 index, no SCAN, at most ``CHILD_ROWS + 1`` keys per page, whatever the number of children.
-The schedules come from ``plaita.flows.keeper.scheduler.schedule_rows``, what ``plaita schedules list``
+The schedules come from ``plaita.flows.schedule_listing.schedule_rows``, what ``plaita schedules list``
 prints.
 """
 
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from plaita.flows.keeper.scheduler import schedule_rows
+from plaita.flows.schedule_listing import schedule_rows
 from plaita.store.executions.store import ExecutionStore, UnreadableExecution
 
 #: Children listed per page.

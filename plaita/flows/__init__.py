@@ -5,7 +5,8 @@ Define flows with ``Flow`` and ``@flow.step``; run them with ``plaita worker --f
 
 The package is in wings (docs/architecture.md): ``model`` (definitions and the execution
 document), ``runner`` (the worker handler), ``keeper`` (deadlines, orphans, schedules) and
-``producer`` (``FlowClient``, cancel); ``io`` is the runner's one door to execution state.
+``producer`` (``FlowClient``, cancel); ``io`` is the runner's one door to execution state, ``keeper_io``
+the keeper's one door to Redis.
 """
 
 from plaita.errors import ChildProcessDied, LeaseLostError, StepCancelled, StepTimeLimit

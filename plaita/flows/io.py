@@ -2,9 +2,10 @@
 
 The runner (``plaita.flows.runner.engine`` and what it drives: admission, checkpoints, children,
 limits, hand-over) asks for what it needs by name: load, create, checkpoint, reopen, read other
-executions, enqueue tasks, mark a child done, publish, and run a blocking helper. It never holds
-a Redis client and never decides how a call travels. Two adapters satisfy this protocol
-structurally (no import runs upwards):
+executions, enqueue tasks, mark a child done, publish, take and give back flow slots, read the
+registry for a hand-over, keep a queued start's record. It never holds a Redis client and never
+decides how a call travels. Two adapters satisfy this protocol structurally (no import runs
+upwards):
 
 - ``plaita.store.executions.execution_io.StoreIO``: Redis, through ``ExecutionStore``. It is built once per
   runner mode and that choice fixes how every call travels: here, on the caller's thread (a
@@ -21,16 +22,15 @@ Every call is addressed by the task it serves: the adapter picks that task's ten
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plaita.tasks import Task
 
 if TYPE_CHECKING:
-    from plaita.store.executions.flow_limits import FlowLimitStore
-    from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
+    from plaita.store.executions.flow_limits import Admit, FlowLimitStore
+    from plaita.store.executions.store import Staged, UnreadableExecution
 
-T = TypeVar("T")
 
 #: A create's reply: (code, text, cancel requested); code 1 created, 0 fenced out, 2 the dedup
 #: key started another execution (text: its id), 3 it exists (text: its stored state).
@@ -46,18 +46,6 @@ class EventWriter(Protocol):
 
     def events_key(self, execution_id: str) -> str:
         """The key named in an error message."""
-        ...
-
-
-class Fleet(Protocol):
-    """The registry as hand-over reads it (``plaita.flows.runner.handover``)."""
-
-    def workers(self) -> list[dict[str, Any]]:
-        """Every live worker's registry entry."""
-        ...
-
-    def count_handover(self, name: str, window_s: float) -> int:
-        """Count one hand-over of task ``name``: how many in its window."""
         ...
 
 
@@ -163,22 +151,68 @@ class ExecutionIO(Protocol):
         """The parent joined: its spawn's done set becomes an expiring marker."""
         ...
 
-    # -- the runner's blocking helpers --------------------------------------------------------
-    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)``, a helper of the runner whose own calls block (flow limits,
-        hand-over's fleet reads, a queued start's version wait): where this adapter runs them."""
+    # -- the registry, as hand-over reads it (``plaita.flows.runner.handover``) -------------------
+    async def fleet_workers(self) -> list[dict[str, Any]]:
+        """Every live worker's registry entry."""
         ...
 
-    def queued(self, task: Task) -> ExecutionStore:
-        """The queued records of ``task``'s tenant (``plaita.flows.runner.queued``)."""
+    async def count_handover(self, name: str, window_s: float) -> int:
+        """Count one hand-over of task ``name``: how many in its window."""
+        ...
+
+    # -- flow limits, fleet-wide (``plaita.flows.runner.limits``) -----------------------------
+    async def acquire_flow_slot(
+        self,
+        flow_id: str,
+        member: str,
+        token: str,
+        *,
+        max_concurrent: int,
+        ttl_s: float,
+        starts_per_s: float,
+        burst: float,
+        window: tuple[int, float] | None,
+        park: tuple[float, dict[str, Any], float | None] | None,
+        key: str | None,
+    ) -> Admit:
+        """One atomic check of every limit of the flow for ``member``: its slot and its start
+        rates taken together, or it parks (``park``), or is refused (``Admit``)."""
+        ...
+
+    async def register_parking(self, flow_id: str) -> None:
+        """Note that ``flow_id`` parks starts (before its first park), where a cancel looks."""
+        ...
+
+    async def forget_parked_start(
+        self, flow_id: str, member: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> None:
+        """``member``'s start waits no more: out of the parked starts, a slot reserved for it freed."""
+        ...
+
+    async def release_flow_slot(
+        self, flow_id: str, member: str, token: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> bool:
+        """Give ``member``'s slot back if ``token`` still holds it (the oldest parked start takes it)."""
+        ...
+
+    # -- a start's queued record, the producer's (``plaita.flows.runner.queued``) -----------------
+    async def version_wait(self, task: Task, now_s: float, ttl_s: float) -> tuple[float, int]:
+        """Count one more hand-back of ``task``'s start waiting for a version: (since when it
+        waits, how many times), kept ``ttl_s``."""
+        ...
+
+    async def forget_version_wait(self, task: Task) -> None:
+        """The version wait of ``task``'s start is over: a requeue from the DLQ waits afresh."""
+        ...
+
+    async def rewrite_queued(self, task: Task, document: str, status: str, now_s: float, retention_s: int) -> bool:
+        """Rewrite ``task``'s queued record under its lease (fenced), with ``status``; False when
+        it is no longer queued or the lease moved on."""
         ...
 
     def limit_store(self) -> FlowLimitStore:
-        """Flow slots, start rates and parked starts (``plaita.flows.runner.limits``)."""
-        ...
-
-    def fleet(self) -> Fleet:
-        """The registry as hand-over reads it (``plaita.flows.runner.handover``)."""
+        """Flow slots and parked starts, for the limits' own renewer thread (it renews the slots
+        held and sweeps the parked starts there, off any loop: ``plaita.flows.runner.limits``)."""
         ...
 
     def close(self) -> None:

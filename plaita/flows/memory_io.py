@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from plaita.errors import ConfigError
 from plaita.tasks import Task
 
 if TYPE_CHECKING:
-    from plaita.store.executions.flow_limits import FlowLimitStore
-    from plaita.store.executions.store import ExecutionStore, Staged, UnreadableExecution
+    from plaita.store.executions.flow_limits import Admit, FlowLimitStore
+    from plaita.store.executions.store import Staged, UnreadableExecution
 
-T = TypeVar("T")
 
 #: A published event kept per execution and name (``MemoryIO.published``).
 _MAX_EVENT_NAMES = 1000
@@ -58,6 +57,10 @@ class _NeedsServer:
         )
 
 
+_VERSION_WAIT = "a queued start's version wait needs a real server: test it through StoreIO"
+_FLOW_LIMITS = "flow limits need a real server: test them through plaita.store.executions.execution_io.StoreIO"
+
+
 @dataclass
 class _Events:
     """One task's ``ctx.publish`` target."""
@@ -73,26 +76,6 @@ class _Events:
 
     def events_key(self, execution_id: str) -> str:
         return f"events of {execution_id}"
-
-
-@dataclass
-class _Queued:
-    """The producer's queued records as a start's admission sees them: a dead-lettered start
-    ends its record (recorded as a write); a version wait needs the real adapter."""
-
-    io: MemoryIO
-
-    def get(self, execution_id: str) -> dict[str, Any] | None:
-        return self.io.docs.get(execution_id)
-
-    def rewrite_queued(
-        self, execution_id: str, generation: int, text: str, status: str, now_s: float, retention_s: int
-    ) -> bool:
-        self.io._write("rewrite_queued", execution_id, text)
-        return True
-
-    def __getattr__(self, name: str) -> Any:
-        raise ConfigError("a queued start's version wait needs a real server: test it through StoreIO")
 
 
 @dataclass
@@ -154,9 +137,6 @@ class MemoryIO:
 
     def execution_key(self, task: Task) -> str:
         return f"execution {task.execution_id}"
-
-    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return fn(*args, **kwargs)
 
     def close(self) -> None:
         self.closed = True
@@ -260,11 +240,53 @@ class MemoryIO:
     async def close_spawn(self, task: Task, parent_id: str, prefix: str) -> None:
         self.done[(parent_id, prefix)] = None
 
-    def queued(self, task: Task) -> ExecutionStore:
-        return cast("ExecutionStore", _Queued(self))
+    # A start's queued record: a dead-lettered start ends it (recorded as a write); a version
+    # wait needs the real adapter.
+    async def version_wait(self, task: Task, now_s: float, ttl_s: float) -> tuple[float, int]:
+        raise ConfigError(_VERSION_WAIT)
+
+    async def forget_version_wait(self, task: Task) -> None:
+        raise ConfigError(_VERSION_WAIT)
+
+    async def rewrite_queued(self, task: Task, document: str, status: str, now_s: float, retention_s: int) -> bool:
+        self._write("rewrite_queued", task.execution_id, document)
+        return True
+
+    # Flow limits need the real adapter (their scripts are what is tested).
+    async def acquire_flow_slot(
+        self,
+        flow_id: str,
+        member: str,
+        token: str,
+        *,
+        max_concurrent: int,
+        ttl_s: float,
+        starts_per_s: float,
+        burst: float,
+        window: tuple[int, float] | None,
+        park: tuple[float, dict[str, Any], float | None] | None,
+        key: str | None,
+    ) -> Admit:
+        raise ConfigError(_FLOW_LIMITS)
+
+    async def register_parking(self, flow_id: str) -> None:
+        raise ConfigError(_FLOW_LIMITS)
+
+    async def forget_parked_start(
+        self, flow_id: str, member: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> None:
+        raise ConfigError(_FLOW_LIMITS)
+
+    async def release_flow_slot(
+        self, flow_id: str, member: str, token: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> bool:
+        raise ConfigError(_FLOW_LIMITS)
 
     def limit_store(self) -> FlowLimitStore:
         return cast("FlowLimitStore", _NeedsServer("flow limits"))
 
-    def fleet(self) -> _Fleet:
-        return self.fleet_view
+    async def fleet_workers(self) -> list[dict[str, Any]]:
+        return self.fleet_view.workers()
+
+    async def count_handover(self, name: str, window_s: float) -> int:
+        return self.fleet_view.count_handover(name, window_s)

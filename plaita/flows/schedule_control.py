@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from plaita.clock import wall_s
 from plaita.errors import PlaitaError
 from plaita.flows.keeper.schedule_records import scheduled_flows
-from plaita.flows.keeper.scheduler import schedule_definition
 from plaita.flows.model.definition import Flow
 from plaita.flows.model.schedules import PARAM_KEY, Schedule, execution_id_of
 from plaita.flows.producer.client import DuplicateStart, FlowClient, _operator
+from plaita.flows.schedule_listing import schedule_definition
 from plaita.store.executions.schedule_store import UnreadableSchedule
 from plaita.store.schedule_control import PAUSED_FIELD, ScheduleAccess
 

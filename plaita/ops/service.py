@@ -25,9 +25,9 @@ from plaita.errors import ConfigError
 from plaita.flows import Flow, FlowRegistry, FlowRunner, load_flows
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.keeper.schedule_records import ScheduleRecorder
-from plaita.flows.keeper.scheduler import Scheduler
 from plaita.flows.runner.stepcall import StepCaller
 from plaita.ops.alert_events import orphan_alert
+from plaita.ops.keeper_build import build_keeper
 from plaita.ops.keeper_metrics import KeeperMetrics
 from plaita.ops.operations import Operations, attach_operations
 from plaita.runtime.handlers import load_handler
@@ -191,7 +191,7 @@ class WorkerService:
         self.keeper.request_stop()
         thread.join(KEEPER_JOIN_S)
         if not thread.is_alive():
-            self.keeper.queue.close()
+            self.keeper.io.close()
 
 
 def build_worker(
@@ -398,13 +398,7 @@ def _keeper(settings: Settings, flows: FlowRegistry, ops: Operations) -> Keeper:
     queue = open_queue(settings, client=client)
     store = ExecutionStore(client, queue.keyspace)
     on_orphaned = orphan_alert(ops.alerts.sender) if ops.alerts is not None else None
-    keeper = Keeper(
-        store,
-        queue,
-        embedded_keeper_settings(settings),
-        scheduler=Scheduler(flows, queue, store=store),
-        on_orphaned=on_orphaned,
-    )
+    keeper = build_keeper(store, queue, embedded_keeper_settings(settings), flows=flows, on_orphaned=on_orphaned)
     # Its passes on the worker's /metrics (plaita_keeper_*); readiness stays the worker's own.
     metrics = KeeperMetrics(registry=ops.metrics.registry)
     keeper.on_pass, keeper.on_failure = metrics.on_pass, metrics.on_failure

@@ -8,11 +8,12 @@ import pytest
 
 from plaita.config import Settings
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import KeeperSettings
 from plaita.flows.keeper.schedule_records import ScheduleRecorder
 from plaita.flows.model.schedules import execution_id_of
 from plaita.flows.producer.client import FlowClient
 from plaita.flows.schedule_control import ScheduleControl
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.executions.schedule_records import ScheduleRecords
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.partitioned import open_queue
@@ -28,7 +29,7 @@ def test_pause_and_backfill_on_every_partition(clean_cluster: ClusterServers) ->
     fast.step(lambda ctx: None, name="run")
     q = open_queue(Settings(redis_url=clean_cluster.url, queue_name=QUEUE, partitions=6))
     now_s = [float(T0)]
-    keeper = Keeper(
+    keeper = build_keeper(
         ExecutionStore(q.client, q.keyspace), q, KeeperSettings(interval_s=0.1, lease_ttl_s=5), clock=lambda: now_s[0]
     )
     control = ScheduleControl(FlowClient(q), [fast])

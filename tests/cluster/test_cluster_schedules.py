@@ -12,9 +12,10 @@ import pytest
 
 from plaita.config import Settings
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import KeeperSettings
 from plaita.flows.keeper.schedule_records import ScheduleRecorder
 from plaita.flows.model.schedules import execution_id_of
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.executions.keeper_store import keeper_lease_key
 from plaita.store.executions.schedule_records import ScheduleRecords
 from plaita.store.executions.store import ExecutionStore
@@ -35,7 +36,7 @@ def test_each_queues_keeper_starts_the_schedules_recorded_for_it(clean_cluster: 
     queues = [open_queue(Settings(redis_url=clean_cluster.url, queue_name=q, partitions=3)) for q in (QUEUE, OTHER)]
     now_s = [float(T0)]
     keepers = [
-        Keeper(
+        build_keeper(
             ExecutionStore(q.client, q.keyspace),
             q,
             KeeperSettings(interval_s=0.1, lease_ttl_s=5),

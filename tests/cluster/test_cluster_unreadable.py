@@ -12,7 +12,8 @@ import time
 import pytest
 
 from plaita.config import Settings
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import KeeperSettings
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.executions.store import ExecutionStore, UnreadableExecution
 from plaita.store.streams.partitioned import open_queue
 from tests.support.lease_workers import QUEUE
@@ -39,7 +40,7 @@ def test_unreadable_keys_on_every_partition_are_skipped(clean_cluster: ClusterSe
     read = store.read_many([good, corrupt, typed, "missing"])
     assert read[0] == doc and read[3] is None
     assert [type(r) for r in read[1:3]] == [UnreadableExecution, UnreadableExecution]
-    report = Keeper(store, q, KeeperSettings(interval_s=0.1, lease_ttl_s=2)).run_once()
+    report = build_keeper(store, q, KeeperSettings(interval_s=0.1, lease_ttl_s=2)).run_once()
     assert report.timeouts == [good] and sorted(report.corrupt) == sorted([corrupt, typed])
     cmd = [sys.executable, "-m", "plaita", "--quiet", "executions", "list", "--json"]
     cmd += ["--redis-url", clean_cluster.url, "--queue-name", QUEUE, "--partitions", "3"]

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from plaita.dashboard.lineage import CHILD_ROWS
-from plaita.flows.keeper.scheduler import Scheduler
+from plaita.ops.keeper_build import build_scheduler
 from plaita.store.acl import DASHBOARD_READ_ACL_RULES
 from plaita.store.executions.schedule_store import SCHEDULES_KEY, schedule_key
 from plaita.store.keyspace import DEFAULT
@@ -180,7 +180,8 @@ class TestSchedules:
         dash = make_dashboard()
         assert "no schedule recorded" in dash.get("/schedules").text
         queue = StreamQueue(h.client, stream=DEFAULT.stream(0), group="g", consumer="c", dlq_key="d", dlq_max_len=1)
-        report = Scheduler([scheduled.every_second], queue).run_pass(time.time())  # records it, starts on-time ticks
+        # It records the schedule and starts its on-time ticks.
+        report = build_scheduler([scheduled.every_second], queue).run_pass(time.time())
         assert report.started, "a tick was due"
         rclient.hset(schedule_key(HOSTILE_FLOW), mapping={"cron": "0 9 * * *", "tz": "Europe/Paris", "missed": "skip"})
         rclient.sadd(SCHEDULES_KEY, HOSTILE_FLOW)
@@ -202,7 +203,7 @@ class TestSchedules:
     ) -> None:
         h.run(start("pa", "fan", n=2))
         queue = StreamQueue(h.client, stream=DEFAULT.stream(0), group="g", consumer="c", dlq_key="d", dlq_max_len=1)
-        Scheduler([scheduled.every_second], queue).run_pass(time.time())
+        build_scheduler([scheduled.every_second], queue).run_pass(time.time())
         dash = make_dashboard(
             url=acl_user(redis_server, "plaita-dash-read", DASHBOARD_READ_ACL_RULES), allow_actions=False
         )

@@ -12,9 +12,10 @@ import pytest
 
 from plaita.errors import LeaseLostError
 from plaita.flows import FlowRunner
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import KeeperSettings
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import FlowClient
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.client import make_client
 from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.store import ExecutionStore
@@ -382,7 +383,7 @@ def test_a_child_the_keeper_marks_orphaned_wakes_its_parent(redis_url: str, flow
         assert create_now(store, c1, lease.generation, kid.encode(), kid.created_at, None)[0] == 1
         leases.release(lease)
         flowdefs.client().delete(QUEUE)
-        keeper = Keeper(
+        keeper = build_keeper(
             store,
             open_queue(s, client=client),
             KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2, zombie_after_s=60),

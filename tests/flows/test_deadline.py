@@ -17,6 +17,7 @@ import pytest
 from plaita.errors import BadTaskError
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model.execution import DEADLINE_EXCEEDED, Execution
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.keyspace import DEFAULT
 from tests.flows import deadline_flows, fanout_flows, flowdefs
 from tests.flows.support import Harness, ledgers, start
@@ -54,7 +55,9 @@ def h(redis_url: str, monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Iterator
 
 
 def keeper(h: Harness, clock: Clock) -> Keeper:
-    return Keeper(h.store, h.queue, KeeperSettings(interval_s=0.1, orphan_grace_s=3600, lease_ttl_s=2), clock=clock)
+    return build_keeper(
+        h.store, h.queue, KeeperSettings(interval_s=0.1, orphan_grace_s=3600, lease_ttl_s=2), clock=clock
+    )
 
 
 def with_deadline(body: dict[str, Any], deadline_at: float) -> dict[str, Any]:

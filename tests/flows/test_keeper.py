@@ -15,6 +15,7 @@ import pytest
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.model import bodies as model
 from plaita.flows.model.execution import Execution
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.client import make_client
 from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.keeper_store import keeper_lease_key
@@ -50,7 +51,7 @@ def queued(h: Harness) -> list[dict[str, object]]:
 
 def keeper(h: Harness, settings: KeeperSettings = FAST, **clock: float) -> Keeper:
     offset = clock.get("offset_s", 0.0)
-    return Keeper(h.store, h.queue, settings, clock=lambda: time.time() + offset)
+    return build_keeper(h.store, h.queue, settings, clock=lambda: time.time() + offset)
 
 
 def test_orphan_is_recovered_exactly_once(h: Harness) -> None:
@@ -126,7 +127,7 @@ def test_keeper_rides_out_a_freeze_and_a_restart(private_redis: RedisServer, mon
     with harness(private_redis.url) as h:
         kclient = make_client(private_redis.url, socket_timeout_s=0.5)
         kqueue = StreamQueue(kclient, stream=QUEUE, group="g", consumer="k", dlq_key="d", dlq_max_len=1)
-        k = Keeper(ExecutionStore(kclient), kqueue, FAST)
+        k = build_keeper(ExecutionStore(kclient), kqueue, FAST)
         thread = threading.Thread(target=lambda: k.run(), daemon=True)
         thread.start()
         try:

@@ -22,8 +22,9 @@ import redis
 
 from plaita.config import Settings
 from plaita.flows import Flow, FlowRunner, StepContext
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import KeeperSettings
 from plaita.flows.model.execution import Execution
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.client import make_client
 from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.keeper_store import KEEPER_LEASE_KEY
@@ -93,7 +94,7 @@ def test_dry_run_never_takes_renews_or_waits_for_the_lease(h: Harness) -> None:
     """Reproduction 5: a dry run took and renewed the lease, so no real keeper acted meanwhile;
     with another keeper holding it, the dry run reported nothing at all."""
     h.run(start("dl", "signup", timeout_s=0))
-    dry = Keeper(h.store, h.queue, DRY)
+    dry = build_keeper(h.store, h.queue, DRY)
     assert dry.run_once().timeouts == ["dl"]
     assert h.client.exists(KEEPER_LEASE_KEY) == 0  # not taken
     h.client.set(KEEPER_LEASE_KEY, "keeper:other", px=60_000)
@@ -110,7 +111,7 @@ def test_once_fails_when_another_keeper_holds_the_lease(h: Harness, caplog: pyte
     """Reproduction 5: ``keeper --once`` that could not take the lease exited 0 in silence."""
     h.client.set(KEEPER_LEASE_KEY, "keeper:other", px=60_000)
     caplog.set_level(logging.INFO, logger="plaita.flows.keeper.keeper")
-    assert Keeper(h.store, h.queue, FAST).run(once=True) == 1
+    assert build_keeper(h.store, h.queue, FAST).run(once=True) == 1
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(lines) == 1 and KEEPER_LEASE_KEY in lines[0] and "keeper:other" in lines[0], lines
     assert h.client.get(KEEPER_LEASE_KEY) == b"keeper:other"
@@ -122,10 +123,10 @@ def test_once_hands_the_lease_back_when_the_pass_failed(h: Harness, redis_url: s
     faulty = FailingXadd.from_url(redis_url, socket_timeout=5.0)
     try:
         fqueue = StreamQueue(faulty, stream=QUEUE, group="plaita-workers", consumer="k", dlq_key="d", dlq_max_len=1)
-        k = Keeper(ExecutionStore(faulty), fqueue, FAST)
+        k = build_keeper(ExecutionStore(faulty), fqueue, FAST)
         assert k.run(once=True) == 1
         assert h.client.exists(KEEPER_LEASE_KEY) == 0  # handed back at once, not after 2 s
-        assert Keeper(h.store, h.queue, FAST).run_once().retries == ["o1"]
+        assert build_keeper(h.store, h.queue, FAST).run_once().retries == ["o1"]
     finally:
         faulty.close()
 
@@ -140,7 +141,7 @@ def test_corrupt_keys_in_the_deadlines_index_are_skipped_counted_logged_once(
     h.run(start("good", "signup", timeout_s=0))
     caplog.set_level(logging.DEBUG, logger="plaita.flows.keeper.keeper")
     clock = Clock()
-    k = Keeper(h.store, h.queue, FAST, clock=clock)
+    k = build_keeper(h.store, h.queue, FAST, clock=clock)
     assert k.run(once=True) == 0
     assert [(t["execution_id"], t["resume_type"]) for t in queued(h.client)] == [("good", "timeout")]
     assert k.corrupt_skips == 3
@@ -164,7 +165,7 @@ def test_corrupt_keys_in_the_running_index_are_skipped(h: Harness) -> None:
     h.client.zadd(RUNNING, {"young-corrupt": time.time() - 60})
     make_orphan(h.store, h.leases, "zombie", age_s=7300)
     make_orphan(h.store, h.leases, "orphan", age_s=60)
-    k = Keeper(h.store, h.queue, KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2))
+    k = build_keeper(h.store, h.queue, KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2))
     report = k.run_once()
     assert report.orphaned == ["zombie"] and report.retries == ["orphan"]
     assert sorted(report.corrupt) == ["a-corrupt", "a-hash", "a-list", "young-corrupt"]
@@ -179,7 +180,7 @@ def test_unreadable_keys_do_not_hide_the_orphans_behind_them(h: Harness) -> None
         h.client.zadd(RUNNING, {f"bad-{i}": time.time() - 600 + i})
     make_orphan(h.store, h.leases, "behind", age_s=60)
     settings = KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2, batch=2)
-    report = Keeper(h.store, h.queue, settings).run_once()
+    report = build_keeper(h.store, h.queue, settings).run_once()
     assert report.retries == ["behind"] and len(report.corrupt) == 5
 
 
@@ -216,7 +217,7 @@ def test_a_late_timeout_cannot_end_a_later_suspension(h: Harness) -> None:
     try:
         doc = run(start("tw", "twice"))
         assert doc is not None and doc["status"] == "suspended" and doc["suspension"]["seq"] == 1
-        assert Keeper(h.store, h.queue, FAST).run_once().timeouts == ["tw"]
+        assert build_keeper(h.store, h.queue, FAST).run_once().timeouts == ["tw"]
         [late] = queued(h.client)  # the timeout of suspension 1, not yet run
         doc = run(resume("tw", "event", "first answer"))  # the event wins the race
         assert doc is not None and doc["status"] == "suspended" and doc["suspension"]["seq"] == 2
@@ -235,7 +236,7 @@ def test_a_failed_timeout_enqueue_keeps_the_deadline(h: Harness, redis_url: str)
     try:
         fqueue = StreamQueue(faulty, stream=QUEUE, group="plaita-workers", consumer="k", dlq_key="d", dlq_max_len=1)
         clock = Clock()
-        k = Keeper(ExecutionStore(faulty), fqueue, FAST, clock=clock)
+        k = build_keeper(ExecutionStore(faulty), fqueue, FAST, clock=clock)
         with pytest.raises(redis.ConnectionError):
             k.run_once()
         assert queued(h.client) == [] and h.client.zscore(DEADLINES, "lost") is not None
@@ -253,7 +254,7 @@ def test_a_recovery_retry_is_sent_once_per_cooldown(h: Harness) -> None:
     """Mutant 5: the retry sent without its cooldown mark. The retry task is gone from the
     stream (its worker died and it went to the DLQ), so only the mark stops a retry per pass."""
     make_orphan(h.store, h.leases, "cool")
-    k = Keeper(h.store, h.queue, FAST)
+    k = build_keeper(h.store, h.queue, FAST)
     assert k.run_once().retries == ["cool"]
     [(message_id, _)] = h.client.xrange(QUEUE)  # type: ignore[misc]
     h.client.xdel(QUEUE, message_id)
@@ -278,7 +279,7 @@ def test_every_partition_of_the_running_index_is_read(redis_url: str) -> None:
             make_orphan(store, leases, eid, age_s=60)
         zombie = next(f"z-{i}" for i in range(40) if ks.partition_of(f"z-{i}") == 2)
         make_orphan(store, leases, zombie, age_s=7300)
-        report = Keeper(store, queue, KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2)).run_once()
+        report = build_keeper(store, queue, KeeperSettings(interval_s=0.1, orphan_grace_s=0, lease_ttl_s=2)).run_once()
         assert sorted(report.retries) == sorted(ids.values()) and report.orphaned == [zombie]
         doc = store.get(zombie)
         assert doc is not None and doc["status"] == "error"

@@ -16,8 +16,9 @@ import time
 import pytest
 
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
-from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
+from plaita.flows.keeper.keeper import KeeperSettings
+from plaita.flows.schedule_listing import schedule_rows
+from plaita.ops.keeper_build import build_keeper, build_scheduler
 from plaita.store.executions.schedule_store import SCHEDULES_KEY, schedule_key
 from plaita.store.executions.store import ExecutionStore
 from plaita.store.keyspace import TENANTS_KEY
@@ -70,9 +71,9 @@ def test_a_schedule_that_cannot_be_stepped_skips_only_itself(h: Harness, caplog:
     _orphan(h, h.store, "o1")
     doc = h.run(start("s1", "signup", timeout_s=0.01))  # a suspension past its deadline
     assert doc is not None and doc["status"] == "suspended"
-    scheduler = Scheduler([unsteppable("broken"), scheduled("good")], h.queue, store=h.store)
+    scheduler = build_scheduler([unsteppable("broken"), scheduled("good")], h.queue, store=h.store)
     # Past the suspension's deadline and the orphan's grace.
-    keeper = Keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0, scheduler=scheduler)
+    keeper = build_keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0, scheduler=scheduler)
     with caplog.at_level(logging.ERROR, logger="plaita"):
         report = keeper.run_once()
         keeper.run_once()
@@ -119,7 +120,7 @@ def test_a_wrong_typed_index_of_one_tenant_never_stops_another_tenants_wakes(
     assert doc is not None and doc["status"] == "suspended"
     h.client.sadd(TENANTS_KEY, "t1")  # t1 sorts before t2: its bad index is met first
     h.client.set(index, "not an index")
-    keeper = Keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0)
+    keeper = build_keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0)
     with caplog.at_level(logging.WARNING, logger="plaita"):
         report = keeper.run_once()
         again = keeper.run_once()
@@ -136,7 +137,7 @@ def test_a_wrong_typed_deadlines_index_does_not_stop_the_deadline_checks_between
     assert doc is not None and doc["status"] == "suspended"
     h.client.sadd(TENANTS_KEY, "t1")
     h.client.set("plaita:t1:executions:deadlines", "not an index")
-    keeper = Keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0)
+    keeper = build_keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0)
     keeper._stores = keeper._tenant_stores()
     # Between full passes the keeper peeks at the earliest deadline of every tenant.
     keeper._until_next_pass(0.3)
@@ -146,5 +147,5 @@ def test_a_wrong_typed_deadlines_index_does_not_stop_the_deadline_checks_between
 def test_a_wrong_typed_tenants_set_leaves_the_default_tenant_kept(h: Harness) -> None:
     _orphan(h, h.store, "o1")
     h.client.set(TENANTS_KEY, "not a set")
-    report = Keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0).run_once()
+    report = build_keeper(h.store, h.queue, FAST, clock=lambda: time.time() + 5.0).run_once()
     assert report.retries == ["o1"] and TENANTS_KEY in report.corrupt

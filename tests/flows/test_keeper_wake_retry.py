@@ -22,6 +22,7 @@ import redis
 
 from plaita.config import Settings
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.client import make_client
 from plaita.store.executions.keeper_store import UNCLAIM_DEADLINES
 from plaita.store.executions.store import ExecutionStore
@@ -64,7 +65,7 @@ def faulty(redis_url: str) -> Iterator[Faulty]:
 
 def keeper_on(client: Faulty, settings: KeeperSettings = SETTINGS) -> Keeper:
     queue = StreamQueue(client, stream=QUEUE, group="plaita-workers", consumer="k", dlq_key="d", dlq_max_len=1)
-    return Keeper(ExecutionStore(client), queue, settings)
+    return build_keeper(ExecutionStore(client), queue, settings)
 
 
 def queued(client: redis.Redis) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ dead holder's slot, expiry, the start rate, and the Flow options' validation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ import redis
 from plaita.errors import NotForThisWorker
 from plaita.flows import Flow, StepContext
 from plaita.flows.runner.limits import WAIT_MAX_S
+from plaita.store.executions.execution_io import StoreIO
 from plaita.store.executions.flow_limits import FULL, RATE_LIMITED, TAKEN, limit_keys
 from tests.flows.limitdefs import suspend_once
 from tests.flows.support import Harness, harness, limits, start
@@ -208,7 +210,7 @@ def test_a_holder_that_lost_its_slot_fails_to_renew_it_and_says_so(
     member = slot_member(task)
     slots, owners, _ = limit_keys(h.store.ks, "gate")
     try:
-        fl.enter(gate, task, start=True)
+        asyncio.run(fl.enter(StoreIO(h.store, here=True), gate, task, start=True))
         assert fl.holds(task)
         fl.renew_once()
         assert fl.holds(task)  # renewing a slot it holds works

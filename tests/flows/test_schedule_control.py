@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from plaita.flows.keeper.scheduler import schedule_rows
 from plaita.flows.model.schedules import execution_id_of
 from plaita.flows.producer.client import FlowClient
 from plaita.flows.schedule_control import ScheduleControl, ScheduleNotFound, TooManyTicks
+from plaita.flows.schedule_listing import schedule_rows
 from plaita.store.executions.store import ExecutionStore
 from tests.flows.test_schedule_ticks import utc
 from tests.flows.test_schedules import T0, Env, flow

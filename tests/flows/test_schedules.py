@@ -14,9 +14,9 @@ import redis
 from plaita.config import Settings
 from plaita.errors import ConfigError
 from plaita.flows import Flow, Schedule
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
-from plaita.flows.keeper.scheduler import Scheduler
+from plaita.flows.keeper.keeper import KeeperSettings
 from plaita.flows.model.schedules import execution_id_of
+from plaita.ops.keeper_build import build_keeper, build_scheduler
 from plaita.store.client import make_client
 from plaita.store.executions.schedule_store import ScheduleStore, schedule_key
 from plaita.store.executions.store import ExecutionStore
@@ -40,7 +40,7 @@ class Env:
         self.queue = StreamQueue(
             self.client, stream=QUEUE, group="plaita-workers", consumer="k", dlq_key="d", dlq_max_len=10
         )
-        self.scheduler = Scheduler(flows, self.queue, **options)  # type: ignore[arg-type]
+        self.scheduler = build_scheduler(flows, self.queue, **options)  # type: ignore[arg-type]
 
     def starts(self) -> list[dict[str, object]]:
         return [json.loads(f[b"payload"]) for _, f in self.client.xrange(QUEUE)]  # type: ignore[union-attr]
@@ -131,7 +131,7 @@ def test_with_partitions_each_tick_goes_to_its_own_partition_with_its_dedup_key(
     settings = Settings(redis_url=redis_url, queue_name=QUEUE, partitions=3)
     client = make_client(redis_url, socket_timeout_s=5.0)
     queue = open_queue(settings, client=client)
-    scheduler = Scheduler([flow("fast", cron="* * * * * *", grace_s=1.0)], queue)
+    scheduler = build_scheduler([flow("fast", cron="* * * * * *", grace_s=1.0)], queue)
     try:
         started = sum((scheduler.run_pass(now_s + 0.5).started for now_s in range(T0, T0 + 12)), [])
         assert started == [execution_id_of("fast", t) for t in range(T0, T0 + 12)]
@@ -274,7 +274,7 @@ def test_a_schedule_key_of_another_type_is_skipped_and_left(env: Env) -> None:
 def test_the_keeper_runs_the_schedule_pass_and_a_dry_run_starts_nothing(env: Env) -> None:
     store = ExecutionStore(env.client)
     settings = KeeperSettings(interval_s=0.1, lease_ttl_s=2.0)
-    dry = Keeper(
+    dry = build_keeper(
         store,
         env.queue,
         KeeperSettings(interval_s=0.1, lease_ttl_s=2.0, dry_run=True),
@@ -283,6 +283,6 @@ def test_the_keeper_runs_the_schedule_pass_and_a_dry_run_starts_nothing(env: Env
     )
     assert dry.run_once().scheduled == [execution_id_of("sync", T0)]
     assert env.started_ids() == [] and ScheduleStore(env.client).read("sync") == {}  # read only
-    keeper = Keeper(store, env.queue, settings, clock=lambda: T0 + 1.0, scheduler=env.scheduler)
+    keeper = build_keeper(store, env.queue, settings, clock=lambda: T0 + 1.0, scheduler=env.scheduler)
     assert keeper.run_once().scheduled == [execution_id_of("sync", T0)]
     assert env.started_ids() == [execution_id_of("sync", T0)]

@@ -17,8 +17,9 @@ from plaita.config import Settings
 from plaita.flows import Flow, Schedule
 from plaita.flows.keeper.keeper import Keeper, KeeperSettings
 from plaita.flows.keeper.schedule_records import ScheduleRecorder, record_of
-from plaita.flows.keeper.scheduler import Scheduler, schedule_rows
 from plaita.flows.model.schedules import execution_id_of
+from plaita.flows.schedule_listing import schedule_rows
+from plaita.ops.keeper_build import build_keeper, build_scheduler
 from plaita.ops.service import start_worker
 from plaita.store.client import make_client
 from plaita.store.executions.keeper_store import KEEPER_LEASE_KEY, keeper_lease_key
@@ -52,8 +53,8 @@ class Node:
     def keeper(self, flows: list[Flow] = (), clock_s: float = T0, **options: float) -> Keeper:  # type: ignore[assignment]
         """A keeper whose clock is ``self.now_s`` (set it between passes)."""
         self.now_s = clock_s
-        scheduler = Scheduler(flows, self.queue, store=self.store, **options)  # type: ignore[arg-type]
-        return Keeper(self.store, self.queue, SETTINGS, clock=lambda: self.now_s, scheduler=scheduler)
+        scheduler = build_scheduler(flows, self.queue, store=self.store, **options)  # type: ignore[arg-type]
+        return build_keeper(self.store, self.queue, SETTINGS, clock=lambda: self.now_s, scheduler=scheduler)
 
     def passes(self, keeper: Keeper, *clock_s: float) -> list[list[str]]:
         """What ``keeper`` started at each of these times."""

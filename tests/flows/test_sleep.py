@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import KeeperSettings
 from plaita.flows.producer.client import FlowClient
+from plaita.ops.keeper_build import build_keeper
 from tests.flows import flowdefs, sleepdefs
 from tests.flows.support import Harness, ledgers, resume, start
 from tests.support.lease_workers import FAST_RECLAIM_ARGS, wait_for, worker_proc
@@ -84,7 +85,7 @@ def test_a_sleeping_execution_is_cancelled_at_once(h: Harness) -> None:
 def test_the_keeper_wakes_a_due_sleep_with_continue(h: Harness) -> None:
     doc = h.run(start("s4", "napper", until_s=time.time() - 5))  # already past: due at once
     assert doc is not None and doc["status"] == "suspended"
-    report = Keeper(h.store, h.queue, KeeperSettings()).run_once()
+    report = build_keeper(h.store, h.queue, KeeperSettings()).run_once()
     assert report.wakes == ["s4"] and report.timeouts == []
     [(_, fields)] = h.client.xrange(h.queue.streams[0])[-1:]
     body = fields.get(b"payload") or fields.get("payload")

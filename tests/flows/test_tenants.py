@@ -15,10 +15,11 @@ import pytest
 import redis
 
 from plaita.flows import Flow, FlowRunner
-from plaita.flows.keeper.keeper import Keeper, KeeperSettings
+from plaita.flows.keeper.keeper import KeeperSettings
 from plaita.flows.model.context import StepContext
 from plaita.flows.model.execution import Execution
 from plaita.flows.producer.client import FlowClient
+from plaita.ops.keeper_build import build_keeper
 from plaita.store.client import make_client
 from plaita.store.executions.execution_io import create_now
 from plaita.store.executions.store import ExecutionStore
@@ -156,7 +157,7 @@ def test_the_keeper_keeps_every_tenant(redis_url: str, monkeypatch: pytest.Monke
         h.queue.enqueue(queued)  # t1's o2 has a task waiting: no retry for it, but one for the default's o2
         settings_ = KeeperSettings(interval_s=0.1, orphan_grace_s=0.0, lease_ttl_s=2.0, retry_cooldown_s=60)
         offset_s = [0.0]
-        keeper = Keeper(h.store, h.queue, settings_, clock=lambda: time.time() + offset_s[0])
+        keeper = build_keeper(h.store, h.queue, settings_, clock=lambda: time.time() + offset_s[0])
         report = keeper.run_once()
         assert report.retries == ["o1", "o2", "t1/o1"]
         bodies = [json.loads(f[b"payload"]) for _, f in h.client.xrange(QUEUE)]  # type: ignore[union-attr]

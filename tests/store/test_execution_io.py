@@ -43,30 +43,38 @@ def _task(client: redis.Redis, eid: str) -> Task:
     return task
 
 
+class _ThreadOfReads(ExecutionStore):
+    """A store whose ``get`` answers the thread it ran on: where the door runs a plain (not a
+    script) call, such as a read, a flow slot or a registry read."""
+
+    def get(self, execution_id: str) -> Any:
+        return threading.get_ident()
+
+
 def _doc(eid: str, status: str = "running") -> str:
     return json.dumps({"execution_id": eid, "status": status, "flow_id": "f"})
 
 
 def test_the_thread_mode_door_runs_every_call_on_the_callers_thread(bclient: redis.Redis) -> None:
-    io = StoreIO(ExecutionStore(bclient), here=True)
+    io = StoreIO(_ThreadOfReads(bclient), here=True)
     task = _task(bclient, "t1")
     assert _here(io.create(task, _doc("t1"), time.time(), None))[0] == 1
     assert _here(
         io.checkpoint(task, _doc("t1"), status="running", now_s=time.time(), deadline_s=None, retention_s=0, staged=())
     ) == (True, False)
-    assert _here(io.blocking(threading.get_ident)) == threading.get_ident()
+    assert _here(io.get(task, "any")) == threading.get_ident()
     assert io.create_ahead(task, _doc("t1"), time.time(), None) is None  # nothing is sent ahead here
     io.close()
 
 
 def test_the_loop_mode_door_keeps_blocking_calls_off_the_loop(bclient: redis.Redis) -> None:
-    io = StoreIO(ExecutionStore(bclient), here=False)
+    io = StoreIO(_ThreadOfReads(bclient), here=False)
     task = _task(bclient, "t2")
 
     async def run() -> tuple[int, int, tuple[bool, bool]]:
         loop_thread = threading.get_ident()
         created = await io.create(task, _doc("t2"), time.time(), None)
-        elsewhere = await io.blocking(threading.get_ident)
+        elsewhere = await io.get(task, "any")
         written = await io.checkpoint(
             task, _doc("t2"), status="running", now_s=time.time(), deadline_s=None, retention_s=0, staged=()
         )

@@ -1,7 +1,7 @@
 """The keeper's claimed deadlines: what happens to a due suspension between its claim and its
 wake (``plaita.flows.keeper.keeper``).
 
-The claim (``ExecutionStore.due_deadlines``) holds a due deadline for one keeper lease, so a
+The claim (``KeeperTenantIO.due_deadlines``) holds a due deadline for one keeper lease, so a
 keeper killed before its enqueue leaves it to the keeper that takes over the lease. Afterwards
 each claimed deadline is moved on (``unclaim_deadlines``, which touches only a member still at the
 claim's score): one whose wake was not sent is due again at once (``take_back``; remembered and
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from plaita.store.executions.store import ExecutionStore
+from plaita.flows.keeper_io import KeeperTenantIO
 
 logger = logging.getLogger("plaita.flows.keeper.keeper")  # the keeper's own log
 
@@ -34,7 +34,7 @@ class DeadlineClaims:
         return any(self._untaken.values())
 
     def cool_down(
-        self, store: ExecutionStore, eids: list[str], claim_at_s: float, now_s: float, *, quiet: bool
+        self, store: KeeperTenantIO, eids: list[str], claim_at_s: float, now_s: float, *, quiet: bool
     ) -> None:
         """Re-arm claimed deadlines that were acted on for the cooldown. If Redis fails it, they
         are due again when the hold ends: a wake sent twice, which its suspension's number makes
@@ -47,7 +47,7 @@ class DeadlineClaims:
             if not quiet:
                 raise
 
-    def take_back(self, store: ExecutionStore, eids: list[str], claim_at_s: float, due_at_s: float) -> None:
+    def take_back(self, store: KeeperTenantIO, eids: list[str], claim_at_s: float, due_at_s: float) -> None:
         """Make claimed deadlines whose task was not sent due again (best effort); if Redis
         fails that too, remember them for the next pass."""
         if not eids:
@@ -55,14 +55,14 @@ class DeadlineClaims:
         try:
             store.unclaim_deadlines(eids, claim_at_s, due_at_s)
         except Exception:
-            held = self._untaken.setdefault(store.ks.tenant, {})
+            held = self._untaken.setdefault(store.tenant, {})
             if sum(map(len, self._untaken.values())) + len(eids) <= MAX_UNTAKEN:
                 held.update(dict.fromkeys(eids, (claim_at_s, due_at_s)))  # past the bound: the hold
 
-    def retake(self, store: ExecutionStore) -> None:
+    def retake(self, store: KeeperTenantIO) -> None:
         """Take back what ``take_back`` could not (Redis failed then too); failing again, they
         stay remembered and the pass goes on (its own claim fails the same way if Redis is down)."""
-        held = self._untaken.get(store.ks.tenant)
+        held = self._untaken.get(store.tenant)
         if not held:
             return
         by_claim: dict[tuple[float, float], list[str]] = {}

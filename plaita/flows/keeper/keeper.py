@@ -41,14 +41,11 @@ from plaita.flows.keeper.keeper_types import KeeperPass as KeeperPass
 from plaita.flows.keeper.keeper_types import KeeperSettings as KeeperSettings
 from plaita.flows.keeper.keeper_types import Skips, due_body, label, log_pass
 from plaita.flows.keeper.scheduler import Scheduler
+from plaita.flows.keeper_io import KeeperIO, KeeperTenantIO, UnreadableExecution, UnreadableIndex
 from plaita.flows.model import bodies as model
 from plaita.flows.model.bodies import end_task
 from plaita.flows.model.execution import error_doc
 from plaita.fsm import BackoffPolicy, ErrorKind
-from plaita.store.errors import classify, is_redis_failure
-from plaita.store.executions.keeper_store import UnreadableIndex
-from plaita.store.executions.store import ExecutionStore, UnreadableExecution
-from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 
@@ -61,15 +58,16 @@ DEADLINE_POLL_S = 0.25
 class Keeper:
     def __init__(
         self,
-        store: ExecutionStore,
-        queue: StreamQueue,
+        io: KeeperIO,
         settings: KeeperSettings | None = None,
         *,
+        scheduler: Scheduler,
         clock: Callable[[], float] = wall_s,
-        scheduler: Scheduler | None = None,
         on_orphaned: Callable[[str, str, float], None] | None = None,
     ) -> None:
-        self.store = store
+        #: The keeper's one door to Redis (``plaita.flows.keeper_io``): built where the keeper is
+        #: put together (``plaita.ops.keeper_build``), as its scheduler is.
+        self.io = io
         #: Told (execution id, reason, last update) of each execution marked orphaned (alerts).
         self.on_orphaned = on_orphaned
         #: Told of every pass (its ``duration_s`` set) and of every full pass that failed: the
@@ -77,8 +75,7 @@ class Keeper:
         self.on_pass: Callable[[KeeperPass], None] | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
         #: Starts the ticks of every schedule recorded for the queue (and of the flows it was given).
-        self.scheduler = scheduler if scheduler is not None else Scheduler([], queue, store=store)
-        self.queue = queue
+        self.scheduler = scheduler
         self.settings = settings or KeeperSettings()
         self.holder = f"keeper:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._clock = clock
@@ -86,7 +83,7 @@ class Keeper:
         #: Unreadable keys skipped: counted every time, logged once per key.
         self._skips = Skips()
         #: The stores of every tenant with executions (the default one first), as of the last pass.
-        self._stores: list[ExecutionStore] = [store]
+        self._stores: list[KeeperTenantIO] = [io.for_tenant(None)]
         self._claims = DeadlineClaims(self.settings.timeout_cooldown_s)
         #: When the keeper lease was last taken or renewed, or tried (monotonic s): every third
         #: of its TTL, between passes too, so a pass longer than that does not lose it.
@@ -103,7 +100,7 @@ class Keeper:
     def request_stop(self) -> None:
         """Safe from any thread or a signal handler: the loop ends within about a second."""
         self._stop.set()
-        self.store.interrupt()
+        self.io.interrupt()
 
     def run(self, *, once: bool = False) -> int:
         """Pass after pass until stopped; with ``once`` a single pass: exit 1 (one error line) if
@@ -123,14 +120,14 @@ class Keeper:
             return 1
         if not report.acting:
             holder = self._lease_holder()
-            logger.error("keeper: %s is held by %s; this pass did nothing", self.store.keeper_lease_key, holder)
+            logger.error("keeper: %s is held by %s; this pass did nothing", self.io.keeper_lease_key, holder)
             return 1
         self._passed(report)
         return 0
 
     def _lease_holder(self) -> str:
         try:
-            return self.store.keeper_lease_holder() or "another keeper (expired since)"
+            return self.io.keeper_lease_holder() or "another keeper (expired since)"
         except Exception:  # the pass itself did not fail: do not make it fail now
             return "another keeper"
 
@@ -145,11 +142,11 @@ class Keeper:
                 if self._stop.is_set():
                     break
                 self._tell(self.on_failure, exc)
-                kind = classify(exc)
+                kind = self.io.failure_kind(exc)
                 delay_s = backoff.schedule(persistent=kind is not ErrorKind.TRANSIENT)
                 level = logging.WARNING if failing_since is None else logging.DEBUG
                 failing_since = failing_since or time.monotonic()
-                what = "Redis failed" if is_redis_failure(exc) else "pass failed"
+                what = "Redis failed" if self.io.is_redis_failure(exc) else "pass failed"
                 logger.log(level, "keeper: %s (%s: %s); retrying in %.2f s", what, type(exc).__name__, exc, delay_s)
                 self._stop.wait(delay_s)
                 continue
@@ -205,22 +202,22 @@ class Keeper:
     def _hold_lease(self) -> bool:
         """Take or renew the keeper lease; True if this keeper holds it now."""
         self._lease_tried_at_s = time.monotonic()
-        return self.store.hold_keeper_lease(self.holder, int(self.settings.lease_ttl_s * 1000))
+        return self.io.hold_keeper_lease(self.holder, int(self.settings.lease_ttl_s * 1000))
 
-    def _tenant_stores(self, report: KeeperPass | None = None) -> list[ExecutionStore]:
-        """The default tenant's store, then each tenant's with executions (``plaita:tenants``);
+    def _tenant_stores(self, report: KeeperPass | None = None) -> list[KeeperTenantIO]:
+        """The default tenant's executions, then each tenant's with executions (``plaita:tenants``);
         the default tenant's alone when that set is not a set (counted in ``report``)."""
         try:
-            tenants = self.store.keeper_tenants()
+            tenants = self.io.keeper_tenants()
         except UnreadableIndex as bad:
             self._skips.index(bad, store=None, part="", report=report or KeeperPass())
             tenants = []
-        return [self.store, *(self.store.for_tenant(t) for t in tenants)]
+        return [self.io.for_tenant(None), *(self.io.for_tenant(t) for t in tenants)]
 
     def _tenant_part(
         self,
-        part: Callable[[ExecutionStore, float, KeeperPass], None],
-        store: ExecutionStore,
+        part: Callable[[KeeperTenantIO, float, KeeperPass], None],
+        store: KeeperTenantIO,
         now_s: float,
         report: KeeperPass,
     ) -> None:
@@ -237,7 +234,7 @@ class Keeper:
 
         def release() -> None:
             try:
-                self.store.release_keeper_lease(self.holder)
+                self.io.release_keeper_lease(self.holder)
             except Exception as exc:  # Redis down: the lease expires by itself
                 logger.debug("keeper lease not released: %s: %s", type(exc).__name__, exc)
 
@@ -281,7 +278,7 @@ class Keeper:
         report.duration_s = time.monotonic() - started_s
         return report
 
-    def _timeouts(self, store: ExecutionStore, now_s: float, report: KeeperPass) -> None:
+    def _timeouts(self, store: KeeperTenantIO, now_s: float, report: KeeperPass) -> None:
         s = self.settings
         if not s.dry_run:
             self._claims.retake(store)
@@ -308,7 +305,7 @@ class Keeper:
                     continue
                 body = due_body(store, eid, doc, suspension, now_s, report)
                 if not s.dry_run:
-                    self.queue.enqueue(body)
+                    self.io.enqueue(body)
                 unsent.pop(eid)
                 acted.append(eid)
         except Exception:
@@ -319,7 +316,7 @@ class Keeper:
         if not s.dry_run:
             self._claims.cool_down(store, acted, claim_at_s, now_s, quiet=False)
 
-    def _orphans(self, store: ExecutionStore, now_s: float, report: KeeperPass) -> None:
+    def _orphans(self, store: KeeperTenantIO, now_s: float, report: KeeperPass) -> None:
         """One tenant's orphans; the stream's execution ids (``label``s) are read by the first
         tenant of the pass that needs them (``_in_stream``)."""
         s = self.settings
@@ -327,7 +324,7 @@ class Keeper:
         if not unleased or report.skipped_scan:
             return
         if self._in_stream is None:
-            self._in_stream, complete = self.queue.execution_ids(s.max_stream_scan)
+            self._in_stream, complete = self.io.execution_ids(s.max_stream_scan)
             if not complete:
                 logger.warning("keeper: stream longer than %d entries; orphan pass skipped", s.max_stream_scan)
                 report.skipped_scan = True
@@ -346,17 +343,17 @@ class Keeper:
                 if not s.dry_run:
                     self._send_retry(store, eid)
 
-    def _send_retry(self, store: ExecutionStore, eid: str) -> None:
+    def _send_retry(self, store: KeeperTenantIO, eid: str) -> None:
         try:
             rid = f"keeper:{uuid.uuid4().hex[:12]}"
-            self.queue.enqueue(model.resume_body(eid, "retry", resume_id=rid, tenant_id=store.ks.tenant))
+            self.io.enqueue(model.resume_body(eid, "retry", resume_id=rid, tenant_id=store.tenant))
         except Exception:
             # Not sent: take the cooldown mark back (best effort) so the next pass retries it.
             with contextlib.suppress(Exception):
                 store.clear_retry_mark(eid)
             raise
 
-    def _unleased(self, store: ExecutionStore, before_s: float, report: KeeperPass) -> list[tuple[str, float]]:
+    def _unleased(self, store: KeeperTenantIO, before_s: float, report: KeeperPass) -> list[tuple[str, float]]:
         """Running executions not updated since ``before_s`` whose lease is gone, page by page:
         long steps of live workers keep old scores, so the first page alone could hide every
         orphan behind them; so could unreadable keys (skipped here: no worker could run a
@@ -376,11 +373,11 @@ class Keeper:
                 break
         return out
 
-    def _orphaned(self, store: ExecutionStore, eid: str, updated_at_s: float, now_s: float, report: KeeperPass) -> None:
+    def _orphaned(self, store: KeeperTenantIO, eid: str, updated_at_s: float, now_s: float, report: KeeperPass) -> None:
         s = self.settings
         message = f"orphaned: running with no worker and no task for {now_s - updated_at_s:.0f} s"
         # A child's parent is told through a task enqueued with the marking (``end_task``).
-        error, tenant = error_doc(None, "Orphaned", message), store.ks.tenant
+        error, tenant = error_doc(None, "Orphaned", message), store.tenant
 
         def follow_up(doc: dict[str, Any]) -> dict[str, Any] | None:
             return end_task(doc, tenant_id=tenant)

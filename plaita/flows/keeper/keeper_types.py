@@ -13,9 +13,7 @@ from plaita.flows.model import bodies as model
 from plaita.flows.model.validate import epoch_or_none
 
 if TYPE_CHECKING:
-    from plaita.store.executions.execution_docs import UnreadableExecution
-    from plaita.store.executions.keeper_store import UnreadableIndex
-    from plaita.store.executions.store import ExecutionStore
+    from plaita.flows.keeper_io import KeeperTenantIO, UnreadableExecution, UnreadableIndex
 
 logger = logging.getLogger("plaita.flows.keeper.keeper")  # the keeper's own log, as before the split
 
@@ -107,7 +105,7 @@ def log_pass(report: KeeperPass) -> None:
 
 
 def due_body(
-    store: ExecutionStore,
+    store: KeeperTenantIO,
     eid: str,
     doc: dict[str, Any],
     suspension: dict[str, Any],
@@ -116,7 +114,7 @@ def due_body(
 ) -> dict[str, Any]:
     """What a due suspension gets: ``cancel`` past the execution's deadline, ``continue``
     for a durable sleep (its deadline is its wake), else ``timeout``."""
-    seq, flow_id, tenant = suspension.get("seq"), doc.get("flow_id"), store.ks.tenant
+    seq, flow_id, tenant = suspension.get("seq"), doc.get("flow_id"), store.tenant
     deadline_at = epoch_or_none(doc.get("deadline_at"))
     if deadline_at is not None and deadline_at <= now_s:
         report.expired.append(label(store, eid))
@@ -134,9 +132,9 @@ def due_body(
     )
 
 
-def label(store: ExecutionStore, eid: str) -> str:
+def label(store: KeeperTenantIO, eid: str) -> str:
     """How a report names an execution: its id, ``<tenant>/<id>`` for a tenant's."""
-    return f"{store.ks.tenant}/{eid}" if store.ks.tenant else eid
+    return f"{store.tenant}/{eid}" if store.tenant else eid
 
 
 class Skips:
@@ -152,13 +150,13 @@ class Skips:
         report.corrupt.append(bad.execution_id)
         self._met(bad.key, f"{bad.key} {bad.why}; skipped")
 
-    def index(self, bad: UnreadableIndex, store: ExecutionStore | None, part: str, report: KeeperPass) -> None:
+    def index(self, bad: UnreadableIndex, store: KeeperTenantIO | None, part: str, report: KeeperPass) -> None:
         """A tenant's index of another type (``store`` None: the tenants set itself)."""
         report.corrupt.append(bad.key)
         if store is None:
             self._met(bad.key, f"{bad}; every tenant but the default one skipped")
             return
-        tenant = f"tenant {store.ks.tenant}" if store.ks.tenant else "the default tenant"
+        tenant = f"tenant {store.tenant}" if store.tenant else "the default tenant"
         self._met(bad.key, f"{bad}; the {SKIPPED_PARTS.get(part, part)} of {tenant} skipped")
 
     def _met(self, key: str, text: str) -> None:

@@ -32,10 +32,9 @@ from typing import Any
 
 from plaita.clock import wall_s
 from plaita.errors import ConfigError
+from plaita.flows.keeper_io import ScheduleRecordsIO, UnreadableIndex
 from plaita.flows.model.definition import Flow
 from plaita.flows.model.schedules import Schedule, schedule_of
-from plaita.store.executions.keeper_store import UnreadableIndex
-from plaita.store.executions.schedule_records import ScheduleRecords
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +113,9 @@ class ScheduleRecorder:
     """Records the schedules of the flows a worker (or keeper) loads, on its queue: ``refresh``
     (best effort, never raises) writes them when ``refresh_s`` has passed since the last write."""
 
-    def __init__(self, flows: Iterable[Flow], records: ScheduleRecords, *, refresh_s: float = RECORD_REFRESH_S) -> None:
+    def __init__(
+        self, flows: Iterable[Flow], records: ScheduleRecordsIO, *, refresh_s: float = RECORD_REFRESH_S
+    ) -> None:
         self.schedules = scheduled_flows(flows)
         self.records = records
         self.refresh_s = refresh_s
@@ -144,7 +145,7 @@ class ScheduleRecorder:
 class FleetSchedules:
     """What the acting keeper of a queue runs: its own schedules, then every fresh one recorded."""
 
-    def __init__(self, own: Scheduled, records: ScheduleRecords, *, ttl_s: float = RECORD_TTL_S) -> None:
+    def __init__(self, own: Scheduled, records: ScheduleRecordsIO, *, ttl_s: float = RECORD_TTL_S) -> None:
         self.own = own
         self.records = records
         self.ttl_s = ttl_s

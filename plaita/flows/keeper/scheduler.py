@@ -22,28 +22,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from plaita.flows.keeper.schedule_records import (
-    RECORD_TTL_S,
-    FleetSchedules,
-    Recorded,
-    read_record,
-    scheduled_flows,
-)
+from plaita.flows.keeper.schedule_records import RECORD_TTL_S, FleetSchedules, scheduled_flows
+from plaita.flows.keeper_io import PAUSED_FIELD, KeeperIO, Starter, UnreadableIndex, UnreadableSchedule
 from plaita.flows.model.definition import Flow
 from plaita.flows.model.schedules import Plan, Schedule, execution_id_of
-from plaita.flows.producer.client import FlowClient
-from plaita.store.errors import is_redis_failure
-from plaita.store.executions.keeper_store import UnreadableIndex
-from plaita.store.executions.schedule_records import ScheduleRecords
-from plaita.store.executions.schedule_store import ScheduleStore, UnreadableSchedule, schedule_key
-from plaita.store.executions.store import ExecutionStore, UnreadableExecution
-from plaita.store.schedule_control import PAUSED_FIELD
-from plaita.store.streams.queue import StreamQueue
 
 logger = logging.getLogger(__name__)
 
@@ -64,28 +50,30 @@ class SchedulePass:
     corrupt: list[str] = field(default_factory=list)
 
 
-__all__ = ["SchedulePass", "Scheduler", "schedule_definition", "schedule_rows", "scheduled_flows"]
+__all__ = ["SchedulePass", "Scheduler", "scheduled_flows"]
 
 
 class Scheduler:
-    """Starts the scheduled flows' ticks on ``queue``; ``run_pass(now_s)`` is one pass."""
+    """Starts the scheduled flows' ticks on the queue of ``io`` through ``starter``;
+    ``run_pass(now_s)`` is one pass."""
 
     def __init__(
         self,
         flows: Iterable[Flow],
-        queue: StreamQueue,
+        io: KeeperIO,
+        starter: Starter,
         *,
-        store: ExecutionStore | None = None,
         pending_stale_s: float = PENDING_STALE_S,
         record_ttl_s: float = RECORD_TTL_S,
     ) -> None:
         #: The schedules of the flows this keeper loads (it records them for its queue).
         self.schedules = scheduled_flows(flows)
-        self.producer = FlowClient(queue, store)
-        self.store = ScheduleStore.sharing(queue)
-        self.fleet = FleetSchedules(
-            self.schedules, ScheduleRecords.sharing(queue, queue.keyspace.queue), ttl_s=record_ttl_s
-        )
+        #: How a tick's execution starts (``FlowClient.start``, given where the keeper is put together).
+        self.producer = starter
+        #: The schedules' bookkeeping hashes (the claim of ticks, their confirmation).
+        self.store = io.schedules
+        self.fleet = FleetSchedules(self.schedules, io.schedule_records, ttl_s=record_ttl_s)
+        self._is_redis_failure = io.is_redis_failure
         self.pending_stale_s = pending_stale_s
         #: The definition last written to each schedule's bookkeeping hash (for listing).
         self._described: dict[str, dict[str, Any]] = {}
@@ -104,10 +92,10 @@ class Scheduler:
             except (UnreadableSchedule, UnreadableIndex) as bad:
                 self._skip(bad.key, f"{bad}; schedule of {flow_id} skipped", report)
             except Exception as exc:
-                if is_redis_failure(exc):
+                if self._is_redis_failure(exc):
                     raise
                 why = f"schedule of {flow_id} ({schedule.cron!r}, tz {schedule.tz}) failed: {type(exc).__name__}: {exc}"
-                self._skip(schedule_key(flow_id), why, report)
+                self._skip(self.store.key(flow_id), why, report)
         return report
 
     def refresh_records(self, now_s: float) -> None:
@@ -223,78 +211,3 @@ def _float(text: str | None) -> float:
         return float(text) if text is not None else 0.0
     except ValueError:
         return 0.0
-
-
-def schedule_rows(flows: Iterable[Flow], executions: ExecutionStore, now_s: float) -> list[dict[str, Any]]:
-    """One row per schedule (``plaita schedules list``, the dashboard): the given flows', every
-    one recorded for the queue and every one a keeper ran (``plaita:schedules``), with its next
-    tick and its newest execution. Reads only. A schedule that cannot be shown is a row with an
-    ``error``; only a Redis failure raises."""
-    store = ScheduleStore.sharing(executions)
-    defined = dict(scheduled_flows(flows))
-    rows: list[dict[str, Any]] = []
-    recorded = _read_or_row(ScheduleRecords.sharing(executions, executions.ks.queue).read, {}, rows)
-    known = _read_or_row(store.known, [], rows)
-    names = sorted({*defined, *recorded, *known})
-    for flow_id, record in zip(names, store.read_many(names), strict=True):
-        if isinstance(record, UnreadableSchedule):
-            rows.append({"flow": flow_id, "error": str(record)})
-            continue
-        try:
-            definition = schedule_definition(defined, recorded, flow_id, record)
-            rows.append(_row(flow_id, definition, record, executions, now_s))
-        except Exception as exc:
-            if is_redis_failure(exc):
-                raise
-            rows.append({"flow": flow_id, "error": f"schedule unusable: {type(exc).__name__}: {exc}"})
-    return rows
-
-
-def _read_or_row(read: Any, empty: Any, rows: list[dict[str, Any]]) -> Any:
-    """``read()``, or ``empty`` and an error row for an index of another type."""
-    try:
-        return read()
-    except UnreadableIndex as bad:
-        rows.append({"flow": bad.key, "error": str(bad)})
-        return empty
-
-
-def schedule_definition(
-    defined: dict[str, Schedule], recorded: dict[str, str], flow_id: str, record: dict[str, str]
-) -> Recorded:
-    """The schedule a row shows: the loaded flow's, else the one recorded for the queue, else the
-    one a keeper last ran (its bookkeeping hash)."""
-    if flow_id in defined:
-        return Recorded(defined[flow_id], math.nan)
-    if flow_id in recorded:
-        return read_record(recorded[flow_id])
-    legacy: dict[str, Any] = {k: record[k] for k in ("cron", "tz", "missed") if k in record}
-    if record.get("max_catchup", "").isdigit():
-        legacy["max_catchup"] = int(record["max_catchup"])
-    found = read_record(json.dumps(legacy))
-    return Recorded(found.schedule, math.nan, found.error)
-
-
-def _row(
-    flow_id: str, definition: Recorded, record: dict[str, str], executions: ExecutionStore, now_s: float
-) -> dict[str, Any]:
-    schedule = definition.schedule
-    if schedule is None:
-        return {"flow": flow_id, "error": definition.error or "recorded schedule unusable"}
-    last_id = record.get("last_execution_id") or None
-    try:
-        doc = executions.get(last_id) if last_id else None
-    except UnreadableExecution:
-        doc = {"status": "unreadable"}
-    return {
-        "flow": flow_id,
-        **schedule.describe(),
-        "next_tick_s": schedule.next_tick_s(now_s),
-        "last_tick_s": int(record["last_tick_s"]) if record.get("last_tick_s", "").isdigit() else None,
-        "last_execution_id": last_id,
-        "last_status": doc.get("status") if doc else ("expired" if last_id else None),
-        "pending": bool(record.get("pending")),
-        "paused": bool(record.get(PAUSED_FIELD)),
-        "recorded": bool(set(record) - {PAUSED_FIELD}),
-        "recorded_at_s": None if math.isnan(definition.recorded_at_s) else definition.recorded_at_s,
-    }

@@ -18,7 +18,7 @@ from typing import Any
 from plaita.config import DEFAULT_VERSION_WAIT_S
 from plaita.errors import BadTaskError, LeaseLostError, NotForThisWorker
 from plaita.flows import fork
-from plaita.flows.io import Created, ExecutionIO, Fleet
+from plaita.flows.io import Created, ExecutionIO
 from plaita.flows.model import bodies as model
 from plaita.flows.model import inbox
 from plaita.flows.model.definition import Flow, FlowRegistry
@@ -103,7 +103,6 @@ class Admission:
     def __init__(
         self,
         flows: FlowRegistry,
-        fleet: Fleet,
         queue: str,
         *,
         max_state_bytes: int,
@@ -114,7 +113,7 @@ class Admission:
     ) -> None:
         self.flows = flows
         #: Mixed fleets: who else runs which flows (``group``: the worker's, set by ``ops.service``).
-        self.handover = Handover(fleet, queue)
+        self.handover = Handover(queue)
         self.max_state_bytes = max_state_bytes
         self._clock = clock
         self.retention_s, self.version_wait_s = retention_s, version_wait_s
@@ -141,7 +140,7 @@ class Admission:
     async def _flow(self, flow_id: Any, task: Task, io: ExecutionIO) -> Flow:
         flow = self.flows.get(flow_id)
         if flow is None:
-            await io.blocking(self.handover.unknown_flow, task, flow_id)  # another worker runs it?
+            await self.handover.unknown_flow(io, task, flow_id)  # another worker runs it?
             raise BadTaskError(
                 f"unknown flow {flow_id!r} (loaded: {', '.join(f.flow_id for f in self.flows) or 'none'})"
             )
@@ -152,9 +151,9 @@ class Admission:
         flow = await self._flow(body.get("flow_id"), task, io)
         requested = body.get("version")
         if requested is not None and str(requested) != flow.version and not flow.accepts_version(str(requested)):
-            await io.blocking(self.handover.requested_version, task, flow.flow_id, str(requested))
+            await self.handover.requested_version(io, task, flow.flow_id, str(requested))
             # No live worker runs it: wait for one (a deploy may start it later), then the DLQ.
-            reason = await io.blocking(self._queued(io, task).wait_for_version, task, flow.flow_id, str(requested))
+            reason = await self._queued(io).wait_for_version(task, flow.flow_id, str(requested))
             raise BadTaskError(f"{reason}; loaded here is {flow.version!r}")
         return flow
 
@@ -171,7 +170,7 @@ class Admission:
                 flow = await self._start_flow(task, io)
                 execution, text, dedup = self._new_execution(task, flow)
             except BadTaskError as exc:  # to the DLQ: its queued record ends with the reason
-                await io.blocking(self._queued(io, task).dead_lettered, task, exc.reason)
+                await self._queued(io).dead_lettered(task, exc.reason)
                 raise
             code, other, cancel = await io.create(task, text, execution.created_at, dedup)
         eid = task.execution_id
@@ -227,11 +226,9 @@ class Admission:
             self._ahead.pop(next(iter(self._ahead)))
         self._ahead[_ahead_key(task)] = _Ahead(flow, execution, text, dedup, created)
 
-    def _queued(self, io: ExecutionIO, task: Task) -> QueuedStarts:
-        """The producer's queued records of ``task``'s tenant, as this admission sees them."""
-        return QueuedStarts(
-            io.queued(task), version_wait_s=self.version_wait_s, retention_s=self.retention_s, clock=self._clock
-        )
+    def _queued(self, io: ExecutionIO) -> QueuedStarts:
+        """The producer's queued records (each task's tenant's, through ``io``), as this admission sees them."""
+        return QueuedStarts(io, version_wait_s=self.version_wait_s, retention_s=self.retention_s, clock=self._clock)
 
     async def _restart(self, run: Run) -> Run | None:
         execution, eid = run.execution, run.task.execution_id
@@ -388,7 +385,7 @@ class Admission:
         if index is not None and flow.accepts_version(execution.version):
             run.execution = execution.upgraded(flow, index)
             return run
-        await run.io.blocking(self.handover.cannot_continue, run.task, flow, execution.to_doc())
+        await self.handover.cannot_continue(run.io, run.task, flow, execution.to_doc())
         message = (
             f"flow {flow.flow_id!r} changed since this execution started (steps renamed, added or reordered; "
             f"version {execution.version!r} -> {flow.version!r}): refused. Declare a compatible version to allow it"

@@ -90,7 +90,6 @@ class FlowRunner:
         self._children = Children()
         self._admission = Admission(
             self.flows,
-            self._io_here.fleet(),
             self._io_here.queue,
             max_state_bytes=max_state_bytes,
             clock=clock,
@@ -196,7 +195,7 @@ class FlowRunner:
             return await self._admitted(task, io, on_loop, trace)
         finally:  # the flow slot it took (if any), whatever happened: suspended, ended, failed
             if self._limits.holds(task):  # no thread hop for the tasks of unlimited flows
-                await io.blocking(self._limits.leave, task)
+                await self._limits.leave(io, task)
 
     async def _admitted(self, task: Task, io: ExecutionIO, on_loop: bool, trace: TaskTrace | None) -> Run | None:
         start_flow = self.flows.get(task.body.get("flow_id")) if task.body.get("type") == "start" else None

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from plaita.errors import NotForThisWorker
-from plaita.flows.io import Fleet
+from plaita.flows.io import ExecutionIO
 from plaita.flows.model.definition import Flow
 from plaita.tasks import Task
 
@@ -102,10 +102,7 @@ def task_name(task: Task) -> str:
 class Handover:
     """Finds live workers of this queue that can run a task, and hands tasks over to them."""
 
-    def __init__(
-        self, fleet: Fleet, queue: str, *, group: str | None = None, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.fleet = fleet
+    def __init__(self, queue: str, *, group: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.queue = queue
         self.group = group
         self._clock = clock
@@ -117,14 +114,15 @@ class Handover:
         """What a worker running ``flows`` publishes for the others (``fleet_entry``)."""
         return fleet_entry(flows)
 
-    def published(self) -> list[tuple[str, dict[str, Any]]]:
-        """(instance id, flow entry) for every flow a live worker of this queue publishes."""
+    async def published(self, io: ExecutionIO) -> list[tuple[str, dict[str, Any]]]:
+        """(instance id, flow entry) for every flow a live worker of this queue publishes (the
+        registry read through ``io``, cached ``FLEET_CACHE_S``)."""
         now = self._clock()
         with self._lock:
             if self._cached is not None and now - self._cached[0] < FLEET_CACHE_S:
                 return self._cached[1]
         out: list[tuple[str, dict[str, Any]]] = []
-        for w in self.fleet.workers():
+        for w in await io.fleet_workers():
             if w.get("stream") != self.queue or w.get("status") not in READING_STATUSES:
                 continue
             if self.group is not None and w.get("group") != self.group:
@@ -139,39 +137,39 @@ class Handover:
         return out
 
     # -- the cases (each raises NotForThisWorker, or returns: the caller does what it did) -----
-    def unknown_flow(self, task: Task, flow_id: Any) -> None:
+    async def unknown_flow(self, io: ExecutionIO, task: Task, flow_id: Any) -> None:
         """A task for a flow this worker does not load: hand it to a live worker that does."""
-        takers = [i for i, f in self.published() if f.get("flow_id") == flow_id]
+        takers = [i for i, f in await self.published(io) if f.get("flow_id") == flow_id]
         if takers:
-            self._hand_over(task, f"flow {flow_id!r} is not loaded here", takers)
+            await self._hand_over(io, task, f"flow {flow_id!r} is not loaded here", takers)
 
-    def requested_version(self, task: Task, flow_id: str, version: str) -> None:
+    async def requested_version(self, io: ExecutionIO, task: Task, flow_id: str, version: str) -> None:
         """A start asking for a version this worker does not run: hand it to one that does."""
         takers = [
             i
-            for i, f in self.published()
+            for i, f in await self.published(io)
             if f.get("flow_id") == flow_id and version in (f.get("version"), *(f.get("compatible_with") or []))
         ]
         if takers:
-            self._hand_over(task, f"flow {flow_id!r} version {version!r} is not run here", takers)
+            await self._hand_over(io, task, f"flow {flow_id!r} version {version!r} is not run here", takers)
 
-    def cannot_continue(self, task: Task, flow: Flow, doc: dict[str, Any]) -> None:
+    async def cannot_continue(self, io: ExecutionIO, task: Task, flow: Flow, doc: dict[str, Any]) -> None:
         """This definition cannot continue ``doc``: hand it to a live worker that can; an older
         worker leaves it pending even when none is live (it must never end it)."""
         what = (
             f"execution of flow {flow.flow_id!r} is at version {doc.get('version')!r} (step {doc.get('step')!r}); "
             f"this worker runs version {flow.version!r}"
         )
-        takers = [i for i, f in self.published() if f.get("flow_id") == flow.flow_id and can_run(f, doc)]
+        takers = [i for i, f in await self.published(io) if f.get("flow_id") == flow.flow_id and can_run(f, doc)]
         if takers:
-            self._hand_over(task, what, takers)
+            await self._hand_over(io, task, what, takers)
         if superseded(flow, doc):
             logger.warning("execution %s: %s, which is older, and no live worker runs it", task.execution_id, what)
             raise NotForThisWorker(f"{what}: no live worker runs it", hand_back=False)
 
-    def _hand_over(self, task: Task, what: str, takers: list[str]) -> NoReturn:
+    async def _hand_over(self, io: ExecutionIO, task: Task, what: str, takers: list[str]) -> NoReturn:
         name = task_name(task)
-        n = self.fleet.count_handover(name, HANDOVER_WINDOW_S)
+        n = await io.count_handover(name, HANDOVER_WINDOW_S)
         reason = f"{what}; left for {', '.join(sorted(set(takers))[:3])}"
         if n > HANDOVER_LIMIT:
             logger.warning(

@@ -127,9 +127,9 @@ class FlowLimits:
         that will end ``cancelled`` anyway passes at once, leaving the parked starts. ``params``:
         a resume's execution's (a start's are in its body), for a concurrency key."""
         if start and await self._start_cancelled(io, task):
-            await io.blocking(self.forget, flow, task)
+            await self.forget(io, flow, task)
             return True
-        return await io.blocking(self.enter, flow, task, start=start, params=params)
+        return await self.enter(io, flow, task, start=start, params=params)
 
     async def _start_cancelled(self, io: ExecutionIO, task: Task) -> bool:
         """Whether ``task``'s start is past its deadline, or its cancel flag is set (one GET)."""
@@ -146,7 +146,7 @@ class FlowLimits:
         with self._lock:
             return id(task) in self._held
 
-    def enter(self, flow: Flow, task: Task, *, start: bool, params: Any = None) -> bool:
+    async def enter(self, io: ExecutionIO, flow: Flow, task: Task, *, start: bool, params: Any = None) -> bool:
         """Take ``flow``'s slot (and, for a start, pass its start rates) for ``task``; returns at
         once for an unlimited flow. False: a start parked (its task is done here, acked). Raises
         NotForThisWorker (a delayed hand-back) when refused otherwise."""
@@ -154,7 +154,7 @@ class FlowLimits:
             return True
         limit, token, member = _slots_of(flow), uuid.uuid4().hex, slot_member(task)
         key = _key_of(flow, task, params)
-        admit = self._acquire(flow, task, member, token, start=start, key=key)
+        admit = await self._acquire(io, flow, task, member, token, start=start, key=key)
         name = task_name(task)
         if admit.code not in (TAKEN, PARKED):
             raise self._refused(flow, task, admit)
@@ -167,14 +167,16 @@ class FlowLimits:
             logger.debug("start %s (execution %s) of flow %r parked for a slot", task.message_id, name, flow.flow_id)
         return admit.code == TAKEN
 
-    def _acquire(self, flow: Flow, task: Task, member: str, token: str, *, start: bool, key: str | None) -> Admit:
+    async def _acquire(
+        self, io: ExecutionIO, flow: Flow, task: Task, member: str, token: str, *, start: bool, key: str | None
+    ) -> Admit:
         limit = _slots_of(flow)
         park = None
         if start and limit:  # a start finding every slot held parks, its body kept to re-add it
             body = {**task.body, "execution_id": task.execution_id}
             park = (order_of(task.message_id), body, _deadline(task))
-            self._register(flow.flow_id)
-        return self.store.acquire(
+            await self._register(io, flow.flow_id)
+        return await io.acquire_flow_slot(
             flow.flow_id,
             member,
             token,
@@ -198,22 +200,24 @@ class FlowLimits:
         logger.debug("task %s (execution %s): %s; back to the queue in %.2f s", task.message_id, name, what, delay_s)
         return NotForThisWorker(what, delay_s=delay_s)
 
-    def _register(self, flow_id: str) -> None:
+    async def _register(self, io: ExecutionIO, flow_id: str) -> None:
         """Once per process and flow, before its first park: the index a cancel looks in."""
         if flow_id not in self._registered:
-            self.store.register_parking(flow_id)
+            await io.register_parking(flow_id)
             self._registered.add(flow_id)
 
-    def forget(self, flow: Flow, task: Task) -> None:
+    async def forget(self, io: ExecutionIO, flow: Flow, task: Task) -> None:
         """``task``'s start waits no more (it ends cancelled): drop it from the parked starts."""
         if limit := _slots_of(flow):
             try:
                 key = _key_of(flow, task, None)
             except BadTaskError:  # no key: it never parked, and it ends cancelled all the same
                 return
-            self.store.forget(flow.flow_id, slot_member(task), max_concurrent=limit, ttl_s=self.ttl_s, key=key)
+            await io.forget_parked_start(
+                flow.flow_id, slot_member(task), max_concurrent=limit, ttl_s=self.ttl_s, key=key
+            )
 
-    def leave(self, task: Task) -> None:
+    async def leave(self, io: ExecutionIO, task: Task) -> None:
         """Give back ``task``'s slot, if it holds one. Never raises: a slot that cannot be given
         back now (Redis unreachable) expires within the ttl."""
         with self._lock:
@@ -221,7 +225,7 @@ class FlowLimits:
         if held is None:
             return
         try:
-            self.store.release(
+            await io.release_flow_slot(
                 held.flow_id, held.execution_id, held.token, max_concurrent=held.limit, ttl_s=self.ttl_s, key=held.key
             )
         except Exception as exc:

@@ -24,10 +24,11 @@ import logging
 from collections.abc import Callable
 
 from plaita.errors import NotForThisWorker
+from plaita.flows.io import ExecutionIO
 from plaita.flows.model.execution import BadExecution, Execution
 from plaita.flows.runner.handover import HANDOVER_DELAY_S
 from plaita.store.executions.execution_docs import UnreadableExecution
-from plaita.store.executions.store import QUEUED, ExecutionStore
+from plaita.store.executions.store import QUEUED
 from plaita.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -41,50 +42,50 @@ VERSION_WAIT_SLACK_S = 600.0
 
 
 class QueuedStarts:
-    """The queued records of one tenant's store, as the admission of its starts sees them."""
+    """The queued records of the starts, as their admission sees them through the runner's door."""
 
-    def __init__(
-        self, store: ExecutionStore, *, version_wait_s: float, retention_s: int, clock: Callable[[], float]
-    ) -> None:
-        self.store = store
+    def __init__(self, io: ExecutionIO, *, version_wait_s: float, retention_s: int, clock: Callable[[], float]) -> None:
+        self.io = io
         self.version_wait_s = version_wait_s
         self.retention_s = retention_s
         self._clock = clock
 
-    def wait_for_version(self, task: Task, flow_id: str, version: str) -> str:
+    async def wait_for_version(self, task: Task, flow_id: str, version: str) -> str:
         """Hand ``task`` back (NotForThisWorker) while its version wait lasts; once it is over,
         the reason to dead-letter it with (the caller raises BadTaskError)."""
         eid, now_s = task.execution_id, self._clock()
-        since_s, n = self.store.version_wait(eid, now_s, self.version_wait_s + VERSION_WAIT_SLACK_S)
+        since_s, n = await self.io.version_wait(task, now_s, self.version_wait_s + VERSION_WAIT_SLACK_S)
         until_s = since_s + self.version_wait_s
         what = f"flow {flow_id!r} version {version!r} requested; no live worker runs it"
         if now_s >= until_s:
-            self.store.forget_version_wait(eid)  # a requeue from the DLQ waits afresh
+            await self.io.forget_version_wait(task)  # a requeue from the DLQ waits afresh
             return f"{what} (waited {self.version_wait_s:.0f} s, --version-wait-s)"
         if n == 1:
             logger.info("start of execution %s: %s: waiting for one until %s", eid, what, _utc(until_s))
-            self._rewrite(task, lambda ex: ex.waiting_for_version(version, since_s, until_s, now_s), QUEUED, 0)
+            await self._rewrite(task, lambda ex: ex.waiting_for_version(version, since_s, until_s, now_s), QUEUED, 0)
         delay_s = min(VERSION_WAIT_MAX_DELAY_S, HANDOVER_DELAY_S * 2 ** min(n - 1, 16))
         raise NotForThisWorker(f"{what}: waiting for one until {_utc(until_s)}", delay_s=delay_s)
 
-    def dead_lettered(self, task: Task, reason: str) -> None:
+    async def dead_lettered(self, task: Task, reason: str) -> None:
         """End the start's queued record ``error`` with ``reason`` (its task goes to the DLQ)."""
         now_s = self._clock()
-        if self._rewrite(task, lambda ex: ex.dead_lettered(reason, now_s), "error", self.retention_s):
+        if await self._rewrite(task, lambda ex: ex.dead_lettered(reason, now_s), "error", self.retention_s):
             logger.info("start of execution %s dead-lettered: its queued record ended error", task.execution_id)
 
-    def _rewrite(self, task: Task, change: Callable[[Execution], Execution], status: str, retention_s: int) -> bool:
+    async def _rewrite(
+        self, task: Task, change: Callable[[Execution], Execution], status: str, retention_s: int
+    ) -> bool:
         """``change`` applied to the queued record, written under the lease; False when there is
         none (an older producer's start, or a worker took it over) or it cannot be read."""
         eid = task.execution_id
         try:
-            doc = self.store.get(eid)
+            doc = await self.io.get(task, eid)
             if doc is None or doc.get("status") != QUEUED:
                 return False
             text = change(Execution.decode(doc)).encode()
         except (UnreadableExecution, BadExecution, TypeError, ValueError):
             return False  # left for an operator: the task's own outcome is reported anyway
-        return self.store.rewrite_queued(eid, task.fencing_token, text, status, self._clock(), retention_s)
+        return await self.io.rewrite_queued(task, text, status, self._clock(), retention_s)
 
 
 def _utc(epoch_s: float) -> str:

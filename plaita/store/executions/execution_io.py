@@ -8,7 +8,7 @@ Built once per runner mode, and that choice fixes how every call travels:
   (create, checkpoint) goes to a ``CallBatcher`` (below: the loop's own connection,
   ``plaita.store.executions.loop_calls``, or one thread pipelining the calls of every
   execution), or, on a cluster client whose pipeline would split them by slot, to an offload
-  thread of its own; any other call (reads, enqueues, a blocking helper of the runner) goes to
+  thread of its own; any other call (reads, enqueues, flow slots, the registry) goes to
   an offload thread (``asyncio.to_thread``), so the loop is never blocked.
 
 Every call is addressed by the task it serves: its body's tenant picks the store (the default
@@ -44,7 +44,7 @@ from plaita.store import scripts
 from plaita.store.calls import ScriptCall, batchable
 from plaita.store.executions import fanout
 from plaita.store.executions.execution_docs import reply_text
-from plaita.store.executions.flow_limits import FlowLimitStore
+from plaita.store.executions.flow_limits import Admit, FlowLimitStore
 from plaita.store.executions.loop_calls import LoopCalls, LoopUnsupported, servable
 from plaita.store.executions.queued import QUEUED
 from plaita.store.executions.staged import ExecutionKeyError, StagedWriteRefused
@@ -214,6 +214,7 @@ class StoreIO:
         #: Loop mode on a single server's client: script calls of concurrent executions share round trips.
         self._batcher = CallBatcher() if not here and batchable(store.client) else None
         self._limits: FlowLimitStore | None = None
+        self._fleet = FleetView(store.client)
 
     def _of(self, task: Task) -> ExecutionStore:
         """The store of ``task``'s tenant (the default tenant's: this adapter's own, no call)."""
@@ -232,9 +233,6 @@ class StoreIO:
         if self._batcher is None:
             return await asyncio.to_thread(call.run)
         return await self._batcher.run(call)
-
-    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self._call(fn, *args, **kwargs)
 
     def close(self) -> None:
         if self._batcher is not None:
@@ -355,17 +353,74 @@ class StoreIO:
         store = self._of(task)
         await self._call(fanout.close_spawn, store.client, store.ks, parent_id, prefix)
 
-    # -- what the runner's blocking helpers are given ---------------------------------------
-    def queued(self, task: Task) -> ExecutionStore:
-        return self._of(task)
+    # -- a start's queued record ----------------------------------------------------------------
+    async def version_wait(self, task: Task, now_s: float, ttl_s: float) -> tuple[float, int]:
+        return await self._call(self._of(task).version_wait, task.execution_id, now_s, ttl_s)
+
+    async def forget_version_wait(self, task: Task) -> None:
+        await self._call(self._of(task).forget_version_wait, task.execution_id)
+
+    async def rewrite_queued(self, task: Task, document: str, status: str, now_s: float, retention_s: int) -> bool:
+        store, eid, token = self._of(task), task.execution_id, task.fencing_token
+        return await self._call(store.rewrite_queued, eid, token, document, status, now_s, retention_s)
+
+    # -- flow limits -----------------------------------------------------------------------
+    async def acquire_flow_slot(
+        self,
+        flow_id: str,
+        member: str,
+        token: str,
+        *,
+        max_concurrent: int,
+        ttl_s: float,
+        starts_per_s: float,
+        burst: float,
+        window: tuple[int, float] | None,
+        park: tuple[float, dict[str, Any], float | None] | None,
+        key: str | None,
+    ) -> Admit:
+        return await self._call(
+            self.limit_store().acquire,
+            flow_id,
+            member,
+            token,
+            max_concurrent=max_concurrent,
+            ttl_s=ttl_s,
+            starts_per_s=starts_per_s,
+            burst=burst,
+            window=window,
+            park=park,
+            key=key,
+        )
+
+    async def register_parking(self, flow_id: str) -> None:
+        await self._call(self.limit_store().register_parking, flow_id)
+
+    async def forget_parked_start(
+        self, flow_id: str, member: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> None:
+        limits = self.limit_store()
+        await self._call(limits.forget, flow_id, member, max_concurrent=max_concurrent, ttl_s=ttl_s, key=key)
+
+    async def release_flow_slot(
+        self, flow_id: str, member: str, token: str, *, max_concurrent: int, ttl_s: float, key: str | None
+    ) -> bool:
+        limits = self.limit_store()
+        return await self._call(
+            limits.release, flow_id, member, token, max_concurrent=max_concurrent, ttl_s=ttl_s, key=key
+        )
 
     def limit_store(self) -> FlowLimitStore:
         if self._limits is None:
             self._limits = FlowLimitStore(self._store.client, self._store.ks)
         return self._limits
 
-    def fleet(self) -> FleetView:
-        return FleetView(self._store.client)
+    # -- the registry, as hand-over reads it ------------------------------------------------
+    async def fleet_workers(self) -> list[dict[str, Any]]:
+        return await self._call(self._fleet.workers)
+
+    async def count_handover(self, name: str, window_s: float) -> int:
+        return await self._call(self._fleet.count_handover, name, window_s)
 
 
 class CallBatcher:

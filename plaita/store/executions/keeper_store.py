@@ -93,6 +93,11 @@ class KeeperAccess:
         interrupt(self.client)
 
     @property
+    def tenant(self) -> str:
+        """This store's tenant id ("" for the default tenant), as the keeper names it."""
+        return self.ks.tenant
+
+    @property
     def keeper_lease_key(self) -> str:
         """The keeper lease of this store's queue."""
         return keeper_lease_key(self.ks.queue)

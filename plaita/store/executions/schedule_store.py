@@ -54,6 +54,10 @@ class ScheduleStore:
         """The schedules on the client of ``other`` (a queue or an execution store)."""
         return cls(other.client)
 
+    def key(self, flow_id: str) -> str:
+        """The flow's schedule hash (``schedule_key``), for messages about it."""
+        return schedule_key(flow_id)
+
     def read(self, flow_id: str) -> dict[str, str]:
         """The schedule's fields ({} when never run); UnreadableSchedule for a key of another type."""
         key = schedule_key(flow_id)
