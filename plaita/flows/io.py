@@ -97,9 +97,12 @@ class ExecutionIO(Protocol):
         retention_s: int,
         staged: Sequence[Staged],
         index_keep_s: int | None = None,
+        after_running: bool = False,
     ) -> tuple[bool, bool]:
         """One fenced write of the document, its status, deadline and staged writes: (written,
-        cancel requested). StagedWriteRefused when a staged write would be refused (nothing written)."""
+        cancel requested). StagedWriteRefused when a staged write would be refused (nothing written).
+        ``after_running``: this task's own last write put the execution in ``running`` (its create
+        or its previous checkpoint), so a write that keeps it running has no index to move it from."""
         ...
 
     async def reopen(self, task: Task, document: str, now_s: float, dropped: Sequence[str]) -> bool:

@@ -43,6 +43,8 @@ class Written:
     doc: dict[str, Any]
     deadline_s: float | None = None
     staged: tuple[Staged, ...] = ()
+    #: A checkpoint the runner marked as following its own ``running`` write (``ExecutionIO.checkpoint``).
+    after_running: bool = False
 
 
 class _NeedsServer:
@@ -178,6 +180,7 @@ class MemoryIO:
         retention_s: int,
         staged: Sequence[Staged],
         index_keep_s: int | None = None,
+        after_running: bool = False,
     ) -> tuple[bool, bool]:
         eid = task.execution_id
         cancel = eid in self.cancelled
@@ -185,7 +188,7 @@ class MemoryIO:
             return False, False
         if status == "completed" and cancel:  # as the script: a completion is refused for a cancel
             return False, True
-        self._write("checkpoint", eid, document, deadline_s, tuple(staged))
+        self._write("checkpoint", eid, document, deadline_s, tuple(staged), after_running)
         return True, cancel
 
     async def reopen(self, task: Task, document: str, now_s: float, dropped: Sequence[str]) -> bool:
@@ -196,11 +199,17 @@ class MemoryIO:
         return True
 
     def _write(
-        self, what: str, eid: str, document: str, deadline_s: float | None = None, staged: tuple[Staged, ...] = ()
+        self,
+        what: str,
+        eid: str,
+        document: str,
+        deadline_s: float | None = None,
+        staged: tuple[Staged, ...] = (),
+        after_running: bool = False,
     ) -> None:
         doc = json.loads(document)
         self.docs[eid] = doc
-        self.writes.append(Written(what, eid, str(doc.get("status")), doc, deadline_s, staged))
+        self.writes.append(Written(what, eid, str(doc.get("status")), doc, deadline_s, staged, after_running))
 
     async def cancel_requested(self, task: Task) -> bool:
         return task.execution_id in self.cancelled

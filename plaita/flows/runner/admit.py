@@ -51,6 +51,10 @@ class Run:
     ending: Execution | None = None
     #: This task created the execution.
     created: bool = False
+    #: This task's own last write put the execution in the running index (its create, or a
+    #: checkpoint that kept it running): its next still-running checkpoint has no index to move
+    #: it from (``ExecutionIO.checkpoint(after_running=)``).
+    indexed_running: bool = False
     #: Its spans (``plaita.flows.tracing``), None while tracing is off.
     trace: TaskTrace | None = None
     #: Run by ``run_async`` on the worker's loop (sync steps go to threads), else on a handler thread.
@@ -183,7 +187,7 @@ class Admission:
             existing = io.parse(task, other)
             assert existing is not None  # the script returns code 3 only with a state
             return await self._restart(Run(task, flow, _decoded(io, task, existing), cancel, io))
-        return Run(task, flow, execution, cancel, io, created=True)
+        return Run(task, flow, execution, cancel, io, created=True, indexed_running=True)
 
     def _new_execution(self, task: Task, flow: Flow) -> tuple[Execution, str, str | None]:
         """The execution a start creates, its document and its dedup key; BadTaskError for a

@@ -54,6 +54,7 @@ class Checkpointer:
         staged: Sequence[Staged],
         deadline_s: float | None,
         retention_s: int | None,
+        after_running: bool = False,
     ) -> tuple[Execution, bool]:
         """Checkpoint ``execution`` stamped ``now_s`` (``sealed``: or the ``error`` one replacing
         it, without the step's writes or deadline): (what was written, cancel requested). A
@@ -80,6 +81,7 @@ class Checkpointer:
             deadline_s=deadline_s,
             step=step,
             retention_s=retention_s,
+            after_running=after_running,
         )
         return written, cancel
 
@@ -95,6 +97,7 @@ class Checkpointer:
         deadline_s: float | None = None,
         step: str | None = None,
         retention_s: int | None = None,
+        after_running: bool = False,
     ) -> bool:
         """Write ``document`` under the task's lease; True when a cancel is requested.
         ``retention_s``: its flow's (``Flow.retention_s``); None: this checkpointer's default."""
@@ -108,6 +111,7 @@ class Checkpointer:
                 retention_s=self.retention_s if retention_s is None else retention_s,
                 index_keep_s=self.index_keep_s,
                 staged=staged,
+                after_running=after_running,
             )
         except StagedWriteRefused as exc:
             raise StepOutputError("StagedWriteRefused", f"step {step!r}: {exc}; nothing was written") from None

@@ -324,12 +324,14 @@ class StepLoop:
                 staged=staged or (),
                 deadline_s=deadline_s,
                 retention_s=run.flow.retention_s,
+                after_running=run.indexed_running,
             )
         except CancelledMeanwhile:  # nothing was written; ``cancelled`` is never refused
             run.cancel = True
             await self.commit(run, run.execution.cancelled(self._clock()))
             return
         run.execution, run.cancel = written, run.cancel or cancel
+        run.indexed_running = written.status == "running"
         event = _STATUS_EVENTS.get(written.status)
         if event is not None:
             self._tell("execution_event", run.flow.flow_id, event)

@@ -67,6 +67,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHECKPOINT = scripts.script("checkpoint_execution")
+#: A still-running step's checkpoint by the task that indexed it running (``checkpoint_call``).
+CHECKPOINT_RUNNING = scripts.script("checkpoint_running")
 CREATE = scripts.script("create_execution")
 
 
@@ -139,6 +141,7 @@ def checkpoint_call(
     retention_s: int = 0,
     index_keep_s: int | None = None,
     staged: Sequence[Staged] = (),
+    after_running: bool = False,
 ) -> ScriptCall:
     """One fenced write of the state, index, deadline and staged writes, as a call to send: its
     reply (written, cancel requested). A ``completed`` state is refused while the cancel flag is
@@ -148,10 +151,21 @@ def checkpoint_call(
     deadline that is no finite time. ``index_keep_s``: the status index drops entries older than
     that (0: none; None: as ``retention_s``), so a flow kept longer than this one stays listed
     (``Flow.retention_s``); or older than the longest keep another writer used within that keep
-    (the index keeps key: workers of other flows in the same tenant)."""
+    (the index keeps key: workers of other flows in the same tenant).
+
+    ``after_running``: the caller's task put the execution in the running index itself (its
+    create, or its previous checkpoint) and has held the lease since. A ``running`` write with
+    no deadline and no staged writes then goes through ``checkpoint_running``, which touches the
+    running index only: 4 commands and 5 keys instead of 10 and 11 (redis-server: a third fewer
+    instructions per such checkpoint)."""
     if deadline_s is not None and not math.isfinite(deadline_s):
         raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
     p = ks.partition_of(execution_id)
+    if after_running and status == "running" and deadline_s is None and not staged:
+        keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
+        keys += [ks.cancel_key(execution_id), ks.status_key(p, "running")]
+        slim: list[Any] = [generation, state_json, index_score(now_s, status), execution_id]
+        return ScriptCall(client, CHECKPOINT_RUNNING, keys, slim, _checkpointed)
     keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
     keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
     keys += [s.key for s in staged]
@@ -283,6 +297,7 @@ class StoreIO:
         retention_s: int,
         staged: Sequence[Staged],
         index_keep_s: int | None = None,
+        after_running: bool = False,
     ) -> tuple[bool, bool]:
         store = self._of(task)
         call = checkpoint_call(
@@ -297,6 +312,7 @@ class StoreIO:
             retention_s=retention_s,
             index_keep_s=index_keep_s,
             staged=staged,
+            after_running=after_running,
         )
         return cast(tuple[bool, bool], await self._send(call))
 
