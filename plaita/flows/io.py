@@ -16,7 +16,9 @@ upwards):
   decisions recorded (what was written after a step, a suspension, a retry, a spawn), for unit
   tests of those decisions. Every Redis behaviour is tested on real servers through ``StoreIO``.
 
-Every call is addressed by the task it serves: the adapter picks that task's tenant's keys.
+Every call about an execution is addressed by the task it serves: the adapter picks that task's
+tenant's keys. The flow-limit calls (fleet-wide across tenants) and the registry's (``fleet_workers``,
+``count_handover``: no tenant's) take no task and use the runner's own store.
 """
 
 from __future__ import annotations

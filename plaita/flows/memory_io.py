@@ -258,6 +258,8 @@ class MemoryIO:
         raise ConfigError(_VERSION_WAIT)
 
     async def rewrite_queued(self, task: Task, document: str, status: str, now_s: float, retention_s: int) -> bool:
+        if task.execution_id in self.fenced:  # as the fenced script: the lease moved on, nothing written
+            return False
         self._write("rewrite_queued", task.execution_id, document)
         return True
 

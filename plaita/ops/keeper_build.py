@@ -33,7 +33,12 @@ def build_scheduler(
     """The schedule pass over ``queue`` (its executions in ``store``, None: the queue's own): the
     ticks of ``flows``' schedules and of every one recorded for the queue, started by a
     ``FlowClient``."""
-    io, starter = StoreKeeperIO(queue, store), FlowClient(queue, store)
+    return _scheduler(flows, StoreKeeperIO(queue, store), FlowClient(queue, store), pending_stale_s, record_ttl_s)
+
+
+def _scheduler(
+    flows: Iterable[Flow], io: StoreKeeperIO, starter: FlowClient, pending_stale_s: float, record_ttl_s: float
+) -> Scheduler:
     return Scheduler(flows, io, starter, pending_stale_s=pending_stale_s, record_ttl_s=record_ttl_s)
 
 
@@ -48,7 +53,10 @@ def build_keeper(
     on_orphaned: Callable[[str, str, float], None] | None = None,
 ) -> Keeper:
     """A keeper of ``queue`` and its executions in ``store``: its door ``StoreKeeperIO``, and the
-    scheduler given or one of ``flows`` (``build_scheduler``)."""
+    scheduler given or one of ``flows`` on the same door (give one or the other: ValueError)."""
+    io = StoreKeeperIO(queue, store)
     if scheduler is None:
-        scheduler = build_scheduler(flows, queue, store=store)
-    return Keeper(StoreKeeperIO(queue, store), settings, scheduler=scheduler, clock=clock, on_orphaned=on_orphaned)
+        scheduler = _scheduler(flows, io, FlowClient(queue, store), PENDING_STALE_S, RECORD_TTL_S)
+    elif tuple(flows):
+        raise ValueError("build_keeper takes flows= or scheduler=, not both (the scheduler knows its flows)")
+    return Keeper(io, settings, scheduler=scheduler, clock=clock, on_orphaned=on_orphaned)

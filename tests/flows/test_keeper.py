@@ -184,3 +184,14 @@ def test_worker_with_keeper_recovers_an_orphan(
         cwd=ROOT, env=worker_env(redis_url), capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert r.returncode == 2 and "--flows" in r.stderr
+
+
+def test_a_keeper_is_built_with_flows_or_a_scheduler_not_both(h: Harness) -> None:
+    """``build_keeper`` gives its scheduler the keeper's own door; handed a scheduler, it refuses
+    flows it would otherwise silently drop (the scheduler knows its flows)."""
+    from plaita.ops.keeper_build import build_scheduler
+
+    k = build_keeper(h.store, h.queue, flows=flowdefs.FLOWS)
+    assert k.scheduler.store is k.io.schedules  # one door for both
+    with pytest.raises(ValueError, match="flows= or scheduler="):
+        build_keeper(h.store, h.queue, flows=flowdefs.FLOWS, scheduler=build_scheduler([], h.queue))

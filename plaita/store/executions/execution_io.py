@@ -11,8 +11,9 @@ Built once per runner mode, and that choice fixes how every call travels:
   thread of its own; any other call (reads, enqueues, flow slots, the registry) goes to
   an offload thread (``asyncio.to_thread``), so the loop is never blocked.
 
-Every call is addressed by the task it serves: its body's tenant picks the store (the default
-tenant's is this adapter's own, no call).
+Every call about an execution is addressed by the task it serves: its body's tenant picks the
+store (the default tenant's is this adapter's own, no call). The flow-limit and registry calls
+take no task: flow limits are fleet-wide across tenants, the registry is no tenant's.
 
 The writes of a step are built here, beside the adapter that sends them: ``create_call`` and
 ``checkpoint_call`` (one fenced EVALSHA each, with the parser of its reply), so the store side of
