@@ -25,7 +25,7 @@ from plaita.flows.model.failures import error_doc as error_doc
 from plaita.flows.model.failures import error_from_exception as error_from_exception
 from plaita.flows.model.failures import exception_text as exception_text
 from plaita.flows.model.failures import history_entry
-from plaita.flows.model.validate import StepOutputError, dumps, epoch_or_none
+from plaita.flows.model.validate import StepOutputError, dumps_document, epoch_or_none
 from plaita.store.executions.store import ALL_STATUSES, QUEUED, TERMINAL
 
 #: History entries kept per execution (the newest); ``steps_run`` keeps counting.
@@ -246,7 +246,7 @@ class Execution:
     def encode(self) -> str:
         """Strict JSON (no NaN or Infinity: every parser must read it). TypeError or ValueError
         when a value is not JSON."""
-        return dumps(self.to_doc())
+        return dumps_document(self.to_doc())
 
     @property
     def terminal(self) -> bool:
