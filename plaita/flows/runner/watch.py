@@ -43,7 +43,8 @@ class CancelWatch:
         now = time.monotonic()
         with self._lock:
             self._active[id(ctx)] = (ctx, task, now, None if limit_s is None else now + limit_s)
-            self._busy.set()
+            if not self._busy.is_set():  # else set while other steps run: no Event.set (lock, notify_all) per step
+                self._busy.set()
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="plaita-flow-cancel", daemon=True)
                 self._thread.start()
