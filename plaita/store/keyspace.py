@@ -273,8 +273,10 @@ class Keyspace:
         return tuple(
             (
                 self.lease_prefix(p),
-                *(self.named(prefix) + self._t(p) for prefix in (FENCE_PREFIX, EXECUTION_PREFIX)),
-                *(self.named(prefix) + self._t(p) for prefix in (CANCEL_PREFIX, EVENTS_PREFIX)),
+                self.named(FENCE_PREFIX) + self._t(p),
+                self.named(EXECUTION_PREFIX) + self._t(p),
+                self.named(CANCEL_PREFIX) + self._t(p),
+                self.named(EVENTS_PREFIX) + self._t(p),
             )
             for p in range(self.partitions)
         )
