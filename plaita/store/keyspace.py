@@ -259,6 +259,28 @@ class Keyspace:
         """The hash of what the execution's steps published (``ctx.publish``)."""
         return self.named(EVENTS_PREFIX) + self._t(self.partition_of(execution_id)) + key_id(execution_id)
 
+    def own_keys(self, execution_id: str) -> tuple[str, str, str, str, str]:
+        """(``lease_key``, ``fence_key``, ``execution_key``, ``cancel_key``, ``events_key``) of an
+        execution, from prefixes built once per partition: every checkpoint and create names
+        them, and building each from its parts cost a checkpoint about 3 µs."""
+        lease, fence, state, cancel, events = self._own_prefixes[self.partition_of(execution_id)]
+        kid = key_id(execution_id)
+        return lease + kid, fence + kid, state + kid, cancel + kid, events + kid
+
+    @cached_property
+    def _own_prefixes(self) -> tuple[tuple[str, str, str, str, str], ...]:
+        """Per partition, the prefixes of ``own_keys`` (the same parts as each key's method)."""
+        return tuple(
+            (
+                self.lease_prefix(p),
+                self.named(FENCE_PREFIX) + self._t(p),
+                self.named(EXECUTION_PREFIX) + self._t(p),
+                self.named(CANCEL_PREFIX) + self._t(p),
+                self.named(EVENTS_PREFIX) + self._t(p),
+            )
+            for p in range(self.partitions)
+        )
+
     def crashes_key(self, name: str) -> str:
         """The crash strikes of an execution id (or of a task's qualified message id)."""
         return self.named(CRASHES_PREFIX) + self._t(self.partition_of(name)) + key_id(name)

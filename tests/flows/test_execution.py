@@ -3,6 +3,7 @@ and each transition. Pure: no Redis."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -138,6 +139,22 @@ def test_transitions_return_a_new_execution_and_leave_the_old_one_alone() -> Non
     after = before.retrying("one", 1, 100.0, 101.0, "ValueError: x")
     assert before.history == [] and before.attempt == 0 and before.steps_run == 0
     assert after.attempt == 1 and after.steps_run == 1 and after.history[0]["outcome"] == "failed"
+    with pytest.raises(AttributeError):
+        after.status = "completed"  # type: ignore[misc]
+
+
+def test_changed_is_what_dataclasses_replace_gives_and_refuses_what_it_refuses() -> None:
+    before = Execution.decode(OLD_DOC)
+    changes: dict[str, Any] = {"status": "running", "attempt": 2, "extra": {"y": 2}}
+    after = before.changed(**changes)
+    assert after == dataclasses.replace(before, **changes) and after.extra == {"y": 2}
+    assert after.to_doc() == dataclasses.replace(before, **changes).to_doc()
+    assert list(after.to_doc()) == list(dataclasses.replace(before, **changes).to_doc())  # same field order
+    assert before.status == "suspended" and before.attempt == 0  # the old one is left alone
+    with pytest.raises(TypeError, match="no field 'nope'"):
+        before.changed(nope=1)
+    with pytest.raises(BadExecution, match="unknown status"):
+        before.changed(status="bogus")
     with pytest.raises(AttributeError):
         after.status = "completed"  # type: ignore[misc]
 

@@ -82,6 +82,16 @@ def test_no_two_tenant_id_pairs_share_any_key(pairs: list[tuple[str, str]], spac
             assert owner.setdefault(key, kind_owner) == kind_owner, f"{key!r} is {owner[key]} and {kind_owner}"
 
 
+@settings(max_examples=200, deadline=None)
+@given(tenant=st.sampled_from(TENANT_WORDS), eid=ids(), space=st.sampled_from(SPACES))
+def test_own_keys_are_each_keys_own_method(tenant: str, eid: str, space: Keyspace) -> None:
+    """``own_keys`` (what every checkpoint and create names, from cached prefixes) is exactly the
+    keys each one's method builds."""
+    ks = space.for_tenant(tenant)
+    keys = keys_of(ks, eid)
+    assert ks.own_keys(eid) == (keys["lease"], keys["fence"], keys["state"], keys["cancel"], keys["events"])
+
+
 @given(st.text(max_size=20))
 def test_key_id_is_reversible_holds_no_colon_and_matches_its_bytes_form(eid: str) -> None:
     part = key_id(eid)

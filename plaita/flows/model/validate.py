@@ -11,6 +11,8 @@ import json
 import math
 from typing import Any
 
+import msgspec
+
 from plaita.errors import BadTaskError, PlaitaError
 from plaita.store.executions.staged import MAX_SECONDS
 
@@ -33,6 +35,28 @@ _STRICT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=
 def dumps(value: Any) -> str:
     """Strict, compact JSON (ValueError for NaN/Infinity, TypeError for what is not JSON)."""
     return _STRICT.encode(value)
+
+
+#: The fast path of ``dumps_document``: msgspec's C encoder and decoder (already what reads task
+#: bodies, ``plaita.tasks``).
+_FAST_ENCODER = msgspec.json.Encoder()
+_FAST_DECODER = msgspec.json.Decoder()
+
+
+def dumps_document(doc: dict[str, Any]) -> str:
+    """``dumps(doc)`` for an execution document, about three times quicker (every checkpoint
+    encodes one). msgspec encodes it; its output is read back and must equal ``doc``, else
+    ``dumps`` decides: msgspec writes NaN as null and accepts what ``json`` refuses (sets,
+    datetimes, bytes, dataclasses...), and each of those reads back as something else; so
+    exactly the documents ``dumps`` accepts are written, and a refused one raises what
+    ``dumps`` raises. The text may differ from ``dumps``'s only in how a float's exponent is
+    spelt (``1e100``, not ``1e+100``): the same JSON value for every reader, old workers too."""
+    try:
+        data = _FAST_ENCODER.encode(doc)
+        same = _FAST_DECODER.decode(data) == doc
+    except Exception:  # what msgspec refuses (a lone surrogate, a key type, ...): json decides
+        same = False
+    return data.decode("utf-8") if same else dumps(doc)
 
 
 def json_problem(value: Any) -> str | None:

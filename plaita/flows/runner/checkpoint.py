@@ -139,7 +139,7 @@ def sealed(execution: Execution, max_bytes: int, step: str | None, *, output: bo
             raise problem from None
         execution = execution.unwritable(problem)
         text = execution.encode()
-    size = len(text.encode("utf-8"))
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))  # isascii: O(1), no copy
     if size > max_bytes and execution.status != "error":
         execution = execution.too_large(size, max_bytes, step)
         text = execution.encode()

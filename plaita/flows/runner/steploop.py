@@ -155,7 +155,7 @@ class StepLoop:
             flow_id=run.flow.flow_id,
             step=step.name,
             params=ex.params,
-            state=copy.deepcopy(ex.state),
+            state=copy.deepcopy(ex.state) if ex.state else {},  # most steps of most flows: an empty state
             results=ex.results,
             resume=_resume_of(resume),
             attempt=ex.attempt + 1,

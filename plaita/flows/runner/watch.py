@@ -43,16 +43,18 @@ class CancelWatch:
         now = time.monotonic()
         with self._lock:
             self._active[id(ctx)] = (ctx, task, now, None if limit_s is None else now + limit_s)
-            self._busy.set()
+            if not self._busy.is_set():  # set already but for a worker idle for a tick: no Event.set per step
+                self._busy.set()
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(target=self._run, name="plaita-flow-cancel", daemon=True)
                 self._thread.start()
 
     def remove(self, ctx: Any) -> None:
+        # ``_busy`` stays set: the watcher clears it at its next tick if no step runs then.
+        # Cleared here, a worker of short steps (none running between two) would clear and
+        # set it again per step, an Event.set (lock, notify_all) each time.
         with self._lock:
             self._active.pop(id(ctx), None)
-            if not self._active:
-                self._busy.clear()
 
     def stop(self) -> None:
         self._stop.set()
@@ -70,6 +72,9 @@ class CancelWatch:
                 continue
             with self._lock:
                 active = list(self._active.values())
+                if not active:  # no step runs: sleep until one starts (``add`` sets it again)
+                    self._busy.clear()
+                    continue
             now_wall_s, now = wall_s(), time.monotonic()
             for ctx, task, _, limit_at in active:
                 deadline_at = getattr(ctx, "deadline_at", None)

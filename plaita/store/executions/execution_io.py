@@ -34,6 +34,7 @@ costs what it did.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -106,12 +107,13 @@ def create_call(
     registered (``ExecutionStore.register``). ExecutionKeyError (nothing written) when one of its
     keys holds the wrong type."""
     p = ks.partition_of(execution_id)
+    lease, fence, state, cancel, _ = ks.own_keys(execution_id)
     keys = [
-        ks.lease_key(execution_id),
-        ks.fence_key(execution_id),
-        ks.execution_key(execution_id),
+        lease,
+        fence,
+        state,
         ks.status_key(p, "running"),
-        ks.cancel_key(execution_id),
+        cancel,
         ks.status_key(p, QUEUED),  # a producer's queued record is taken over,
         ks.status_key(p, "error"),  # or its end when its start was dead-lettered
     ]
@@ -162,17 +164,19 @@ def checkpoint_call(
     if deadline_s is not None and not math.isfinite(deadline_s):
         raise ValueError(f"checkpoint deadline must be a finite time, got {deadline_s!r}")
     p = ks.partition_of(execution_id)
+    lease, fence, state, cancel, events = ks.own_keys(execution_id)
+    deadlines, statuses, keeps = _partition_keys(ks, p)
     if after_running and status == "running" and deadline_s is None and not staged:
-        keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
-        keys += [ks.cancel_key(execution_id), ks.status_key(p, "running")]
         slim: list[Any] = [generation, state_json, index_score(now_s, status), execution_id]
-        return ScriptCall(client, CHECKPOINT_RUNNING, keys, slim, _checkpointed)
-    keys = [ks.lease_key(execution_id), ks.fence_key(execution_id), ks.execution_key(execution_id)]
-    keys += [ks.cancel_key(execution_id), ks.deadlines_key(p), *(ks.status_key(p, s) for s in STATUSES)]
-    keys += [s.key for s in staged]
-    keys.append(ks.events_key(execution_id))  # expires with the state once terminal
+        return ScriptCall(
+            client, CHECKPOINT_RUNNING, [lease, fence, state, cancel, statuses[_RUNNING]], slim, _checkpointed
+        )
+    keys = [lease, fence, state, cancel, deadlines, *statuses]
+    if staged:
+        keys += [s.key for s in staged]
+    keys.append(events)  # expires with the state once terminal
     if status in TERMINAL:  # the trim keeps what any writer of this partition's index owes
-        keys.append(ks.index_keeps_key(p))
+        keys.append(keeps)
     args: list[Any] = [
         generation,
         state_json,
@@ -187,6 +191,17 @@ def checkpoint_call(
     if index_keep_s is not None and status in TERMINAL:  # how long its index keeps entries
         args.append(index_keep_s)
     return ScriptCall(client, CHECKPOINT, keys, args, _checkpointed)
+
+
+#: Where the running index is among ``_partition_keys``' status indexes.
+_RUNNING = STATUSES.index("running")
+
+
+@functools.lru_cache(maxsize=1024)
+def _partition_keys(ks: Keyspace, p: int) -> tuple[str, tuple[str, ...], str]:
+    """Partition ``p``'s keys every checkpoint names (deadlines, the status indexes in ``STATUSES``
+    order, the index keeps), built once per keyspace (one per tenant) and partition."""
+    return ks.deadlines_key(p), tuple(ks.status_key(p, s) for s in STATUSES), ks.index_keeps_key(p)
 
 
 def _checkpointed(reply: list[Any]) -> tuple[bool, bool]:
