@@ -159,7 +159,11 @@ def reclaim_trial(url: str, i: int) -> float:
             env=env,
         ) as a:
             a.wait_state("READING")
-            client.xadd(STREAM, fields(0, sleep_s=60, first_only=True))  # type: ignore[arg-type]
+            # Long on A, quick on B: a task of a killed worker is reclaimed as a suspect with its
+            # delivery count kept at 1 (``runtime/suspects.py``), so "sleep on the first delivery
+            # only" would sleep on B too; B runs it after A's lease expired, past this wall time.
+            until_wall = time.time() + LEASE_TTL_S
+            client.xadd(STREAM, fields(0, until_wall=until_wall))  # type: ignore[arg-type]
 
             def started_by_a() -> bool:
                 log.poll()

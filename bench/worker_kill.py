@@ -65,8 +65,11 @@ class KillResult:
         return [t for t in self.trials if t.name == name]
 
 
-def _long_fields(i: int, leased: bool) -> dict[str, str]:
-    params = {"n": i, "sleep_s": LONG_SLEEP_S, "first_only": True}
+def _long_fields(i: int, leased: bool, until_wall: float) -> dict[str, str]:
+    """A long task: it runs until ``until_wall`` (past A's kill), so its rerun on the replacement,
+    after A's lease expired, is quick. Not "sleep on the first delivery only": a killed worker's
+    task is reclaimed as a suspect with its delivery count kept at 1 (``runtime/suspects.py``)."""
+    params = {"n": i, "until_wall": until_wall}
     body: dict[str, object] = {"type": "start", "flow_id": "bench", "params": params}
     if leased:
         body["execution_id"] = f"bench-kill-{i}"
@@ -88,8 +91,9 @@ def trial(url: str, replacement: str, i: int) -> KillTrial:
         with _worker(url, a_name, log) as a:
             a.wait_state("READING")
             pipe = client.pipeline(transaction=True)
+            until_wall = time.time() + min(LONG_SLEEP_S, DEFAULT_LEASE_TTL_S)
             for n in sorted(long_ns):
-                pipe.xadd(STREAM, _long_fields(n, leased=n % 2 == 0))  # type: ignore[arg-type]
+                pipe.xadd(STREAM, _long_fields(n, leased=n % 2 == 0, until_wall=until_wall))  # type: ignore[arg-type]
             pipe.execute()
             enqueue(client, STREAM, BACKLOG)
 
