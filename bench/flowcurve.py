@@ -169,14 +169,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", default="sync,async", help="sync, async or both (default sync,async)")
     p.add_argument("--repeats", type=int, default=1, help="runs per point, median kept (default 1)")
     p.add_argument("--json", help="also write the points to this file")
-    a = p.parse_args(argv)
+    a = checked_run_args(p, p.parse_args(argv))
+    a.fsync = a.fsync.split(",")
+    if any(f not in ("off", "always") for f in a.fsync):
+        p.error("--fsync takes off,always")
+    return a
+
+
+def checked_run_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> argparse.Namespace:
+    """The flags every side-by-side flow bench shares (``flowcurve``, ``vsdbos``), parsed and checked:
+    ``--concurrency`` and ``--steps`` (comma-separated), ``--executions``, ``--repeats``,
+    ``--baseline``. A bad one exits 2 with its message (``p.error``)."""
     try:
         a.concurrency = [int(c) for c in a.concurrency.split(",")]
     except ValueError:
         p.error("--concurrency takes comma-separated integers")
-    a.fsync, a.steps = a.fsync.split(","), a.steps.split(",")
-    if any(f not in ("off", "always") for f in a.fsync) or any(s not in FLOW_IDS for s in a.steps):
-        p.error("--fsync takes off,always and --steps sync,async")
+    a.steps = a.steps.split(",")
+    if any(s not in FLOW_IDS for s in a.steps):
+        p.error("--steps takes sync,async")
     if a.executions < 10 or a.repeats < 1 or any(c < 1 for c in a.concurrency):
         p.error("--executions >= 10, --repeats >= 1 and every concurrency >= 1 please")
     if a.baseline and not (Path(a.baseline) / "plaita").is_dir():

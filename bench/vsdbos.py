@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import ROOT, median
-from bench.flowcurve import FLOW_IDS, _source_dir, measure
+from bench.flowcurve import FLOW_IDS, _source_dir, checked_run_args, measure
 from tests.support.redis_server import RedisServer
 
 DBOS_VENV = ROOT / ".venv-dbos"
@@ -137,19 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", default="sync,async", help="plaita's steps: sync, async or both (default both)")
     p.add_argument("--repeats", type=int, default=3, help="runs per point, median kept (default 3)")
     p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (no .venv-dbos needed)")
-    a = p.parse_args(argv)
-    try:
-        a.concurrency = [int(c) for c in a.concurrency.split(",")]
-    except ValueError:
-        p.error("--concurrency takes comma-separated integers")
-    a.steps = a.steps.split(",")
-    if any(s not in FLOW_IDS for s in a.steps):
-        p.error("--steps takes sync,async")
-    if a.executions < 10 or a.repeats < 1 or any(c < 1 for c in a.concurrency):
-        p.error("--executions >= 10, --repeats >= 1 and every concurrency >= 1 please")
-    if a.baseline and not (Path(a.baseline) / "plaita").is_dir():
-        p.error(f"--baseline {a.baseline}: no plaita/ there")
-    return a
+    return checked_run_args(p, p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> None:
