@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -255,8 +256,9 @@ class WorkerProcess(Subprocess):
         try:
             super().close()
         finally:
-            self.status_path.unlink(missing_ok=True)
-            self._status_dir.rmdir()
+            # Whatever the worker left there (a status file's temporary twin, written as it was
+            # stopped): the folder is the bench's own.
+            shutil.rmtree(self._status_dir, ignore_errors=True)
 
     def __enter__(self) -> WorkerProcess:
         return self
