@@ -136,11 +136,16 @@ def test_a_trickling_webhook_holds_each_request_no_longer_than_the_timeout(hook:
     every 0.1 s held one POST until it stopped (37 s seen), and the events behind it waited. Now
     the exchange is cut at the timeout; its status line came, so the event counts as sent."""
     hook.mode = "trickle"
-    s = sender(hook.url, timeout_s=0.5, max_attempts=1)
+    # 2 s, not less: on a loaded machine (CI runs at load 8+) the receiver's status line took over
+    # 0.5 s to come, so the cut request counted as not delivered. Three cut requests still take
+    # seconds, where the trickle would hold the first one for 60.
+    timeout_s = 2.0
+    s = sender(hook.url, timeout_s=timeout_s, max_attempts=1)
     for i in range(3):
         s.emit("dead_letter", {"message_id": f"{i}-0"})
-    hook.wait_for(3, timeout_s=PROMPT_S)  # the trickle lasts 60 s: only a cut request lets the next go
-    wait_until(lambda: s.counts["sent"] == 3, PROMPT_S, "three events counted sent")
+    # The trickle lasts 60 s: only a cut request lets the next go.
+    hook.wait_for(3, timeout_s=3 * timeout_s + PROMPT_S)
+    wait_until(lambda: s.counts["sent"] == 3, timeout_s + PROMPT_S, "three events counted sent")
     closes_promptly(s)
 
 
