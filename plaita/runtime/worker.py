@@ -55,6 +55,12 @@ def describe_handler(handler: object) -> dict[str, Any]:
     return {"handler": f"{getattr(handler, '__module__', None) or type(handler).__module__}:{name}"}
 
 
+#: After a stop request, how often and how long the owner's calls are cut again
+#: (``Worker._cut_reads_until_seen``): a read begun just after the first cut ends within this.
+STOP_CUT_EVERY_S = 0.05
+STOP_CUT_FOR_S = 2.0
+
+
 class Worker:
     """Consumes one stream until stopped; never exits because of Redis."""
 
@@ -82,6 +88,9 @@ class Worker:
         self._requests_lock = threading.Lock()
         self._posted_failure: BaseException | None = None
         self._pause_wanted: bool | None = None
+        #: Set once the owner turned the stop into stop_requested (``_cut_reads_until_seen``).
+        self._stop_seen = threading.Event()
+        self._cutting = False
         #: What this worker runs, published in the registry (``describe_handler``).
         self.runs = describe_handler(handler)
         #: A fleet misconfiguration the operations side found (plaita.ops.fleetcheck), or None.
@@ -203,6 +212,26 @@ class Worker:
         self._wake.set()
         self._slot_freed.set()
         self.queue.interrupt_read()
+        self._cut_reads_until_seen()
+
+    def _cut_reads_until_seen(self) -> None:
+        """Cut the owner's calls again every ``STOP_CUT_EVERY_S`` until it has seen the stop
+        (left the reading states), for ``STOP_CUT_FOR_S`` at most. The cut above only reaches a
+        call already on a connection: a read the owner began just after it (the stop flag
+        checked, its connection not yet taken from the pool) would block for its whole BLOCK, and
+        the stop would take seconds (CI saw 5.2 s with ``--read-block-ms 5000``)."""
+        with self._requests_lock:
+            if self._cutting:
+                return
+            self._cutting = True
+
+        def cut() -> None:
+            deadline = time.monotonic() + STOP_CUT_FOR_S
+            while time.monotonic() < deadline and not self._stop_seen.wait(STOP_CUT_EVERY_S):
+                if self.lifecycle.state in ACTIVE_STATES:
+                    self.queue.interrupt_read()
+
+        threading.Thread(target=cut, name="plaita-stop-cut", daemon=True).start()
 
     def request_pause(self) -> None:
         with self._requests_lock:
@@ -278,7 +307,9 @@ class Worker:
         """Turn posted requests into events (stop first, then pause/resume, then a failed ack).
         True when one fired: the next step looks at the new state."""
         if self._stop.is_set():
-            return self.lifecycle.trigger("stop_requested")
+            fired = self.lifecycle.trigger("stop_requested")
+            self._stop_seen.set()
+            return fired
         pause, failure = self._take_requests()
         if pause and self.lifecycle.may_trigger("pause_requested"):
             self.lifecycle.trigger("pause_requested")
