@@ -24,6 +24,7 @@ import redis
 
 from plaita.flows.producer.client import FlowClient
 from plaita.ops.service import start_worker
+from plaita.store import scripts
 from plaita.store.calls import ScriptCall
 from plaita.store.executions import loop_calls
 from plaita.store.executions.execution_io import CallBatcher, checkpoint_call, create_now
@@ -333,7 +334,7 @@ def test_stop_from_another_thread_fails_the_calls_waiting_on_a_frozen_server(pri
         conn = next(iter(batcher._loop_calls._conns.values()))
         private_redis.freeze()
         waiting = [asyncio.run_coroutine_threadsafe(batcher.run(step(store, e, gens[e], 2)), loop) for e in EIDS]
-        wait_until(lambda: len(conn._waiting) == len(EIDS), "every call sent")
+        wait_until(lambda: conn.written_calls() == len(EIDS), "every call sent")
         batcher.stop()
         outcomes = [f.exception(10) for f in waiting]
     finally:
@@ -375,7 +376,8 @@ def test_replies_read_a_byte_at_a_time_each_reach_their_own_call(client: redis.R
     each matched to the call they answer, in order, and the error reaches only its own."""
     store, gens = created(client, ["pr1"])
     template = step(store, "pr1", gens["pr1"], 1)
-    calls = [dataclasses.replace(template, args=[str(i)], parse=lambda r: r) for i in range(5)]
+    alone = scripts.script("fenced_set")  # no batch twin: five calls, five replies
+    calls = [dataclasses.replace(template, script=alone, args=[str(i)], parse=lambda r: r) for i in range(5)]
     replies = b":0\r\n-ERR boom\r\n$5\r\nhello\r\n*2\r\n:1\r\n:2\r\n:4\r\n"
     near, far = socket.socketpair()
     near.setblocking(False)

@@ -9,9 +9,12 @@ on the loop as they come: a batch goes out while the one before is still running
 ``appendfsync always``, during its fsync: Redis takes what came meanwhile in its next pass and
 fsyncs once for it), and nothing crosses a thread.
 
-Each call is still one EVALSHA, atomic and fenced on its own, with its own reply or error, as
-in ``plaita.store.calls.run_calls``: a NOSCRIPT reply means that call did not run, and only it
-is sent again (its script loaded) by ``ScriptCall.run`` on a thread. A lost connection, or no
+Each call is still atomic and fenced on its own, with its own reply or error, as in
+``plaita.store.calls.run_calls``. The calls of one write that share a script (at c64 a write
+carries ~14 steps) go out as one EVALSHA of its batch twin (``plaita.store.batch_scripts``): the
+server's cost of an EVALSHA is mostly the call's, not the script's work. A NOSCRIPT reply means
+that call (or batch) did not run, and only its calls are sent again, each alone (its script
+loaded) by ``ScriptCall.run`` on a thread; a batch's twin is loaded for the batches after. A lost connection, or no
 reply within the client's ``socket_timeout``, fails every call waiting on it with the
 ConnectionError or TimeoutError a blocking call would raise (whether those ran is unknown, as
 for a blocking call); the next call connects anew.
@@ -28,15 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import socket
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import hiredis
 import redis
 
 from plaita.errors import PlaitaError
+from plaita.store.batch_scripts import Batch, Entry, Waiting, entries, packed
 from plaita.store.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
@@ -56,8 +62,6 @@ _SOCK_ATTRIBUTE = "_sock"
 
 #: No reply for this long with calls waiting (and no ``socket_timeout`` set): the connection is dropped.
 DEFAULT_REPLY_TIMEOUT_S = 30.0
-
-_Waiting = tuple[ScriptCall, "asyncio.Future[Any]"]
 
 #: Writes on the wire at once per connection: the calls queued meanwhile go out in one write
 #: as soon as one is answered. Two let Redis work on one while the loop computes the next and
@@ -116,9 +120,11 @@ class _Connection:
         self.timeout_s = timeout_s
         self.lost = False
         self._reader = hiredis.Reader(replyError=_ReplyError, **decode)
-        self._waiting: collections.deque[_Waiting] = collections.deque()
-        self._out: list[bytes] = []
-        #: Calls of each write on the wire still unanswered, oldest first.
+        #: Calls not written yet (``send``): packed when their write goes out (``_flush``).
+        self._queued: list[Waiting] = []
+        #: What the written replies answer, in the order written.
+        self._waiting: collections.deque[Entry] = collections.deque()
+        #: Replies each write on the wire still owes, oldest first.
         self._in_flight: collections.deque[int] = collections.deque()
         #: Bytes the socket did not take yet (a full send buffer): sent when it is writable.
         self._unsent = b""
@@ -131,27 +137,50 @@ class _Connection:
         loop.add_reader(sock.fileno(), self._readable)  # NotImplementedError on a loop without one
 
     def send(self, call: ScriptCall, future: asyncio.Future[Any]) -> None:
-        """Queue ``call`` for the next write (raises what packing its args raises)."""
-        packed = hiredis.pack_command(("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args))
-        if not self._waiting:
+        """Queue ``call`` for the next write."""
+        if not self._waiting and not self._queued:
             self._progress_s = time.monotonic()
-        self._out.append(packed)
-        self._waiting.append((call, future))
+        self._queued.append((call, future))
         self._arm_flush()
         if self._watch is None:
             self._watch = self.loop.call_later(self.timeout_s, self._check_progress)
 
+    def written_calls(self) -> int:
+        """Calls written and not answered yet (a batch counts its calls)."""
+        return sum(len(e.items) if isinstance(e, Batch) else 1 for e in self._waiting)
+
     def _arm_flush(self) -> None:
-        if self._out and not self._flush_armed and len(self._in_flight) < MAX_WRITES_IN_FLIGHT:
+        if self._queued and not self._flush_armed and len(self._in_flight) < MAX_WRITES_IN_FLIGHT:
             self._flush_armed = True
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_armed = False
-        out, self._out = self._out, []
-        if out and not self.lost:
+        queued, self._queued = self._queued, []
+        if self.lost:  # closed meanwhile: nothing more is sent
+            for _, future in queued:
+                resolve(future, redis.ConnectionError("connection to Redis closed"))
+            return
+        out: list[bytes] = []
+        for entry in entries(queued):
+            try:
+                out.append(packed(entry))
+            except Exception:  # an argument Redis cannot take: each call alone, the error only its own
+                self._pack_alone(entry.items if isinstance(entry, Batch) else [entry], out)
+                continue
+            self._waiting.append(entry)
+        if out:
             self._in_flight.append(len(out))
             self._write(b"".join(out))
+
+    def _pack_alone(self, items: list[Waiting], out: list[bytes]) -> None:
+        for item in items:
+            try:
+                out.append(packed(item))
+            except Exception as exc:  # as ``LoopCalls.run`` would raise it for a call sent alone
+                resolve(item[1], exc)
+                continue
+            self._waiting.append(item)
 
     def _write(self, data: bytes) -> None:
         """One request on the wire (``bench.countrt`` counts these as round trips)."""
@@ -195,34 +224,63 @@ class _Connection:
             self._fail(redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
 
     def _answered(self, reply: Any) -> None:
-        """``reply`` is the oldest waiting call's (the server answers in order)."""
+        """``reply`` is the oldest waiting entry's (the server answers in order)."""
         if not self._waiting:
             raise redis.ConnectionError("a reply with no call waiting for it")
-        call, future = self._waiting.popleft()
-        try:
-            self._settle(call, future, reply)
-        except Exception as exc:  # e.g. an error reply redis-py no longer parses: still that call's
-            resolve(future, redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
+        entry = self._waiting.popleft()
+        if isinstance(entry, Batch):
+            self._settle_batch(entry, reply)
+        else:
+            self._settle_safely(entry[0], entry[1], reply)
         self._in_flight[0] -= 1
         if not self._in_flight[0]:
             self._in_flight.popleft()
             self._arm_flush()
 
+    def _settle_safely(self, call: ScriptCall, future: asyncio.Future[Any], reply: Any) -> None:
+        try:
+            self._settle(call, future, reply)
+        except Exception as exc:  # e.g. an error reply redis-py no longer parses: still that call's
+            resolve(future, redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
+
     def _settle(self, call: ScriptCall, future: asyncio.Future[Any], reply: Any) -> None:
         if isinstance(reply, _ReplyError):
             error = _error(reply)
             if isinstance(error, redis.exceptions.NoScriptError):  # it did not run: load and send again
-                rerun = self.loop.create_task(_rerun(call, future))
-                self._reruns.add(rerun)
-                rerun.add_done_callback(self._reruns.discard)
+                self._rerun(_rerun(call, future))
                 return
             resolve(future, error)
         else:  # read by the call that awaits it (``LoopCalls.run``), not in this reader callback
             resolve(future, reply)
 
+    def _settle_batch(self, batch: Batch, reply: Any) -> None:
+        """Each call of ``batch`` its own item of the array ``reply``; an error reply instead
+        of the array is every call's (NOSCRIPT: none ran, each is sent again alone)."""
+        items = batch.items
+        if isinstance(reply, list) and len(reply) == len(items):
+            for (call, future), item in zip(items, reply, strict=True):
+                self._settle_safely(call, future, item)
+            return
+        try:
+            error = _error(reply) if isinstance(reply, _ReplyError) else None
+        except Exception as exc:  # an error reply redis-py no longer parses
+            error = redis.ConnectionError(f"unreadable reply from Redis: {exc!r}")
+        if isinstance(error, redis.exceptions.NoScriptError):
+            self._rerun(_rerun_batch(batch))
+            return
+        if error is None:
+            error = redis.ConnectionError(f"unreadable reply from Redis to a batch of {len(items)}: {reply!r:.200}")
+        for _, future in items:
+            resolve(future, error)
+
+    def _rerun(self, coro: Coroutine[Any, Any, None]) -> None:
+        rerun = self.loop.create_task(coro)
+        self._reruns.add(rerun)  # a strong reference: the loop keeps weak ones only
+        rerun.add_done_callback(self._reruns.discard)
+
     def _check_progress(self) -> None:
         self._watch = None
-        if not self._waiting or self.lost:
+        if (not self._waiting and not self._queued) or self.lost:
             return
         left_s = self._progress_s + self.timeout_s - time.monotonic()
         if left_s > 0:
@@ -234,7 +292,11 @@ class _Connection:
         """Every waiting call ends in ``error``; the connection is closed, never used again."""
         self.close()
         waiting, self._waiting = self._waiting, collections.deque()
-        for _, future in waiting:
+        queued, self._queued = self._queued, []
+        for entry in waiting:
+            for _, future in entry.items if isinstance(entry, Batch) else (entry,):
+                resolve(future, error)
+        for _, future in queued:
             resolve(future, error)
 
     def shut(self) -> None:
@@ -264,6 +326,15 @@ async def _rerun(call: ScriptCall, future: asyncio.Future[Any]) -> None:
     except Exception as exc:  # that call's outcome, as in run_calls
         outcome = exc
     resolve(future, outcome)
+
+
+async def _rerun_batch(batch: Batch) -> None:
+    """A batch refused as NOSCRIPT: its twin loaded for the batches after, each call sent again
+    alone (as a call refused alone is: its own script loaded, its own reply or error)."""
+    client = batch.items[0][0].client
+    with contextlib.suppress(Exception):  # the calls' own re-sends meet (and report) what failed it
+        await asyncio.to_thread(client.script_load, batch.script.source)
+    await asyncio.gather(*(_rerun(call, future) for call, future in batch.items))
 
 
 def resolve(future: asyncio.Future[Any], outcome: Any) -> None:
