@@ -16,13 +16,16 @@ server pass gives nothing between them either); a call that fails after a write 
 as the script alone would (Redis rolls back neither).
 
 The calls merged are concurrent (none awaits another's reply), so any order among them is one
-the caller could have had; only calls on one server's client are merged (a cluster client never
-reaches the loop connection, ``servable``), where keys of different slots may share a script.
+the caller could have had. Only calls on one server's client are merged (a cluster client never
+reaches the loop connection, ``servable``), and only calls whose first key has the same hash tag
+(``{p<i>}``: one partition, one slot, ``plaita.store.keyspace``) or none: a batch touches no slot
+but one, unless each of its calls already touched several alone (the untagged keys of one
+partition), which only a server out of cluster mode runs.
 
-``KEYS`` is every call's keys in order; ``ARGV`` is the call count, then each call's key count
-and argument count, then every call's arguments in order. The reply is the array of the calls'
-replies, in order (a ``nil`` reply travels as ``false``: the nil bulk it is alone, and no hole
-that would cut the array short).
+``KEYS`` is every call's keys in order; ``ARGV`` is the calls' key and argument counts (one
+string, ``batch_command``), then every call's arguments in order. The reply is the array of the
+calls' replies, in order (a ``nil`` reply travels as ``false``: the nil bulk it is alone, and no
+hole that would cut the array short).
 
 Only the scripts in ``BATCHED`` have twins: their bodies use no global but ``KEYS``, ``ARGV``
 and Redis's libraries, define no global, and never reply ``nil``.
@@ -32,29 +35,31 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 import hiredis
 
 from plaita.store.calls import ScriptCall
-from plaita.store.scripts import Script
+from plaita.store.scripts import SCRIPTS, Script
 
 #: The scripts the flow runner's loop connection sends many of at once (every step's write).
 BATCHED = frozenset({"checkpoint_execution", "checkpoint_running", "create_execution"})
 
-#: A Lua error a call raised, as it would reach the caller alone: an error Redis returned to
+#: ARGV[1] holds each call's key count and argument count as two 16-bit big-endian numbers
+#: (``string.byte``: no ``tonumber`` and its ``strtod`` per count). Each call's tables are made
+#: at their size by ``unpack`` (filling them one by one regrows them, as Redis does for KEYS/ARGV).
+#: A Lua error a call raised reaches its caller as alone: an error Redis returned to
 #: ``redis.call`` keeps its code (``WRONGTYPE ...``, ``OOM ...``), anything else is ``ERR ...``.
 _LOOP = """
-local n = tonumber(ARGV[1])
-local k, a, out = 0, 1 + 2 * n, {}
-for i = 1, n do
-  local nk, na = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
-  local keys, argv = {}, {}
-  for j = 1, nk do keys[j] = KEYS[k + j] end
-  for j = 1, na do argv[j] = ARGV[a + j] end
+local counts, out, byte, unpack = ARGV[1], {}, string.byte, unpack
+local k, a = 0, 1
+for i = 1, #counts / 4 do
+  local k1, k2, a1, a2 = byte(counts, 4 * i - 3, 4 * i)
+  local nk, na = k1 * 256 + k2, a1 * 256 + a2
+  local ok, reply = pcall(one, {unpack(KEYS, k + 1, k + nk)}, {unpack(ARGV, a + 1, a + na)})
   k, a = k + nk, a + na
-  local ok, reply = pcall(one, keys, argv)
   if not ok then
     if type(reply) == 'table' and reply.err then reply = reply.err end
     reply = tostring(reply)
@@ -68,6 +73,9 @@ end
 return out
 """
 
+#: Keys or arguments a call may have to go in a batch (its counts are 16-bit): more go alone.
+MAX_COUNT = 0xFFFF
+
 
 @functools.cache
 def batch_of(script: Script) -> Script | None:
@@ -78,16 +86,21 @@ def batch_of(script: Script) -> Script | None:
     return Script(f"{script.name}__batch-n.lua", text)
 
 
+#: Every batch twin (loaded by the loop connection as it connects).
+TWINS: tuple[Script, ...] = tuple(t for t in (batch_of(SCRIPTS[name]) for name in sorted(BATCHED)) if t is not None)
+
+
 def batch_command(batch: Script, calls: Sequence[ScriptCall]) -> tuple[Any, ...]:
-    """The EVALSHA of ``batch`` (``batch_of`` the calls' script) running every one of ``calls``."""
+    """The EVALSHA of ``batch`` (``batch_of`` the calls' script) running every one of ``calls``
+    (each with at most ``MAX_COUNT`` keys and arguments)."""
     keys: list[Any] = []
-    header: list[Any] = [len(calls)]
     args: list[Any] = []
+    counts: list[int] = []
     for call in calls:
         keys += call.keys
         args += call.args
-        header += (len(call.keys), len(call.args))
-    return ("EVALSHA", batch.sha, len(keys), *keys, *header, *args)
+        counts += (len(call.keys), len(call.args))
+    return ("EVALSHA", batch.sha, len(keys), *keys, struct.pack(f">{len(counts)}H", *counts), *args)
 
 
 #: A call on the loop connection and the future its reply (or error) goes to.
@@ -116,19 +129,31 @@ def entries(queued: list[Waiting]) -> list[Entry]:
     (at most ``MAX_BATCH_CALLS`` a batch), where its first call was; any other call, or a batch
     of one, alone as today."""
     out: list[Entry] = []
-    runs: dict[Script, list[Waiting]] = {}
+    runs: dict[tuple[Script, Any], list[Waiting]] = {}
     for waiting in queued:
-        script = waiting[0].script
-        run = runs.get(script)
+        call = waiting[0]
+        twin = batch_of(call.script)
+        if twin is None or len(call.keys) > MAX_COUNT or len(call.args) > MAX_COUNT:
+            out.append(waiting)
+            continue
+        group = (call.script, hash_tag(call.keys[0]) if call.keys else None)
+        run = runs.get(group)
         if run is None or len(run) >= MAX_BATCH_CALLS:
-            twin = batch_of(script)
-            if twin is None:
-                out.append(waiting)
-                continue
-            run = runs[script] = []
+            run = runs[group] = []
             out.append(Batch(twin, run))
         run.append(waiting)
     return [e.items[0] if isinstance(e, Batch) and len(e.items) == 1 else e for e in out]
+
+
+def hash_tag(key: Any) -> Any:
+    """``key``'s hash tag as Redis Cluster reads it (what is between the first ``{`` and the
+    next ``}``, if not empty), or None."""
+    opening, closing = ("{", "}") if isinstance(key, str) else (b"{", b"}")
+    start = key.find(opening) + 1
+    if not start:
+        return None
+    end = key.find(closing, start)
+    return key[start:end] if end > start else None
 
 
 def packed(entry: Entry) -> bytes:

@@ -42,7 +42,7 @@ import hiredis
 import redis
 
 from plaita.errors import PlaitaError
-from plaita.store.batch_scripts import Batch, Entry, Waiting, entries, packed
+from plaita.store.batch_scripts import TWINS, Batch, Entry, Waiting, entries, packed
 from plaita.store.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,14 @@ def _connected_socket(client: redis.Redis) -> socket.socket:
     if not isinstance(sock, socket.socket):  # only the handshake was sent: the call may go another way
         conn.disconnect()
         raise LoopUnsupported(f"redis-py {redis.__version__} keeps no socket in Connection.{_SOCK_ATTRIBUTE}")
+    try:  # the first batch (and the first after a restart, which reconnects) finds its twin there
+        for twin in TWINS:
+            conn.send_command("SCRIPT", "LOAD", twin.source)
+            with contextlib.suppress(redis.ResponseError):  # e.g. an ACL without SCRIPT: NOSCRIPT re-sends
+                conn.read_response()
+    except BaseException:
+        conn.disconnect()
+        raise
     setattr(conn, _SOCK_ATTRIBUTE, None)  # ours now: the connection object must not shut it down when collected
     sock.setblocking(False)
     return sock
