@@ -73,8 +73,9 @@ end
 return out
 """
 
-#: Keys or arguments a call may have to go in a batch (its counts are 16-bit): more go alone.
-MAX_COUNT = 0xFFFF
+#: Keys or arguments a call may have to go in a batch; more go alone. ``unpack`` runs outside
+#: the call's ``pcall`` and fails the whole batch past Lua's C stack (8000 values in Redis's Lua).
+MAX_COUNT = 4000
 
 
 @functools.cache

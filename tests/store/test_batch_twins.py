@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from plaita.store import scripts
-from plaita.store.batch_scripts import MAX_BATCH_CALLS, Batch, batch_of, entries, hash_tag
+from plaita.store.batch_scripts import MAX_BATCH_CALLS, MAX_COUNT, Batch, batch_of, entries, hash_tag
 from plaita.store.calls import ScriptCall
 from plaita.store.executions.execution_io import checkpoint_call, create_call, create_now
 from plaita.store.executions.loop_calls import LoopCalls
@@ -215,3 +215,21 @@ def test_entries_keep_the_order_and_bound_a_batch() -> None:
     many = [(call(run, str(i)), i) for i in range(MAX_BATCH_CALLS + 2)]
     sizes = [len(e.items) if isinstance(e, Batch) else 1 for e in entries(many)]
     assert sizes == [MAX_BATCH_CALLS, 2]
+
+
+@pytest.mark.parametrize(("writes", "evalshas"), [(990, 1), (1000, 2)])
+def test_a_call_near_luas_stack_limit_is_batched_and_one_past_it_goes_alone(
+    client: redis.Redis, writes: int, evalshas: int
+) -> None:
+    """990 staged writes make 3968 arguments (a batch unpacks them); 1000 make 4008, over
+    ``MAX_COUNT``: that call goes alone, its neighbour too (a batch of one)."""
+    store, gens = created(client, ["big", "small"])
+    staged = [Staged("incrby", f"app:big:{i}", "1") for i in range(writes)]
+    big = checkpoint_call(
+        client, store.ks, "big", gens["big"], "{}", status="running", now_s=time.time(), staged=staged
+    )
+    assert (len(big.args) <= MAX_COUNT) == (evalshas == 1)
+    _, outcomes, sent = sent_at_once(client, step(store, "small", 0, 0), [big, step(store, "small", gens["small"], 1)])
+    assert outcomes == [(True, False), (True, False)]
+    assert sent == evalshas
+    assert client.get(f"app:big:{writes - 1}") == b"1" and client.get("app:small") == b"1"
