@@ -34,12 +34,14 @@ and Redis's libraries, define no global, and never reply ``nil``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 import hiredis
+import redis
 
 from plaita.store.calls import ScriptCall
 from plaita.store.scripts import SCRIPTS, Script
@@ -89,6 +91,15 @@ def batch_of(script: Script) -> Script | None:
 
 #: Every batch twin (loaded by the loop connection as it connects).
 TWINS: tuple[Script, ...] = tuple(t for t in (batch_of(SCRIPTS[name]) for name in sorted(BATCHED)) if t is not None)
+
+
+def load_twins(conn: Any) -> None:
+    """Load every twin on ``conn`` (a connected redis-py connection); one the server refuses
+    (an ACL without SCRIPT) is left to the NOSCRIPT path: its calls are sent again alone."""
+    for twin in TWINS:
+        conn.send_command("SCRIPT", "LOAD", twin.source)
+        with contextlib.suppress(redis.ResponseError):
+            conn.read_response()
 
 
 def batch_command(batch: Script, calls: Sequence[ScriptCall]) -> tuple[Any, ...]:

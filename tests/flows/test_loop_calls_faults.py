@@ -334,7 +334,7 @@ def test_stop_from_another_thread_fails_the_calls_waiting_on_a_frozen_server(pri
         conn = next(iter(batcher._loop_calls._conns.values()))
         private_redis.freeze()
         waiting = [asyncio.run_coroutine_threadsafe(batcher.run(step(store, e, gens[e], 2)), loop) for e in EIDS]
-        wait_until(lambda: conn.written_calls() == len(EIDS), "every call sent")
+        wait_until(lambda: conn.waiting_calls() == len(EIDS), "every call sent")
         batcher.stop()
         outcomes = [f.exception(10) for f in waiting]
     finally:

@@ -42,7 +42,7 @@ import hiredis
 import redis
 
 from plaita.errors import PlaitaError
-from plaita.store.batch_scripts import TWINS, Batch, Entry, Waiting, entries, packed
+from plaita.store.batch_scripts import Batch, Entry, Waiting, entries, load_twins, packed
 from plaita.store.calls import ScriptCall
 
 logger = logging.getLogger(__name__)
@@ -104,10 +104,7 @@ def _connected_socket(client: redis.Redis) -> socket.socket:
         conn.disconnect()
         raise LoopUnsupported(f"redis-py {redis.__version__} keeps no socket in Connection.{_SOCK_ATTRIBUTE}")
     try:  # the first batch (and the first after a restart, which reconnects) finds its twin there
-        for twin in TWINS:
-            conn.send_command("SCRIPT", "LOAD", twin.source)
-            with contextlib.suppress(redis.ResponseError):  # e.g. an ACL without SCRIPT: NOSCRIPT re-sends
-                conn.read_response()
+        load_twins(conn)
     except BaseException:
         conn.disconnect()
         raise
@@ -153,9 +150,11 @@ class _Connection:
         if self._watch is None:
             self._watch = self.loop.call_later(self.timeout_s, self._check_progress)
 
-    def written_calls(self) -> int:
-        """Calls written and not answered yet (a batch counts its calls)."""
-        return sum(len(e.items) if isinstance(e, Batch) else 1 for e in self._waiting)
+    def waiting_calls(self) -> int:
+        """Calls queued or written and not answered yet (a batch counts its calls). Also read
+        from another thread: copies made in one step, as the loop may change them meanwhile."""
+        written = tuple(self._waiting)
+        return len(tuple(self._queued)) + sum(len(e.items) if isinstance(e, Batch) else 1 for e in written)
 
     def _arm_flush(self) -> None:
         if self._queued and not self._flush_armed and len(self._in_flight) < MAX_WRITES_IN_FLIGHT:
