@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import socket
 import time
 from typing import Any
 
 import pytest
 import redis
 
-from plaita.store import scripts
+from plaita.store import batch_scripts, scripts
 from plaita.store.batch_scripts import MAX_BATCH_CALLS, MAX_COUNT, Batch, batch_of, entries, hash_tag
 from plaita.store.calls import ScriptCall
+from plaita.store.executions import loop_calls
 from plaita.store.executions.execution_io import checkpoint_call, create_call, create_now
 from plaita.store.executions.loop_calls import LoopCalls
 from plaita.store.executions.store import ExecutionStore, Staged
@@ -75,19 +77,19 @@ def sent_at_once(client: redis.Redis, warm: ScriptCall, calls: list[ScriptCall])
     """``warm`` alone (the loop connection made), then ``calls`` in one write: the outcome of
     ``warm``, of each call (an exception for one that raised), and how many EVALSHA the server
     ran for ``calls``."""
-    loop_calls = LoopCalls()
+    on_loop = LoopCalls()
 
     async def scenario() -> tuple[Any, list[Any], int]:
-        warmed = await loop_calls.run(warm)
+        warmed = await on_loop.run(warm)
         before = await asyncio.to_thread(evalsha_calls, client)
         # No await before each call is queued: one write takes them all.
-        outcomes = await asyncio.gather(*(loop_calls.run(c) for c in calls), return_exceptions=True)
+        outcomes = await asyncio.gather(*(on_loop.run(c) for c in calls), return_exceptions=True)
         return warmed, outcomes, await asyncio.to_thread(evalsha_calls, client) - before
 
     try:
         return asyncio.run(asyncio.wait_for(scenario(), 30))
     finally:
-        loop_calls.stop()
+        on_loop.stop()
 
 
 def test_a_batch_of_checkpoints_gives_each_its_own_reply(client: redis.Redis) -> None:
@@ -146,20 +148,20 @@ def test_script_flush_recovers_each_call_applied_once_and_the_twin_loaded(client
     store, gens = created(client, eids)
     twin = batch_of(scripts.script("checkpoint_execution"))
     assert twin is not None
-    loop_calls = LoopCalls()
+    on_loop = LoopCalls()
 
     async def scenario() -> tuple[list[Any], list[Any], int]:
-        assert await loop_calls.run(step(store, "nf0", 0, 0)) == (False, False)  # connected
+        assert await on_loop.run(step(store, "nf0", 0, 0)) == (False, False)  # connected
         await asyncio.to_thread(client.script_flush)
-        first = await asyncio.gather(*(loop_calls.run(step(store, e, gens[e], 1)) for e in eids))
+        first = await asyncio.gather(*(on_loop.run(step(store, e, gens[e], 1)) for e in eids))
         before = await asyncio.to_thread(evalsha_calls, client)
-        second = await asyncio.gather(*(loop_calls.run(step(store, e, gens[e], 2)) for e in eids))
+        second = await asyncio.gather(*(on_loop.run(step(store, e, gens[e], 2)) for e in eids))
         return first, second, await asyncio.to_thread(evalsha_calls, client) - before
 
     try:
         first, second, evalshas = asyncio.run(asyncio.wait_for(scenario(), 30))
     finally:
-        loop_calls.stop()
+        on_loop.stop()
     assert first == second == [(True, False)] * len(eids)
     assert [client.get(f"app:{e}") for e in eids] == [b"2"] * len(eids)  # each applied once per step
     assert client.script_exists(twin.sha) == [True]
@@ -233,3 +235,47 @@ def test_a_call_near_luas_stack_limit_is_batched_and_one_past_it_goes_alone(
     assert outcomes == [(True, False), (True, False)]
     assert sent == evalshas
     assert client.get(f"app:big:{writes - 1}") == b"1" and client.get("app:small") == b"1"
+
+
+def test_a_batch_reply_read_a_byte_at_a_time_reaches_each_call_and_a_whole_batch_error_each(
+    client: redis.Redis,
+) -> None:
+    """The far end of a socket pair played by hand: two writes of three calls each (one batch
+    each); the first answered by an array holding an error, the second by one error reply
+    (every call of that batch gets it), one byte per read."""
+    store, gens = created(client, ["sp1"])
+    template = step(store, "sp1", gens["sp1"], 1, running=True)
+    calls = [dataclasses.replace(template, args=[str(i)], parse=lambda r: r) for i in range(6)]
+    replies = b"*3\r\n*2\r\n:1\r\n:0\r\n-ERR boom\r\n*2\r\n:0\r\n:0\r\n-READONLY not a master\r\n"
+    near, far = socket.socketpair()
+    near.setblocking(False)
+    far.setblocking(False)
+
+    async def scenario() -> tuple[list[Any], list[bytes]]:
+        loop = asyncio.get_running_loop()
+        conn = loop_calls._Connection(loop, client, near, 10.0, {})
+        futures = [loop.create_future() for _ in calls]
+        for i, (call, future) in enumerate(zip(calls, futures, strict=True)):
+            conn.send(call, future)
+            if i == 2:
+                await asyncio.sleep(0)  # the first three written: the rest go in a second write
+        wanted = sum(len(batch_scripts.packed(e)) for e in (batch_scripts.entries([(c, None) for c in calls[:3]])))
+        wanted *= 2  # the second batch packs to as many bytes (one-digit args)
+        received = b""
+        while len(received) < wanted:  # bounded by the bytes of the two batches
+            received += await loop.sock_recv(far, wanted - len(received))
+        for i in range(len(replies)):
+            await loop.sock_sendall(far, replies[i : i + 1])
+            await asyncio.sleep(0)  # one read per byte
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        conn.close()
+        return outcomes, received.split(b"EVALSHA")
+
+    try:
+        outcomes, written = asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        far.close()
+    assert len(written) == 3  # two EVALSHA: one batch per write
+    assert outcomes[0] == [1, 0] and outcomes[2] == [0, 0], outcomes
+    assert isinstance(outcomes[1], redis.ResponseError) and str(outcomes[1]) == "boom"
+    assert all(isinstance(o, redis.ReadOnlyError) for o in outcomes[3:]), outcomes[3:]
