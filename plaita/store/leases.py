@@ -58,6 +58,11 @@ class Lease(NamedTuple):
     generation: int
 
 
+#: Builds a ``Lease`` from a 4-tuple without the Python-level ``__new__`` NamedTuple gives it
+#: (what its ``_make`` does): 2k fewer instructions per leased task.
+_new_lease = tuple.__new__
+
+
 class LeaseManager:
     """Acquire, renew and release execution leases for one worker incarnation."""
 
@@ -148,15 +153,13 @@ class LeaseManager:
         self, execution_ids: list[str], keyspaces: Sequence[Keyspace | None] | None
     ) -> tuple[dict[int, list[int]], list[str], list[str]]:
         """Which executions go to which partition's script call, and every lease and fence key."""
-        n = len(execution_ids)
-        spaces = [self._space(k) for k in keyspaces] if keyspaces else [self.keyspace] * n
         groups: dict[int, list[int]] = {}
         if self.keyspace.partitions == 1:
-            groups[0] = list(range(n))
+            groups[0] = list(range(len(execution_ids)))
         else:
             for i, execution_id in enumerate(execution_ids):
                 groups.setdefault(self.keyspace.partition_of(execution_id), []).append(i)
-        lease_keys, fence_keys = _keys(spaces, execution_ids)
+        lease_keys, fence_keys = _keys(self.keyspace, keyspaces, execution_ids)
         return groups, lease_keys, fence_keys
 
     def _acquire_args(self) -> list[str | int]:
@@ -172,7 +175,8 @@ class LeaseManager:
             for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
                 if int(ok) == 1:  # inline, not a method: once per leased task
                     generation = int(value)
-                    out[i] = Lease(execution_ids[i], lease_keys[i], f"{own}{generation}", generation)
+                    # tuple.__new__ straight from C: no Python frame of the NamedTuple's __new__.
+                    out[i] = _new_lease(Lease, (execution_ids[i], lease_keys[i], f"{own}{generation}", generation))
                 else:
                     out[i] = value.decode() if isinstance(value, bytes) else str(value)
         return out
@@ -292,11 +296,16 @@ class PendingAcquire:
         self._manager.client.connection_pool.release(conn)
 
 
-def _keys(spaces: list[Keyspace], execution_ids: list[str]) -> tuple[list[str], list[str]]:
-    """The lease and fence keys of every execution, each in its keyspace (usually all in one)."""
-    first = spaces[0]
-    if all(space is first for space in spaces):
-        return first.lease_and_fence_keys(execution_ids)
+def _keys(
+    default: Keyspace, keyspaces: Sequence[Keyspace | None] | None, execution_ids: list[str]
+) -> tuple[list[str], list[str]]:
+    """The lease and fence keys of every execution, each in its keyspace (None: ``default``)."""
+    first = keyspaces[0] if keyspaces else None
+    # Usually the whole batch shares one keyspace: one C-level count, no Python call per task
+    # (equal keyspaces name the same keys, so == is as good as identity here).
+    if not keyspaces or keyspaces.count(first) == len(keyspaces):
+        return (default if first is None else first).lease_and_fence_keys(execution_ids)
+    spaces = [default if k is None else k for k in keyspaces]
     pairs = [space.lease_and_fence_keys([e]) for space, e in zip(spaces, execution_ids, strict=True)]
     return [lease[0] for lease, _ in pairs], [fence[0] for _, fence in pairs]
 
