@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: ``$<n>\r\n`` for lengths 0-1023: a list lookup, where formatting the length costs ~500
-#: instructions.
-_LENGTHS = [f"${n}\r\n" for n in range(1024)]
-_BULK_LENGTH = _LENGTHS.__getitem__
+#: ``$<n>`` for lengths 0-1023: a list lookup, where formatting the length costs ~500 instructions.
+_LENGTHS = [f"${n}" for n in range(1024)]
 
 
 def pack_text(args: tuple[Any, ...]) -> bytes | None:
@@ -23,13 +21,15 @@ def pack_text(args: tuple[Any, ...]) -> bytes | None:
     byte for byte what hiredis packs; None unless every argument is a ``str`` of ASCII text no
     longer than 1023 characters."""
     n = len(args)
+    lengths = _LENGTHS
+    parts: list[str | None] = [None] * (2 * n)
     try:
-        # TypeError unless every argument is text (bytes and numbers are left to hiredis).
-        if not "".join(args).isascii():
-            return None
-        parts = ["\r\n"] * (3 * n)
-        parts[0::3] = map(_BULK_LENGTH, map(len, args))  # IndexError: an argument too long
-        parts[1::3] = args
+        # TypeError: an argument that is no text (len() of a number, the join of bytes); both are
+        # left to hiredis. IndexError: one too long for the table.
+        parts[0::2] = [lengths[len(a)] for a in args]
+        parts[1::2] = args
+        text = "\r\n".join(parts)  # type: ignore[arg-type]
     except (TypeError, IndexError):
         return None
-    return f"*{n}\r\n{''.join(parts)}".encode("ascii")
+    # Lengths count characters: they are the byte counts only for ASCII.
+    return f"*{n}\r\n{text}\r\n".encode("ascii") if text.isascii() else None
