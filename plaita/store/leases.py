@@ -136,8 +136,7 @@ class LeaseManager:
         if not execution_ids or self.keyspace.partitions != 1 or not isinstance(pool, ConnectionPool):
             return PendingAcquire(self, None, execution_ids, [], done=self.acquire_many(execution_ids, keyspaces))
         _, lease_keys, fence_keys = self._plan(execution_ids, keyspaces)
-        keys = [k for pair in zip(lease_keys, fence_keys, strict=True) for k in pair]
-        keys.append(self.keyspace.generation_key(0))
+        keys = _interleaved(lease_keys, fence_keys, self.keyspace.generation_key(0))
         conn = pool.get_connection()
         try:
             args = self._acquire_args()
@@ -170,17 +169,17 @@ class LeaseManager:
     def _leases(
         self, execution_ids: list[str], lease_keys: list[str], replies: list[tuple[list[int], list[Any]]]
     ) -> list[Lease | str]:
-        """The acquire script's flat replies (one per partition call) as leases or refusals, in order."""
+        """The acquire script's replies (one per partition call: a generation, an int, for each
+        execution leased, the refusal, a string, for the others) as leases or refusals, in order."""
         out: list[Lease | str] = [""] * len(execution_ids)
         own = f"{self.holder}:"
         for members, flat in replies:
-            for i, ok, value in zip(members, flat[0::2], flat[1::2], strict=True):
-                if int(ok) == 1:  # inline, not a method: once per leased task
-                    generation = int(value)
+            for i, got in zip(members, flat, strict=True):
+                if type(got) is int:  # inline, not a method: once per leased task
                     # tuple.__new__ straight from C: no Python frame of the NamedTuple's __new__.
-                    out[i] = _new_lease(Lease, (execution_ids[i], lease_keys[i], f"{own}{generation}", generation))
+                    out[i] = _new_lease(Lease, (execution_ids[i], lease_keys[i], f"{own}{got}", got))
                 else:
-                    out[i] = value.decode() if isinstance(value, bytes) else str(value)
+                    out[i] = got.decode() if isinstance(got, bytes) else str(got)
         return out
 
     def _space(self, keyspace: Keyspace | None) -> Keyspace:
@@ -296,6 +295,15 @@ class PendingAcquire:
         if not healthy:
             conn.disconnect()  # type: ignore[no-untyped-call]
         self._manager.client.connection_pool.release(conn)
+
+
+def _interleaved(lease_keys: list[str], fence_keys: list[str], counter_key: str) -> list[str]:
+    """An acquire's KEYS: each lease key, its fence key, ..., the counter (slice copies in C, not
+    a Python loop over the pairs)."""
+    keys = [counter_key] * (2 * len(lease_keys) + 1)
+    keys[0:-1:2] = lease_keys
+    keys[1:-1:2] = fence_keys
+    return keys
 
 
 def _keys(
