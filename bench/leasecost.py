@@ -198,7 +198,9 @@ def script_cost(args: argparse.Namespace) -> None:
                     # The partition's generation counter (v2; v1 only reads it); the baseline has none.
                     counter = [DEFAULT.generation_key(0)] if name != "before" else []
                     reply = client.evalsha(acquire, len(keys) + len(counter), *keys, *counter, *argv)
-                    held.append((keys[0::2], [f"{holder}:{g}" for g in reply[1::2]]))
+                    # {1, gen, ...} pairs before the one-reply-per-execution format, one gen each since
+                    gens = reply[1::2] if len(reply) == 2 * len(ids) else reply
+                    held.append((keys[0::2], [f"{holder}:{g}" for g in gens]))
                 cpu1 = cpu_seconds(pid)
                 stats.append(_evalsha_usec(client))
                 client.config_resetstat()

@@ -148,9 +148,7 @@ class Intake:
             return
         eager = batch.eager
         try:
-            batch.acquire = self.leases.send_acquire_many(
-                [t.execution_id for t, _ in eager], [t.keyspace for t, _ in eager]
-            )
+            batch.acquire = self.leases.send_acquire_many(_execution_ids(eager), [t.keyspace for t, _ in eager])
         except Exception:
             self.inflight.suspect_orphans(lease_ref(t) for t, _ in eager)  # part of it may have run
             raise
@@ -191,7 +189,7 @@ class Intake:
     ) -> None:
         """Acquire the leases of ``eager`` in one round trip and take them (``_take_leases``)."""
         try:
-            leases = self.leases.acquire_many([t.execution_id for t, _ in eager], [t.keyspace for t, _ in eager])
+            leases = self.leases.acquire_many(_execution_ids(eager), [t.keyspace for t, _ in eager])
         except Exception:
             # Redis may have set some of these leases anyway: released as orphans after the
             # outage; the entries stay in our pending list and are re-read then.
@@ -345,3 +343,9 @@ class Intake:
         """Move ``entry`` to the DLQ with ``reason`` (through the settler), counted."""
         self.counters.add("dead_lettered", 1)
         self.settler.put(Outcome.to_dlq(entry.message_id, reason, entry.delivery_count, body, entry.fields))
+
+
+def _execution_ids(eager: list[tuple[Task, Entry]]) -> list[str]:
+    """``task.execution_id`` of every task, without a property call per task: ``parse_entry``
+    lets through only a body whose ``execution_id`` is absent or a non-empty string."""
+    return [t.body.get("execution_id") or t.message_id for t, _ in eager]

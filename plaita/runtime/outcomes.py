@@ -98,8 +98,10 @@ class OutcomeRouter:
                         task.message_id,
                     )
                     continue
-                if item.lease is None and outcome.kind == ACK:  # a plain task done: nothing to add
-                    outcomes.append(outcome)
+                lease = item.lease
+                if outcome.kind == ACK and (lease is None or outcome.dead is None):  # at most a release to add
+                    # What _routed does with it, inline: once per task (a leased one saves a Python call).
+                    outcomes.append(outcome if lease is None else _with_release(outcome, (lease.key, lease.value)))
                     completed += 1
                     continue
             outcomes.append(_routed(outcome, item, counts))

@@ -33,6 +33,7 @@ from plaita.config import (
     parse_sentinel_url,
 )
 from plaita.errors import PlaitaError
+from plaita.store import resp
 
 #: Seconds to wait for a TCP connection before counting the attempt as a transient failure.
 CONNECT_TIMEOUT_S = 2.0
@@ -43,6 +44,11 @@ Client = redis.Redis
 
 class NotAClusterError(PlaitaError, redis.RedisError):
     """A ``redis+cluster://`` URL names a server that is no cluster: waiting will not help."""
+
+
+#: Commands of at least this many arguments try ``resp.pack_text`` first (an ack batch, a leased
+#: read batch's acquire, its release): below it hiredis is as cheap.
+PACK_TEXT_MIN_ARGS = 8
 
 
 class _Packer(HiredisRespSerializer):
@@ -57,6 +63,10 @@ class _Packer(HiredisRespSerializer):
 
     def pack(self, *args: Any) -> list[bytes]:
         first = args[0]
+        if len(args) >= PACK_TEXT_MIN_ARGS and isinstance(first, str) and " " not in first:
+            packed = resp.pack_text(args)
+            if packed is not None:
+                return [packed]
         if isinstance(first, str):
             args = (*first.encode().split(), *args[1:])
         elif b" " in first:

@@ -100,7 +100,8 @@ class Script:
         self._check(keys)
         # execute_command, not pipe.evalsha: redis-py's cluster pipeline blocks the method (not
         # the command); a script whose keys share one slot is routed to that slot's master.
-        pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        # numkeys as text: a call whose every argument is text skips hiredis (plaita.store.resp).
+        pipe.execute_command("EVALSHA", self.sha, str(len(keys)), *keys, *args)  # type: ignore[no-untyped-call]
 
     def __call__(self, client: redis.Redis, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run it now: EVALSHA, and on NOSCRIPT load it and run it once more."""

@@ -26,7 +26,7 @@
 -- ARGV[3]     fence counter ttl (s)
 -- ARGV[4]     takeover prefix (worker:{consumer}@)
 -- ARGV[5]     format written: '1' or '2' (absent: 1)
--- Returns     flat {1, generation | 0, current value or '!why', ...}, one pair per execution
+-- Returns     {generation (an integer) | current value or '!why' (a string), ...}, one per execution
 local out = {}
 local lease_ttl, fence_ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local takeover, own = ARGV[4], ARGV[1] .. ':'
@@ -55,7 +55,6 @@ end
 local written = {}
 
 local function refuse(why)
-  out[#out + 1] = 0
   out[#out + 1] = why
 end
 
@@ -131,7 +130,6 @@ for i = 1, pairs_end, 2 do
   if why then
     refuse(why)  -- written: a second task of an execution this call leased, refused like ours
   elseif take(lease_key, fence_key, cur, fence, gen) then
-    out[#out + 1] = 1
     out[#out + 1] = gen
     if gen > top then top = gen end
   else

@@ -247,7 +247,8 @@ class StreamQueue:
             self.queue_dead_letters(pipe, dead, envelopes)
             self.queue_acks(pipe, acks)
             if releases:
-                RELEASE_MANY.queue(pipe, [k for k, _ in releases], [v for _, v in releases])
+                keys, values = zip(*releases, strict=True)  # in C, not two Python loops over the pairs
+                RELEASE_MANY.queue(pipe, keys, values)
 
         results = scripts.execute(
             self.client, build, [DEAD_LETTER, RELEASE_MANY], transaction=True, raise_on_error=False
