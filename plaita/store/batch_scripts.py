@@ -52,8 +52,9 @@ BATCHED = frozenset({"checkpoint_execution", "checkpoint_running", "create_execu
 #: ARGV[1] holds each call's key count and argument count as two 16-bit big-endian numbers
 #: (``string.byte``: no ``tonumber`` and its ``strtod`` per count). Each call's tables are made
 #: at their size by ``unpack`` (filling them one by one regrows them, as Redis does for KEYS/ARGV).
-#: A Lua error a call raised reaches its caller as alone: an error Redis returned to
-#: ``redis.call`` keeps its code (``WRONGTYPE ...``, ``OOM ...``), anything else is ``ERR ...``.
+#: A Lua error a call raised reaches its caller as alone: a table's ``err`` (what ``redis.call``
+#: raises for an error reply, ``WRONGTYPE ...``, ``OOM ...``) as it is, any other error as
+#: ``ERR <text>`` (as Redis prefixes a string raised by a script run alone).
 _LOOP = """
 local counts, out, byte, unpack = ARGV[1], {}, string.byte, unpack
 local k, a = 0, 1
@@ -63,10 +64,8 @@ for i = 1, #counts / 4 do
   local ok, reply = pcall(one, {unpack(KEYS, k + 1, k + nk)}, {unpack(ARGV, a + 1, a + na)})
   k, a = k + nk, a + na
   if not ok then
-    if type(reply) == 'table' and reply.err then reply = reply.err end
-    reply = tostring(reply)
-    if not string.find(reply, '^%u[%u_-]* ') then reply = 'ERR ' .. reply end
-    reply = {err = reply}
+    if type(reply) == 'table' and reply.err then reply = {err = reply.err}
+    else reply = {err = 'ERR ' .. tostring(reply)} end
   elseif reply == nil then
     reply = false
   end
@@ -139,32 +138,43 @@ Entry = Waiting | Batch
 def entries(queued: list[Waiting]) -> list[Entry]:
     """``queued`` (one write's calls) as written: the calls of a script with a batch twin together
     (at most ``MAX_BATCH_CALLS`` a batch), where its first call was; any other call, or a batch
-    of one, alone as today."""
+    of one, alone as today. One execution's calls keep their order: a call joins a batch only
+    if no call with its first key (the execution's lease key) stands between the batch's place
+    and it outside that batch."""
     out: list[Entry] = []
-    runs: dict[tuple[Script, Any], list[Waiting]] = {}
+    runs: dict[tuple[Script, Any], tuple[int, list[Waiting]]] = {}  # group: (its place in out, calls)
+    last: dict[Any, tuple[int, Any]] = {}  # first key: (place in out of its last call, that batch or None)
     for waiting in queued:
         call = waiting[0]
+        first = call.keys[0] if call.keys else None
+        before = last.get(first)
         twin = batch_of(call.script)
         if twin is None or len(call.keys) > MAX_COUNT or len(call.args) > MAX_COUNT:
+            last[first] = (len(out), None)
             out.append(waiting)
             continue
-        group = (call.script, hash_tag(call.keys[0]) if call.keys else None)
-        run = runs.get(group)
-        if run is None or len(run) >= MAX_BATCH_CALLS:
-            run = runs[group] = []
+        group = (call.script, hash_tag(first))
+        place, run = runs.get(group, (-1, None))
+        if run is None or len(run) >= MAX_BATCH_CALLS or (before and before[0] > place and before[1] is not run):
+            place, run = len(out), []
+            runs[group] = (place, run)
             out.append(Batch(twin, run))
         run.append(waiting)
+        last[first] = (place, run)
     return [e.items[0] if isinstance(e, Batch) and len(e.items) == 1 else e for e in out]
 
 
 def hash_tag(key: Any) -> Any:
     """``key``'s hash tag as Redis Cluster reads it (what is between the first ``{`` and the
-    next ``}``, if not empty), or None."""
-    opening, closing = ("{", "}") if isinstance(key, str) else (b"{", b"}")
-    start = key.find(opening) + 1
+    next ``}``, if not empty), or None (also for a key that is no text: it goes in no batch of tagged keys)."""
+    if isinstance(key, bytes):
+        key = key.decode("latin-1")  # one character a byte: the same tag, as text
+    elif not isinstance(key, str):
+        return None
+    start = key.find("{") + 1
     if not start:
         return None
-    end = key.find(closing, start)
+    end = key.find("}", start)
     return key[start:end] if end > start else None
 
 

@@ -219,6 +219,24 @@ def test_entries_keep_the_order_and_bound_a_batch() -> None:
     assert sizes == [MAX_BATCH_CALLS, 2]
 
 
+def test_a_second_call_of_one_execution_is_never_moved_before_a_call_between_them() -> None:
+    """Without I/O: in [run(a), other(x), run(x)] a batch of the two runs would send run(x)
+    before other(x); it starts a new batch after other(x) instead. A key of no text type goes
+    in no tagged batch."""
+    ks = DEFAULT
+    run = scripts.script("checkpoint_running")
+    other = scripts.script("checkpoint_execution")
+
+    def call(script: scripts.Script, eid: str) -> ScriptCall:
+        return ScriptCall(None, script, [ks.own_keys(eid)[0]], [], lambda r: r)
+
+    waiting: list[Any] = [(call(run, "a"), 1), (call(other, "x"), 2), (call(run, "x"), 3), (call(run, "b"), 4)]
+    got = entries(waiting)
+    order = [[f for _, f in e.items] if isinstance(e, Batch) else [e[1]] for e in got]
+    assert order == [[1], [2], [3, 4]]
+    assert hash_tag(7) is None and hash_tag("a{p1}b") == "p1" and hash_tag(b"{}x") is None
+
+
 @pytest.mark.parametrize(("writes", "evalshas"), [(990, 1), (1000, 2)])
 def test_a_call_near_luas_stack_limit_is_batched_and_one_past_it_goes_alone(
     client: redis.Redis, writes: int, evalshas: int
@@ -245,7 +263,10 @@ def test_a_batch_reply_read_a_byte_at_a_time_reaches_each_call_and_a_whole_batch
     (every call of that batch gets it), one byte per read."""
     store, gens = created(client, ["sp1"])
     template = step(store, "sp1", gens["sp1"], 1, running=True)
-    calls = [dataclasses.replace(template, args=[str(i)], parse=lambda r: r) for i in range(6)]
+    calls = [  # six executions' calls (one execution's second call would start a new batch)
+        dataclasses.replace(template, keys=[f"lease{i}", *template.keys[1:]], args=[str(i)], parse=lambda r: r)
+        for i in range(6)
+    ]
     replies = b"*3\r\n*2\r\n:1\r\n:0\r\n-ERR boom\r\n*2\r\n:0\r\n:0\r\n-READONLY not a master\r\n"
     near, far = socket.socketpair()
     near.setblocking(False)

@@ -169,7 +169,12 @@ class _Connection:
                 resolve(future, redis.ConnectionError("connection to Redis closed"))
             return
         out: list[bytes] = []
-        for entry in entries(queued):
+        try:
+            grouped = entries(queued)
+        except Exception:  # a call entries cannot group (a key of no hashable type): each alone
+            self._pack_alone(queued, out)
+            grouped = []
+        for entry in grouped:
             try:
                 out.append(packed(entry))
             except Exception:  # an argument Redis cannot take: each call alone, the error only its own
@@ -244,8 +249,13 @@ class _Connection:
             self._in_flight.popleft()
             self._arm_flush()
 
-    def _settle_safely(self, call: ScriptCall, future: asyncio.Future[Any], reply: Any) -> None:
+    def _settle_safely(
+        self, call: ScriptCall, future: asyncio.Future[Any], reply: Any, *, in_batch: bool = False
+    ) -> None:
         try:
+            if in_batch and isinstance(reply, _ReplyError):  # it ran: never sent again, whatever it says
+                resolve(future, _error(reply))
+                return
             self._settle(call, future, reply)
         except Exception as exc:  # e.g. an error reply redis-py no longer parses: still that call's
             resolve(future, redis.ConnectionError(f"unreadable reply from Redis: {exc!r}"))
@@ -266,7 +276,7 @@ class _Connection:
         items = batch.items
         if isinstance(reply, list) and len(reply) == len(items):
             for (call, future), item in zip(items, reply, strict=True):
-                self._settle_safely(call, future, item)
+                self._settle_safely(call, future, item, in_batch=True)
             return
         try:
             error = _error(reply) if isinstance(reply, _ReplyError) else None
