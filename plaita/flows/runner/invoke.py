@@ -13,6 +13,9 @@ so it has to reach the runner as data, whatever Python does with it on the way:
 - ``KeyboardInterrupt`` and ``SystemExit`` leaving a task's root would also stop the event loop
   running every other execution; the same root catches them.
 
+A sync step declared ``inline`` (``Flow.step(inline=True)``) is called on the loop itself, in a
+copy of the context as ``asyncio.to_thread`` would run it: no thread hop, the same ``Attempt``.
+
 An ``async def`` step's first stretch (up to its first real wait) runs at once, in a context of
 its own as a task would: nothing can be thrown into code that has not awaited yet. Only a step
 that does wait goes on in a task of its own, from where it stopped; a step that never waits
@@ -89,19 +92,32 @@ async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
 
 
 async def invoke(
-    fn: Callable[[Any], Any], ctx: Any, *, on_loop: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
+    fn: Callable[[Any], Any],
+    ctx: Any,
+    *,
+    on_loop: bool,
+    thread_loop: Callable[[], asyncio.AbstractEventLoop],
+    is_async: bool | None = None,
+    inline: bool = False,
 ) -> Attempt:
-    """Run step ``fn`` once. ``on_loop``: on the caller's loop, sync steps on a thread; otherwise
-    on this thread, an ``async def`` step on ``thread_loop()`` (no loop runs here)."""
+    """Run step ``fn`` once. ``on_loop``: on the caller's loop, sync steps on a thread (on the
+    loop itself when ``inline``); otherwise on this thread, an ``async def`` step on
+    ``thread_loop()`` (no loop runs here). ``is_async``: whether ``fn`` is an ``async def``
+    (``Step.is_async``; None: asked here)."""
     if not on_loop:
         return run_here(fn, ctx, thread_loop)
-    if inspect.iscoroutinefunction(fn):
+    if is_async is None:
+        is_async = inspect.iscoroutinefunction(fn)
+    if is_async:
         attempt = call(fn, ctx)
+    elif inline:  # a short, non-blocking sync step: on the loop, in a context of its own as on a thread
+        attempt = contextvars.copy_context().run(call, fn, ctx)
     else:
         attempt = await asyncio.to_thread(call, fn, ctx)
-    if attempt.raised is not None or not inspect.isawaitable(attempt.value):
+    value = attempt.value
+    if value is None or attempt.raised is not None or not inspect.isawaitable(value):  # None: most steps
         return attempt
-    return await _awaited(attempt.value)
+    return await _awaited(value)
 
 
 def run_here(fn: Callable[[Any], Any], ctx: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Attempt:
