@@ -224,6 +224,10 @@ class Execution:
         if not _FIELD_NAMES.issuperset(changes):
             unknown = sorted(set(changes) - _FIELD_NAMES)
             raise TypeError(f"Execution has no field {unknown[0]!r}")
+        return self._derived(changes)
+
+    def _derived(self, changes: dict[str, Any]) -> Execution:
+        """``changed`` for names known to be fields (this module's transitions)."""
         new = object.__new__(type(self))
         values = new.__dict__
         values.update(self.__dict__)
@@ -235,7 +239,11 @@ class Execution:
     def to_doc(self) -> dict[str, Any]:
         """The stored document (a new dict; its values are this execution's own)."""
         values = self.__dict__
-        doc = {name: values[name] for name in _DOC_FIELDS}
+        if len(values) == _FIELD_COUNT:  # every field, in order (``__init__``, ``changed``): one copy
+            doc = values.copy()
+            del doc["extra"]
+        else:
+            doc = {name: values[name] for name in _DOC_FIELDS}
         for name, absent in _ABSENT.items():
             if doc[name] == absent:
                 del doc[name]
@@ -264,7 +272,7 @@ class Execution:
 
     # -- transitions (each returns the next execution) -------------------------------------
     def stamped(self, now_s: float) -> Execution:
-        return self.changed(updated_at=now_s)
+        return self._derived({"updated_at": now_s})  # every checkpoint's: no keyword dict, no name check
 
     def upgraded(self, flow: Flow, step_index: int) -> Execution:
         """Moved to ``flow``'s definition (a compatible version), keeping its lineage."""
@@ -354,8 +362,11 @@ class Execution:
 
     def _ran(self, entry: dict[str, Any], **changes: Any) -> Execution:
         """One more run of a step recorded in the history (the newest ``HISTORY_LIMIT`` kept)."""
-        history = [*self.history, entry][-HISTORY_LIMIT:]
-        return self.changed(history=history, steps_run=self.steps_run + 1, **changes)
+        history = [*self.history, entry]
+        if len(history) > HISTORY_LIMIT:
+            del history[:-HISTORY_LIMIT]
+        changes["history"], changes["steps_run"] = history, self.steps_run + 1
+        return self._derived(changes)  # the transitions' own field names: no check
 
     def step_done(
         self,
@@ -451,6 +462,8 @@ class Execution:
 _DOC_FIELDS = tuple(f.name for f in fields(Execution) if f.name != "extra")
 #: Every field's name (``Execution.changed`` refuses any other, as ``dataclasses.replace`` does).
 _FIELD_NAMES = frozenset(f.name for f in fields(Execution))
+#: How many entries an execution's ``__dict__`` holds: one per field.
+_FIELD_COUNT = len(_FIELD_NAMES)
 
 
 def _resume_doc(resume_type: str, data: Any, wait_for: Any) -> dict[str, Any]:

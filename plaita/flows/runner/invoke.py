@@ -75,11 +75,12 @@ def _continued(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, A
                 return stop.value
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
-    """Await a step's coroutine: its first stretch here, the rest (if it waits) as a task of
-    its own (see the module docstring)."""
+def _first_stretch(awaitable: Awaitable[Any]) -> Attempt | asyncio.Future[Attempt]:
+    """A step's coroutine run to its first real wait, here: its ``Attempt`` when it got no
+    further (most steps), else the task running the rest, to await (see the module docstring).
+    A plain function, not a coroutine: a step that never waits costs no coroutine of its own."""
     if not isinstance(awaitable, types.CoroutineType):  # another awaitable: a task from the start
-        return await asyncio.ensure_future(_settle(awaitable))
+        return asyncio.ensure_future(_settle(awaitable))
     context = contextvars.copy_context()
     try:
         yielded = context.run(awaitable.send, None)
@@ -88,7 +89,7 @@ async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
     except BaseException as exc:  # noqa: B036 - the step's own raise: a failed attempt
         return Attempt(raised=exc)
     rest = _settle(_continued(awaitable, yielded))
-    return await asyncio.get_running_loop().create_task(rest, context=context)
+    return asyncio.get_running_loop().create_task(rest, context=context)
 
 
 async def invoke(
@@ -117,7 +118,8 @@ async def invoke(
     value = attempt.value
     if value is None or attempt.raised is not None or not inspect.isawaitable(value):  # None: most steps
         return attempt
-    return await _awaited(value)
+    settled = _first_stretch(value)
+    return settled if isinstance(settled, Attempt) else await settled
 
 
 def run_here(fn: Callable[[Any], Any], ctx: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Attempt:

@@ -98,7 +98,7 @@ class StepCaller:
             attempt = await invoke(
                 step.fn, ctx, on_loop=on_loop, thread_loop=thread_loop, is_async=step.is_async, inline=step.inline
             )
-            return _soft_limit(attempt, limit_s, time.monotonic() - began_s)
+            return attempt if limit_s is None else _soft_limit(attempt, limit_s, time.monotonic() - began_s)
         job = StepJob(step.fn, {name: getattr(ctx, name) for name in _FIELDS} | {"slot_tag": ctx.slot_tag})
         serve = functools.partial(_serve, ctx)
         try:
