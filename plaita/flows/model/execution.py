@@ -105,7 +105,8 @@ class Execution:
         """A new execution of ``flow``, running, at its first step (cancelled past ``deadline_at``):
         what a start task creates; a child's ``parent`` is kept in it, to tell it when it ends."""
         queued = cls.queued(execution_id, flow.flow_id, params, dedup_key=dedup_key, version=None, now_s=now_s)
-        return queued.changed(
+        # Made here and seen by no one yet: completed in place, not copied (one per start).
+        queued.__dict__.update(
             fingerprint=flow.fingerprint,
             version=flow.version,
             versions=flow.lineage(),
@@ -114,6 +115,7 @@ class Execution:
             deadline_at=deadline_at,
             extra={} if parent is None else {"parent": parent},
         )
+        return queued
 
     @classmethod
     def queued(

@@ -157,7 +157,7 @@ class StepLoop:
             params=ex.params,
             state=copy.deepcopy(ex.state) if ex.state else {},  # most steps of most flows: an empty state
             results=ex.results,
-            resume=_resume_of(resume),
+            resume=None if resume is None else _resume_of(resume),
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
             deadline_at=ex.deadline_at,
