@@ -38,7 +38,7 @@ from plaita.flows.runner.events import publisher
 from plaita.flows.runner.invoke import Attempt
 from plaita.flows.runner.stepcall import StepCaller
 from plaita.flows.runner.watch import CancelWatch
-from plaita.store.executions.store import Staged
+from plaita.store.executions.store import TERMINAL, Staged
 from plaita.tasks import CancelFlag
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,13 @@ class StepLoop:
             if run.cancel or run.execution.past_deadline(now_s):  # a cancel, or its deadline passed
                 await self.commit(run, run.execution.cancelled(now_s))
                 return
-            await self._run_step(run, run.flow.steps[run.execution.step_index])
+            step = run.flow.steps[run.execution.step_index]
+            if run.trace is not None:
+                await self._run_step(run, step)
+                continue
+            retry_at_s = await self._attempt(run, step)  # tracing off: no span, no coroutine around the step
+            if retry_at_s is not None:  # a failed attempt to retry
+                await self._pause(run, retry_at_s)
         if run.pending is not None:
             logger.info(
                 "execution %s ended without suspending: resume %s was not needed", run.task.execution_id, run.pending[2]
@@ -110,11 +116,10 @@ class StepLoop:
 
     # -- one step: context, run, transition, checkpoint ------------------------------------
     async def _run_step(self, run: Run, step: Step) -> None:
-        if run.trace is None:
+        """One step in its span (tracing on; ``advance`` runs it without one otherwise)."""
+        assert run.trace is not None
+        with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
             retry_at_s = await self._attempt(run, step)
-        else:
-            with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
-                retry_at_s = await self._attempt(run, step)
         if retry_at_s is not None:  # a failed attempt to retry: wait outside the step's span
             await self._pause(run, retry_at_s)
 
@@ -335,7 +340,8 @@ class StepLoop:
         event = _STATUS_EVENTS.get(written.status)
         if event is not None:
             self._tell("execution_event", run.flow.flow_id, event)
-        await self._ended(run)
+        if written.status in TERMINAL:  # else ``_ended`` has nothing to do: no coroutine per step
+            await self._ended(run)
 
     async def _ended(self, run: Run) -> None:
         """After a checkpoint that ended ``run.execution`` (else nothing): tell its parent (a child)
