@@ -16,7 +16,6 @@ execution next starts at step k.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import threading
@@ -30,7 +29,7 @@ from plaita.flows.model.context import Receiving, Resume, Sleep, Spawn, StepCont
 from plaita.flows.model.definition import Step
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.failures import describe_exception, error_doc, error_from_exception
-from plaita.flows.model.validate import StepOutputError
+from plaita.flows.model.validate import StepOutputError, copied_state
 from plaita.flows.runner.admit import Run
 from plaita.flows.runner.checkpoint import CancelledMeanwhile, Checkpointer
 from plaita.flows.runner.children import Children, needs_ending
@@ -160,7 +159,7 @@ class StepLoop:
             flow_id=run.flow.flow_id,
             step=step.name,
             params=ex.params,
-            state=copy.deepcopy(ex.state) if ex.state else {},  # most steps of most flows: an empty state
+            state=copied_state(ex.state) if ex.state else {},  # most steps of most flows: an empty state
             results=ex.results,
             resume=None if resume is None else _resume_of(resume),
             attempt=ex.attempt + 1,
