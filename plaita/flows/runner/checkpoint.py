@@ -59,21 +59,54 @@ class Checkpointer:
         """Checkpoint ``execution`` stamped ``now_s`` (``sealed``: or the ``error`` one replacing
         it, without the step's writes or deadline): (what was written, cancel requested). A
         suspension keeps its wait's deadline, capped by the whole execution's (the keeper finds
-        both by the same index). Raises as the class says; nothing is written then."""
-        written, text = sealed(execution.stamped(now_s), self.max_state_bytes, step, output=output)
-        if written.status != execution.status:  # replaced: none of the step's writes, no deadline
+        both by the same index). Raises as ``write``; nothing is written then."""
+        wanted = execution.stamped(now_s)
+        written, text = sealed(wanted, self.max_state_bytes, step, output=output)
+        if written.status != wanted.status:  # replaced: none of the step's writes, no deadline
             logger.error("execution %s: %s", task.execution_id, (written.error or {}).get("message"))
             staged, deadline_s = (), None
-        if written.status == "suspended":
-            deadline_s = _suspension_deadline(written, deadline_s)
+        if written.status == "suspended" and deadline_s is None:  # still waiting (a resume kept): its deadline stays
+            deadline_s = (written.suspension or {}).get("deadline")
         if written.inbox:  # resumes kept: logged if no wait can take them now
             inbox.left_over(written)
-        try:  # one call down to the store adapter per checkpoint (no coroutine in between)
+        if written.status == "suspended" and written.deadline_at is not None:
+            deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
+        cancel = await self.write(
+            io,
+            task,
+            text,
+            status=written.status,
+            now_s=written.updated_at,
+            staged=staged,
+            deadline_s=deadline_s,
+            step=step,
+            retention_s=retention_s,
+            after_running=after_running,
+        )
+        return written, cancel
+
+    async def write(
+        self,
+        io: ExecutionIO,
+        task: Task,
+        document: str,
+        *,
+        status: str,
+        now_s: float,
+        staged: Sequence[Staged] = (),
+        deadline_s: float | None = None,
+        step: str | None = None,
+        retention_s: int | None = None,
+        after_running: bool = False,
+    ) -> bool:
+        """Write ``document`` under the task's lease; True when a cancel is requested.
+        ``retention_s``: its flow's (``Flow.retention_s``); None: this checkpointer's default."""
+        try:
             ok, cancel = await io.checkpoint(
                 task,
-                text,
-                status=written.status,
-                now_s=written.updated_at,
+                document,
+                status=status,
+                now_s=now_s,
                 deadline_s=deadline_s,
                 retention_s=self.retention_s if retention_s is None else retention_s,
                 index_keep_s=self.index_keep_s,
@@ -82,30 +115,14 @@ class Checkpointer:
             )
         except StagedWriteRefused as exc:
             raise StepOutputError("StagedWriteRefused", f"step {step!r}: {exc}; nothing was written") from None
-        return written, _accepted(task, ok, cancel)
-
-
-def _suspension_deadline(written: Execution, deadline_s: float | None) -> float | None:
-    """A suspension's deadline: its wait's (or, still waiting with a resume kept, the one it had),
-    capped by the whole execution's (the keeper finds both by the same index)."""
-    if deadline_s is None:
-        deadline_s = (written.suspension or {}).get("deadline")
-    if written.deadline_at is not None:
-        deadline_s = written.deadline_at if deadline_s is None else min(deadline_s, written.deadline_at)
-    return deadline_s
-
-
-def _accepted(task: Task, ok: bool, cancel: bool) -> bool:
-    """A checkpoint call's reply: True when a cancel is requested; CancelledMeanwhile or
-    LeaseLostError when it was refused (nothing was written)."""
-    if not ok and cancel:
-        raise CancelledMeanwhile(f"execution {task.execution_id}: cancelled while its last step ran")
-    if not ok:
-        raise LeaseLostError(
-            f"checkpoint of execution {task.execution_id} refused: lease generation "
-            f"{task.fencing_token} is no longer current"
-        )
-    return bool(cancel)
+        if not ok and cancel:
+            raise CancelledMeanwhile(f"execution {task.execution_id}: cancelled while its last step ran")
+        if not ok:
+            raise LeaseLostError(
+                f"checkpoint of execution {task.execution_id} refused: lease generation "
+                f"{task.fencing_token} is no longer current"
+            )
+        return bool(cancel)
 
 
 def sealed(execution: Execution, max_bytes: int, step: str | None, *, output: bool) -> tuple[Execution, str]:
