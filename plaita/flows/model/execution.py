@@ -134,7 +134,7 @@ class Execution:
         what the start asks for (``version``: the one requested, if any; ``due``: a delayed start's
         (due time in epoch ms, delayed task id), kept as ``waiting`` ``{"for": "due", "until":
         epoch s, "due_ms", "task"}``). A worker's create replaces it with ``start``'s execution."""
-        return cls(
+        return cls._built(
             execution_id=execution_id,
             flow_id=flow_id,
             fingerprint=None,
@@ -157,9 +157,21 @@ class Execution:
             created_at=now_s,
             updated_at=now_s,
             ended_at=None,
+            suspensions=0,
             deadline_at=deadline_at,
+            inbox=[],
             waiting=None if due is None else {"for": "due", "until": due[0] / 1000, "due_ms": due[0], "task": due[1]},
+            extra={},
         )
+
+    @classmethod
+    def _built(cls, **values: Any) -> Execution:
+        """``cls(**values)`` for every field, named in field order, without the frozen class's
+        generated ``__init__`` (one ``object.__setattr__`` per field of 27: every start built one)."""
+        new = object.__new__(cls)
+        new.__dict__.update(values)
+        new.__post_init__()
+        return new
 
     def waiting_for_version(self, version: str, since_s: float, until_s: float, now_s: float) -> Execution:
         """Still ``queued``: its start waits for a live worker of ``version`` until ``until_s``."""
