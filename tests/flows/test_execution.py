@@ -255,7 +255,7 @@ def test_seal_an_error_over_the_limit_is_written_anyway() -> None:
 
 
 def test_queued_and_start_build_what_the_dataclass_init_builds_with_every_field_in_order() -> None:
-    """``queued`` (and ``start`` from it) fill the instance's dict without ``__init__``: the
+    """``queued`` (and ``start`` from it) and ``decode`` fill the instance's dict without ``__init__``: the
     same fields, values and order (``to_doc`` copies that dict in field order)."""
     names = [f.name for f in dataclasses.fields(Execution)]
     queued = Execution.queued("q1", "f", {"p": 1}, dedup_key="k", version="v1", now_s=5.0, due=(7000, "t-1"))
@@ -265,6 +265,8 @@ def test_queued_and_start_build_what_the_dataclass_init_builds_with_every_field_
     flow.step(lambda ctx: None, name="a")
     started = Execution.start("s1", flow, {}, dedup_key=None, now_s=5.0, parent={"id": "p"})
     assert list(started.__dict__) == names and started.status == "running" and started.extra == {"parent": {"id": "p"}}
+    decoded = Execution.decode(json.loads(started.encode()))  # decode fills it the same way
+    assert list(decoded.__dict__) == names and decoded == started and decoded.extra == started.extra
     assert list(started.to_doc()) == [
         n for n in names if n not in ("suspensions", "deadline_at", "inbox", "waiting", "extra")
     ] + ["parent"]

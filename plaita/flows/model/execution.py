@@ -199,7 +199,7 @@ class Execution:
     def _decode(cls, doc: dict[str, Any]) -> Execution:
         known = {f.name for f in fields(cls)} - {"extra"}
         versions = doc.get("versions")
-        return cls(
+        return cls._built(  # every field, in order
             execution_id=str(doc.get("execution_id")),
             flow_id=str(doc.get("flow_id")),
             fingerprint=doc.get("fingerprint"),

@@ -29,13 +29,13 @@ import contextvars
 import inspect
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """What one run of a step gave: its value, or what it raised."""
+class Attempt(NamedTuple):
+    """What one run of a step gave: its value, or what it raised. Immutable; a named tuple, not
+    a frozen dataclass, whose ``__init__`` costs an ``object.__setattr__`` per field (every step
+    makes one or two)."""
 
     value: Any = None
     raised: BaseException | None = None
