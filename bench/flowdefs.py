@@ -103,3 +103,25 @@ async def c_async(ctx: StepContext) -> None:
 
 
 FLOWS += [noop3_async]
+
+
+# -- the same 3-step no-op flow with sync steps run on the loop (``inline=True``: no thread hop) --
+noop3_inline = Flow("bench-noop3-inline")
+
+
+@noop3_inline.step(inline=True)
+def a_inline(ctx: StepContext) -> None:
+    pass
+
+
+@noop3_inline.step(inline=True)
+def b_inline(ctx: StepContext) -> None:
+    pass
+
+
+@noop3_inline.step(inline=True)
+def c_inline(ctx: StepContext) -> None:
+    pass
+
+
+FLOWS += [noop3_inline]

@@ -9,7 +9,10 @@ as many, and the difference of their instruction counts per step: interpreter st
 imports cancel out. What it leaves out is what a server costs: the store adapter's call and the
 loop connection (``bench.flowcurve`` measures those, in µs).
 
-    python -m bench.flowsteps_ir --baseline /tmp/flowbase [--executions 200] [--steps async,sync]
+    python -m bench.flowsteps_ir --baseline /tmp/flowbase [--executions 200] [--steps async,sync,inline]
+
+``inline``: the sync flow with ``@flow.step(inline=True)`` steps (``bench.flowdefs.noop3_inline``),
+against the baseline's plain sync flow when the baseline has no such flow.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ DRIVER = """
 import asyncio, sys
 from tests.flows.memory import MemoryRunner, start
 import bench.flowdefs as defs
-flow = defs.noop3_async if sys.argv[2] == "async" else defs.noop3
+# inline: the sync flow with ``inline=True`` steps; a tree without it (a baseline) runs the plain sync flow
+name = {"async": "noop3_async", "sync": "noop3", "inline": "noop3_inline"}[sys.argv[2]]
+flow = getattr(defs, name, defs.noop3)
 runner = MemoryRunner([flow])
 tasks = [runner.task(start(f"e{i}", flow.flow_id)) for i in range(int(sys.argv[1]))]
 async def main():
@@ -62,7 +67,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline", type=Path, required=True, help="a checkout of the plaita to compare with")
     p.add_argument("--executions", type=int, default=200, help="executions of the smaller run (default 200)")
-    p.add_argument("--steps", default="async,sync", help="async, sync or both (default async,sync)")
+    p.add_argument("--steps", default="async,sync", help="async, sync, inline, comma-separated (default async,sync)")
     args = p.parse_args()
     print("| steps | instructions/step | baseline instructions/step | ratio |")
     print("|---|---|---|---|")

@@ -252,3 +252,21 @@ def test_seal_an_error_over_the_limit_is_written_anyway() -> None:
     ex = new(blob="x" * 5000).failed("one", 1, 0.0, 1.0, "x", error_doc("one", "Boom", "x"))
     written, text = sealed(ex, 2000, "one", output=False)
     assert written is ex and len(text) > 2000, "the record of the failure is not replaced"
+
+
+def test_queued_and_start_build_what_the_dataclass_init_builds_with_every_field_in_order() -> None:
+    """``queued`` (and ``start`` from it) and ``decode`` fill the instance's dict without ``__init__``: the
+    same fields, values and order (``to_doc`` copies that dict in field order)."""
+    names = [f.name for f in dataclasses.fields(Execution)]
+    queued = Execution.queued("q1", "f", {"p": 1}, dedup_key="k", version="v1", now_s=5.0, due=(7000, "t-1"))
+    assert list(queued.__dict__) == names
+    assert queued == Execution(**{n: getattr(queued, n) for n in names}) and queued.extra == {}
+    flow = Flow("f")
+    flow.step(lambda ctx: None, name="a")
+    started = Execution.start("s1", flow, {}, dedup_key=None, now_s=5.0, parent={"id": "p"})
+    assert list(started.__dict__) == names and started.status == "running" and started.extra == {"parent": {"id": "p"}}
+    decoded = Execution.decode(json.loads(started.encode()))  # decode fills it the same way
+    assert list(decoded.__dict__) == names and decoded == started and decoded.extra == started.extra
+    assert list(started.to_doc()) == [
+        n for n in names if n not in ("suspensions", "deadline_at", "inbox", "waiting", "extra")
+    ] + ["parent"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -80,6 +81,13 @@ class Step:
     #: Seconds one attempt may run (None: the worker's ``--step-time-limit-s``, if any). Hard in
     #: ``--pool process`` (the child is killed), soft in threads (the result is discarded).
     time_limit_s: float | None = None
+    #: A sync step run on the worker's event loop itself, not on a thread (``Flow.step``'s ``inline``).
+    inline: bool = False
+    #: ``fn`` is an ``async def`` (asked once here, not at every run of the step).
+    is_async: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
 
 
 def check_time_limit_s(value: Any, where: str) -> float | None:
@@ -225,6 +233,7 @@ class Flow:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         time_limit_s: float | None = None,
+        inline: bool = False,
         **policy: Any,
     ) -> Callable[[StepFn], StepFn]: ...
 
@@ -236,18 +245,43 @@ class Flow:
         name: str | None = None,
         retry: RetryPolicy | None = None,
         time_limit_s: float | None = None,
+        inline: bool = False,
         **policy: Any,
     ) -> StepFn | Callable[[StepFn], StepFn]:
-        """Append a step (decorator, bare or with ``name=``, ``retry=``, ``time_limit_s=`` or
-        RetryPolicy fields)."""
-        limit_s = check_time_limit_s(time_limit_s, f"flow {self.flow_id!r}")
+        """Append a step (decorator, bare or with ``name=``, ``retry=``, ``time_limit_s=``,
+        ``inline=`` or RetryPolicy fields).
+
+        ``inline=True`` (sync steps only): the step runs on the worker's event loop itself
+        instead of on a thread, which saves the thread hop (most of what a sync step costs the
+        worker beyond an ``async def`` one). Only for plain, short functions that never block
+        (no I/O, no sleep, no lock, no long computation): while an inline step runs, every other
+        execution of that worker waits, its lease renewals and reads too. It keeps everything
+        else of a sync step: what it raises is a failed attempt (its retry policy), it runs in a
+        copy of the context (its contextvars do not leak), ``ctx.cancelled`` is set as usual.
+        With ``--pool process`` it runs in a child like any step; a worker running flows on
+        handler threads calls it there, as any sync step. Refused with ``time_limit_s``
+        (ConfigError): nothing can interrupt a step on the loop, so a step that needs a limit
+        is not one to run inline."""
+        where = f"flow {self.flow_id!r}"
+        limit_s = check_time_limit_s(time_limit_s, where)
+        if inline and limit_s is not None:
+            raise ConfigError(
+                f"{where}: inline=True cannot take time_limit_s: an inline step runs on the worker's event "
+                "loop, where nothing can interrupt it; run a step that needs a time limit on a thread "
+                "(without inline) or in --pool process"
+            )
 
         def add(f: StepFn) -> StepFn:
             step_name = name or getattr(f, "__name__", "")
             if not step_name or step_name in self.step_names:
-                raise ConfigError(f"flow {self.flow_id!r}: step name {step_name!r} is empty or used twice")
+                raise ConfigError(f"{where}: step name {step_name!r} is empty or used twice")
+            if inline and inspect.iscoroutinefunction(f):
+                raise ConfigError(
+                    f"{where}: step {step_name!r}: inline=True is for sync steps "
+                    "(an async def step runs on the loop already)"
+                )
             chosen = retry or (_replace(self.retry, policy) if policy else self.retry)
-            self.steps.append(Step(step_name, f, chosen, limit_s))
+            self.steps.append(Step(step_name, f, chosen, limit_s, inline=bool(inline)))
             return f
 
         return add(fn) if fn is not None else add

@@ -105,7 +105,8 @@ class Execution:
         """A new execution of ``flow``, running, at its first step (cancelled past ``deadline_at``):
         what a start task creates; a child's ``parent`` is kept in it, to tell it when it ends."""
         queued = cls.queued(execution_id, flow.flow_id, params, dedup_key=dedup_key, version=None, now_s=now_s)
-        return queued.changed(
+        # Made here and seen by no one yet: completed in place, not copied (one per start).
+        queued.__dict__.update(
             fingerprint=flow.fingerprint,
             version=flow.version,
             versions=flow.lineage(),
@@ -114,6 +115,7 @@ class Execution:
             deadline_at=deadline_at,
             extra={} if parent is None else {"parent": parent},
         )
+        return queued
 
     @classmethod
     def queued(
@@ -132,7 +134,7 @@ class Execution:
         what the start asks for (``version``: the one requested, if any; ``due``: a delayed start's
         (due time in epoch ms, delayed task id), kept as ``waiting`` ``{"for": "due", "until":
         epoch s, "due_ms", "task"}``). A worker's create replaces it with ``start``'s execution."""
-        return cls(
+        return cls._built(
             execution_id=execution_id,
             flow_id=flow_id,
             fingerprint=None,
@@ -155,9 +157,21 @@ class Execution:
             created_at=now_s,
             updated_at=now_s,
             ended_at=None,
+            suspensions=0,
             deadline_at=deadline_at,
+            inbox=[],
             waiting=None if due is None else {"for": "due", "until": due[0] / 1000, "due_ms": due[0], "task": due[1]},
+            extra={},
         )
+
+    @classmethod
+    def _built(cls, **values: Any) -> Execution:
+        """``cls(**values)`` for every field, named in field order, without the frozen class's
+        generated ``__init__`` (one ``object.__setattr__`` per field of 27: every start built one)."""
+        new = object.__new__(cls)
+        new.__dict__.update(values)
+        new.__post_init__()
+        return new
 
     def waiting_for_version(self, version: str, since_s: float, until_s: float, now_s: float) -> Execution:
         """Still ``queued``: its start waits for a live worker of ``version`` until ``until_s``."""
@@ -185,7 +199,7 @@ class Execution:
     def _decode(cls, doc: dict[str, Any]) -> Execution:
         known = {f.name for f in fields(cls)} - {"extra"}
         versions = doc.get("versions")
-        return cls(
+        return cls._built(  # every field, in order
             execution_id=str(doc.get("execution_id")),
             flow_id=str(doc.get("flow_id")),
             fingerprint=doc.get("fingerprint"),
@@ -224,6 +238,10 @@ class Execution:
         if not _FIELD_NAMES.issuperset(changes):
             unknown = sorted(set(changes) - _FIELD_NAMES)
             raise TypeError(f"Execution has no field {unknown[0]!r}")
+        return self._derived(changes)
+
+    def _derived(self, changes: dict[str, Any]) -> Execution:
+        """``changed`` for names known to be fields (this module's transitions)."""
         new = object.__new__(type(self))
         values = new.__dict__
         values.update(self.__dict__)
@@ -235,7 +253,11 @@ class Execution:
     def to_doc(self) -> dict[str, Any]:
         """The stored document (a new dict; its values are this execution's own)."""
         values = self.__dict__
-        doc = {name: values[name] for name in _DOC_FIELDS}
+        if len(values) == _FIELD_COUNT:  # every field, in order (``__init__``, ``changed``): one copy
+            doc = values.copy()
+            del doc["extra"]
+        else:
+            doc = {name: values[name] for name in _DOC_FIELDS}
         for name, absent in _ABSENT.items():
             if doc[name] == absent:
                 del doc[name]
@@ -264,7 +286,7 @@ class Execution:
 
     # -- transitions (each returns the next execution) -------------------------------------
     def stamped(self, now_s: float) -> Execution:
-        return self.changed(updated_at=now_s)
+        return self._derived({"updated_at": now_s})  # every checkpoint's: no keyword dict, no name check
 
     def upgraded(self, flow: Flow, step_index: int) -> Execution:
         """Moved to ``flow``'s definition (a compatible version), keeping its lineage."""
@@ -354,8 +376,11 @@ class Execution:
 
     def _ran(self, entry: dict[str, Any], **changes: Any) -> Execution:
         """One more run of a step recorded in the history (the newest ``HISTORY_LIMIT`` kept)."""
-        history = [*self.history, entry][-HISTORY_LIMIT:]
-        return self.changed(history=history, steps_run=self.steps_run + 1, **changes)
+        history = [*self.history, entry]
+        if len(history) > HISTORY_LIMIT:
+            del history[:-HISTORY_LIMIT]
+        changes["history"], changes["steps_run"] = history, self.steps_run + 1
+        return self._derived(changes)  # the transitions' own field names: no check
 
     def step_done(
         self,
@@ -451,6 +476,8 @@ class Execution:
 _DOC_FIELDS = tuple(f.name for f in fields(Execution) if f.name != "extra")
 #: Every field's name (``Execution.changed`` refuses any other, as ``dataclasses.replace`` does).
 _FIELD_NAMES = frozenset(f.name for f in fields(Execution))
+#: How many entries an execution's ``__dict__`` holds: one per field.
+_FIELD_COUNT = len(_FIELD_NAMES)
 
 
 def _resume_doc(resume_type: str, data: Any, wait_for: Any) -> dict[str, Any]:

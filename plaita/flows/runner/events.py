@@ -45,11 +45,18 @@ def record_json(name: Any, value: Any, step: str, now_s: float) -> str:
     return dumps({"value": value, "at": now_s, "step": step})
 
 
-def publisher(store: EventWriter, task: Task, step: str, clock: Callable[[], float] = wall_s) -> Publisher:
-    """What ``ctx.publish`` of ``step`` calls: one fenced write under the task's lease."""
+class _Publish:
+    """What ``ctx.publish`` of a step calls (``publisher``): one object per step, built for every
+    step whether it publishes or not, so a slotted instance rather than a closure (no cells)."""
 
-    def publish(name: str, value: Any) -> None:
-        text = record_json(name, value, step, clock())
+    __slots__ = ("_clock", "_step", "_store", "_task")
+
+    def __init__(self, store: EventWriter, task: Task, step: str, clock: Callable[[], float]) -> None:
+        self._store, self._task, self._step, self._clock = store, task, step, clock
+
+    def __call__(self, name: str, value: Any) -> None:
+        store, task = self._store, self._task
+        text = record_json(name, value, self._step, self._clock())
         code = store.publish_event(task.execution_id, task.fencing_token, name, text, MAX_EVENTS)
         if code == 0:
             raise LeaseLostError(f"publish of event {name!r} refused: execution {task.execution_id} has a newer lease")
@@ -59,4 +66,7 @@ def publisher(store: EventWriter, task: Task, step: str, clock: Callable[[], flo
             key = store.events_key(task.execution_id)
             raise ValueError(f"event {name!r}: {key} holds another type than a hash")
 
-    return publish
+
+def publisher(store: EventWriter, task: Task, step: str, clock: Callable[[], float] = wall_s) -> Publisher:
+    """What ``ctx.publish`` of ``step`` calls: one fenced write under the task's lease."""
+    return _Publish(store, task, step, clock)

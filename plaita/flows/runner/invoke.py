@@ -13,6 +13,9 @@ so it has to reach the runner as data, whatever Python does with it on the way:
 - ``KeyboardInterrupt`` and ``SystemExit`` leaving a task's root would also stop the event loop
   running every other execution; the same root catches them.
 
+A sync step declared ``inline`` (``Flow.step(inline=True)``) is called on the loop itself, in a
+copy of the context as ``asyncio.to_thread`` would run it: no thread hop, the same ``Attempt``.
+
 An ``async def`` step's first stretch (up to its first real wait) runs at once, in a context of
 its own as a task would: nothing can be thrown into code that has not awaited yet. Only a step
 that does wait goes on in a task of its own, from where it stopped; a step that never waits
@@ -26,13 +29,13 @@ import contextvars
 import inspect
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True)
-class Attempt:
-    """What one run of a step gave: its value, or what it raised."""
+class Attempt(NamedTuple):
+    """What one run of a step gave: its value, or what it raised. Immutable; a named tuple, not
+    a frozen dataclass, whose ``__init__`` costs an ``object.__setattr__`` per field (every step
+    makes one or two)."""
 
     value: Any = None
     raised: BaseException | None = None
@@ -72,11 +75,12 @@ def _continued(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, A
                 return stop.value
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
-    """Await a step's coroutine: its first stretch here, the rest (if it waits) as a task of
-    its own (see the module docstring)."""
+def _first_stretch(awaitable: Awaitable[Any]) -> Attempt | asyncio.Future[Attempt]:
+    """A step's coroutine run to its first real wait, here: its ``Attempt`` when it got no
+    further (most steps), else the task running the rest, to await (see the module docstring).
+    A plain function, not a coroutine: a step that never waits costs no coroutine of its own."""
     if not isinstance(awaitable, types.CoroutineType):  # another awaitable: a task from the start
-        return await asyncio.ensure_future(_settle(awaitable))
+        return asyncio.ensure_future(_settle(awaitable))
     context = contextvars.copy_context()
     try:
         yielded = context.run(awaitable.send, None)
@@ -85,23 +89,37 @@ async def _awaited(awaitable: Awaitable[Any]) -> Attempt:
     except BaseException as exc:  # noqa: B036 - the step's own raise: a failed attempt
         return Attempt(raised=exc)
     rest = _settle(_continued(awaitable, yielded))
-    return await asyncio.get_running_loop().create_task(rest, context=context)
+    return asyncio.get_running_loop().create_task(rest, context=context)
 
 
 async def invoke(
-    fn: Callable[[Any], Any], ctx: Any, *, on_loop: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
+    fn: Callable[[Any], Any],
+    ctx: Any,
+    *,
+    on_loop: bool,
+    thread_loop: Callable[[], asyncio.AbstractEventLoop],
+    is_async: bool | None = None,
+    inline: bool = False,
 ) -> Attempt:
-    """Run step ``fn`` once. ``on_loop``: on the caller's loop, sync steps on a thread; otherwise
-    on this thread, an ``async def`` step on ``thread_loop()`` (no loop runs here)."""
+    """Run step ``fn`` once. ``on_loop``: on the caller's loop, sync steps on a thread (on the
+    loop itself when ``inline``); otherwise on this thread, an ``async def`` step on
+    ``thread_loop()`` (no loop runs here). ``is_async``: whether ``fn`` is an ``async def``
+    (``Step.is_async``; None: asked here)."""
     if not on_loop:
         return run_here(fn, ctx, thread_loop)
-    if inspect.iscoroutinefunction(fn):
+    if is_async is None:
+        is_async = inspect.iscoroutinefunction(fn)
+    if is_async:
         attempt = call(fn, ctx)
+    elif inline:  # a short, non-blocking sync step: on the loop, in a context of its own as on a thread
+        attempt = contextvars.copy_context().run(call, fn, ctx)
     else:
         attempt = await asyncio.to_thread(call, fn, ctx)
-    if attempt.raised is not None or not inspect.isawaitable(attempt.value):
+    value = attempt.value
+    if value is None or attempt.raised is not None or not inspect.isawaitable(value):  # None: most steps
         return attempt
-    return await _awaited(attempt.value)
+    settled = _first_stretch(value)
+    return settled if isinstance(settled, Attempt) else await settled
 
 
 def run_here(fn: Callable[[Any], Any], ctx: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Attempt:

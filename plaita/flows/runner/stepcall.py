@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,14 +88,25 @@ class StepCaller:
         child is killed at its limit instead, and a cancel there would be a ``StepCancelled``)."""
         return self.limit_of(step) if self.pool is None else None
 
-    async def call(
+    def call(
+        self, step: Step, ctx: StepContext, *, on_loop: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
+    ) -> Awaitable[Attempt]:
+        """Run ``step`` once with ``ctx`` (to await); whatever it raised comes back in the ``Attempt``."""
+        if self.pool is None and self.limit_of(step) is None:  # most steps: ``invoke`` itself, no coroutine around it
+            return invoke(
+                step.fn, ctx, on_loop=on_loop, thread_loop=thread_loop, is_async=step.is_async, inline=step.inline
+            )
+        return self._call(step, ctx, on_loop=on_loop, thread_loop=thread_loop)
+
+    async def _call(
         self, step: Step, ctx: StepContext, *, on_loop: bool, thread_loop: Callable[[], asyncio.AbstractEventLoop]
     ) -> Attempt:
-        """Run ``step`` once with ``ctx``; whatever it raised comes back in the ``Attempt``."""
         limit_s = self.limit_of(step)
         if self.pool is None:
             began_s = time.monotonic()
-            attempt = await invoke(step.fn, ctx, on_loop=on_loop, thread_loop=thread_loop)
+            attempt = await invoke(
+                step.fn, ctx, on_loop=on_loop, thread_loop=thread_loop, is_async=step.is_async, inline=step.inline
+            )
             return _soft_limit(attempt, limit_s, time.monotonic() - began_s)
         job = StepJob(step.fn, {name: getattr(ctx, name) for name in _FIELDS} | {"slot_tag": ctx.slot_tag})
         serve = functools.partial(_serve, ctx)

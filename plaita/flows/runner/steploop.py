@@ -16,7 +16,6 @@ execution next starts at step k.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import threading
@@ -30,7 +29,7 @@ from plaita.flows.model.context import Receiving, Resume, Sleep, Spawn, StepCont
 from plaita.flows.model.definition import Step
 from plaita.flows.model.execution import Execution
 from plaita.flows.model.failures import describe_exception, error_doc, error_from_exception
-from plaita.flows.model.validate import StepOutputError
+from plaita.flows.model.validate import StepOutputError, copied_state
 from plaita.flows.runner.admit import Run
 from plaita.flows.runner.checkpoint import CancelledMeanwhile, Checkpointer
 from plaita.flows.runner.children import Children, needs_ending
@@ -38,7 +37,7 @@ from plaita.flows.runner.events import publisher
 from plaita.flows.runner.invoke import Attempt
 from plaita.flows.runner.stepcall import StepCaller
 from plaita.flows.runner.watch import CancelWatch
-from plaita.store.executions.store import Staged
+from plaita.store.executions.store import TERMINAL, Staged
 from plaita.tasks import CancelFlag
 
 logger = logging.getLogger(__name__)
@@ -102,7 +101,13 @@ class StepLoop:
             if run.cancel or run.execution.past_deadline(now_s):  # a cancel, or its deadline passed
                 await self.commit(run, run.execution.cancelled(now_s))
                 return
-            await self._run_step(run, run.flow.steps[run.execution.step_index])
+            step = run.flow.steps[run.execution.step_index]
+            if run.trace is not None:
+                await self._run_step(run, step)
+                continue
+            retry_at_s = await self._attempt(run, step)  # tracing off: no span, no coroutine around the step
+            if retry_at_s is not None:  # a failed attempt to retry
+                await self._pause(run, retry_at_s)
         if run.pending is not None:
             logger.info(
                 "execution %s ended without suspending: resume %s was not needed", run.task.execution_id, run.pending[2]
@@ -110,11 +115,10 @@ class StepLoop:
 
     # -- one step: context, run, transition, checkpoint ------------------------------------
     async def _run_step(self, run: Run, step: Step) -> None:
-        if run.trace is None:
+        """One step in its span (tracing on; ``advance`` runs it without one otherwise)."""
+        assert run.trace is not None
+        with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
             retry_at_s = await self._attempt(run, step)
-        else:
-            with run.trace.step(run.flow.flow_id, step.name, run.execution.attempt + 1):
-                retry_at_s = await self._attempt(run, step)
         if retry_at_s is not None:  # a failed attempt to retry: wait outside the step's span
             await self._pause(run, retry_at_s)
 
@@ -155,9 +159,9 @@ class StepLoop:
             flow_id=run.flow.flow_id,
             step=step.name,
             params=ex.params,
-            state=copy.deepcopy(ex.state) if ex.state else {},  # most steps of most flows: an empty state
+            state=copied_state(ex.state) if ex.state else {},  # most steps of most flows: an empty state
             results=ex.results,
-            resume=_resume_of(resume),
+            resume=None if resume is None else _resume_of(resume),
             attempt=ex.attempt + 1,
             cancel=CancelFlag(),
             deadline_at=ex.deadline_at,
@@ -335,7 +339,8 @@ class StepLoop:
         event = _STATUS_EVENTS.get(written.status)
         if event is not None:
             self._tell("execution_event", run.flow.flow_id, event)
-        await self._ended(run)
+        if written.status in TERMINAL:  # else ``_ended`` has nothing to do: no coroutine per step
+            await self._ended(run)
 
     async def _ended(self, run: Run) -> None:
         """After a checkpoint that ended ``run.execution`` (else nothing): tell its parent (a child)
