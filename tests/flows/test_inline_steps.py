@@ -121,4 +121,10 @@ def test_inline_with_a_time_limit_or_on_an_async_step_is_refused() -> None:
         async def coroutine(ctx: StepContext) -> None:
             pass
 
+    with pytest.raises(ConfigError, match="inline takes True or False, not 'no'"):
+
+        @flow.step(inline="no")  # type: ignore[call-overload]
+        def truthy(ctx: StepContext) -> None:
+            pass
+
     assert flow.steps == []

@@ -264,6 +264,8 @@ class Flow:
         is not one to run inline."""
         where = f"flow {self.flow_id!r}"
         limit_s = check_time_limit_s(time_limit_s, where)
+        if not isinstance(inline, bool):
+            raise ConfigError(f"{where}: inline takes True or False, not {inline!r}")
         if inline and limit_s is not None:
             raise ConfigError(
                 f"{where}: inline=True cannot take time_limit_s: an inline step runs on the worker's event "
@@ -281,7 +283,7 @@ class Flow:
                     "(an async def step runs on the loop already)"
                 )
             chosen = retry or (_replace(self.retry, policy) if policy else self.retry)
-            self.steps.append(Step(step_name, f, chosen, limit_s, inline=bool(inline)))
+            self.steps.append(Step(step_name, f, chosen, limit_s, inline=inline))
             return f
 
         return add(fn) if fn is not None else add
