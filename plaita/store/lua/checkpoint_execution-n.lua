@@ -68,6 +68,8 @@ end
 local function wrong_index(key)
   return {3, key, 'holds a ' .. kind(key) .. ', not a sorted set'}
 end
+-- ARGV[4] and a score as numbers: `+ 0` (Lua's one parse), not tonumber (which parses twice,
+-- glibc's slow path for 17 digits), once the index ZADD took ARGV[4] as a score: the same value.
 -- Record ``keep`` (seconds; 0 for ever) as used now and return the longest keep still owed: one
 -- a writer used less than that long ago (entries it wrote may be younger than it). Others are
 -- dropped. pcall: a wrong-typed keeps key leaves the trim to ``keep`` (this runs after the writes).
@@ -78,7 +80,7 @@ local function longest_keep(key, keep, now)
   local seen = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
   if type(seen) ~= 'table' or seen.err then return keep end
   for i = 1, #seen, 2 do
-    local k, at = tonumber(seen[i]), tonumber(seen[i + 1])
+    local k, at = tonumber(seen[i]), seen[i + 1] + 0  -- a score Redis printed: a number
     if k == 0 then keep = 0
     elseif at > now - k then
       if keep > 0 and k > keep then keep = k end
@@ -106,11 +108,11 @@ if ARGV[6] ~= '' then redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
 else redis.pcall('ZREM', KEYS[5], ARGV[5]) end
 local keep = tonumber(ARGV[9 + 4 * n] or retention)
 if #KEYS > 11 + n then  -- terminal (kept for ever too): record this keep, trim by the longest owed
-  local now = tonumber(ARGV[4])
+  local now = ARGV[4] + 0
   keep = longest_keep(KEYS[12 + n], keep, now)
   if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', now - keep)) end
 elseif retention > 0 and keep > 0 then
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', tonumber(ARGV[4]) - keep))
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', ARGV[4] - keep))
 end
 -- Numbers go to Redis as strings made here ('%d') or as they came (ARGV): a Lua number passed
 -- to redis.call is printed with '%.17g' by Redis 7.0, a slow path of printf for every one.
