@@ -261,20 +261,55 @@ def test_create_records_the_dedup_key_with_its_ttl(client: redis.Redis) -> None:
     assert FLAG_TTL_S - 60 < ttl_s <= FLAG_TTL_S
 
 
-@pytest.mark.parametrize("target", ["state", "running-index", "dedup"])
+CREATE_KEYS = {
+    "state": DEFAULT.execution_key("k1"),
+    "running-index": DEFAULT.status_key(0, "running"),
+    "queued-index": DEFAULT.status_key(0, "queued"),
+    "error-index": DEFAULT.status_key(0, "error"),
+    "dedup": DEFAULT.dedup_key(0, "order-2"),
+}
+
+
+@pytest.mark.parametrize("target", list(CREATE_KEYS))
 def test_create_with_a_wrong_typed_key_writes_nothing(client: redis.Redis, target: str) -> None:
-    key = {
-        "state": DEFAULT.execution_key("k1"),
-        "running-index": DEFAULT.status_key(0, "running"),
-        "dedup": DEFAULT.dedup_key(0, "order-2"),
-    }[target]
+    key = CREATE_KEYS[target]
     client.hset(key, "f", "v")
-    keys = [DEFAULT.execution_key("k1"), DEFAULT.status_key(0, "running"), DEFAULT.dedup_key(0, "order-2")]
+    keys = list(CREATE_KEYS.values())
     before = snapshot(client, keys)
     with pytest.raises(ExecutionKeyError, match="wrong type") as caught:
         _create(client, "k1", "order-2")
     assert caught.value.key == key
     assert snapshot(client, keys) == before
+
+
+@pytest.mark.parametrize("other", ["existing-state", "dedup-taken", "queued-index-wrong"])
+def test_a_wrong_typed_running_index_is_named_before_any_later_refusal(client: redis.Redis, other: str) -> None:
+    """The keys are checked in order: a wrong-typed running index is the reply even when the
+    execution exists, its dedup key names another one, or a later key is wrong-typed too."""
+    running = DEFAULT.status_key(0, "running")
+    client.hset(running, "f", "v")
+    if other == "existing-state":
+        client.set(DEFAULT.execution_key("k1"), json.dumps({"status": "completed"}))
+    elif other == "dedup-taken":
+        client.set(DEFAULT.dedup_key(0, "order-2"), "another")
+    else:
+        client.hset(DEFAULT.status_key(0, "queued"), "f", "v")
+    keys = list(CREATE_KEYS.values())
+    before = snapshot(client, keys)
+    with pytest.raises(ExecutionKeyError, match="wrong type") as caught:
+        _create(client, "k1", "order-2")
+    assert caught.value.key == running
+    assert snapshot(client, keys) == before
+
+
+def test_create_takes_a_queued_record_out_of_the_queued_and_error_indexes(client: redis.Redis) -> None:
+    client.set(DEFAULT.execution_key("k3"), json.dumps({"status": "queued"}))
+    for status in ("queued", "error"):
+        client.zadd(DEFAULT.status_key(0, status), {"k3": 1.5, "other": 2.5})
+    assert _create(client, "k3", None) == 1
+    for status in ("queued", "error"):
+        assert client.zrange(DEFAULT.status_key(0, status), 0, -1) == [b"other"]
+    assert client.zscore(DEFAULT.status_key(0, "running"), "k3") is not None
 
 
 def test_a_fenced_out_create_writes_nothing(client: redis.Redis) -> None:

@@ -68,15 +68,19 @@ end
 local function wrong_index(key)
   return {3, key, 'holds a ' .. kind(key) .. ', not a sorted set'}
 end
+-- ARGV[4] and a score as numbers: `+ 0` (Lua's one parse), not tonumber (which parses twice,
+-- glibc's slow path for 17 digits), once the index ZADD took ARGV[4] as a score: the same value.
 -- Record ``keep`` (seconds; 0 for ever) as used now and return the longest keep still owed: one
 -- a writer used less than that long ago (entries it wrote may be younger than it). Others are
 -- dropped. pcall: a wrong-typed keeps key leaves the trim to ``keep`` (this runs after the writes).
+-- ``now`` is ARGV[4] as a number, and the score sent is ARGV[4] itself: the same double, without
+-- Redis printing the number back ('%.17g').
 local function longest_keep(key, keep, now)
-  redis.pcall('ZADD', key, now, string.format('%d', keep))
+  redis.pcall('ZADD', key, ARGV[4], string.format('%d', keep))
   local seen = redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES')
   if type(seen) ~= 'table' or seen.err then return keep end
   for i = 1, #seen, 2 do
-    local k, at = tonumber(seen[i]), tonumber(seen[i + 1])
+    local k, at = tonumber(seen[i]), seen[i + 1] + 0  -- a score Redis printed: a number
     if k == 0 then keep = 0
     elseif at > now - k then
       if keep > 0 and k > keep then keep = k end
@@ -89,7 +93,10 @@ for i = 1, n do
   local why = refusal(KEYS[10 + i], ARGV[4 * i + 8])
   if why then return {2, KEYS[10 + i], why} end
 end
-if ARGV[6] ~= '' and kind(KEYS[5]) ~= 'zset' and kind(KEYS[5]) ~= 'none' then return wrong_index(KEYS[5]) end
+if ARGV[6] ~= '' then
+  local t = kind(KEYS[5])
+  if t ~= 'zset' and t ~= 'none' then return wrong_index(KEYS[5]) end
+end
 local retention = tonumber(ARGV[7])
 local index = KEYS[5 + status]
 if type(redis.pcall('ZADD', index, ARGV[4], ARGV[5])) == 'table' then return wrong_index(index) end
@@ -101,16 +108,19 @@ if ARGV[6] ~= '' then redis.call('ZADD', KEYS[5], ARGV[6], ARGV[5])
 else redis.pcall('ZREM', KEYS[5], ARGV[5]) end
 local keep = tonumber(ARGV[9 + 4 * n] or retention)
 if #KEYS > 11 + n then  -- terminal (kept for ever too): record this keep, trim by the longest owed
-  keep = longest_keep(KEYS[12 + n], keep, tonumber(ARGV[4]))
-  if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', tonumber(ARGV[4]) - keep)) end
+  local now = ARGV[4] + 0
+  keep = longest_keep(KEYS[12 + n], keep, now)
+  if keep > 0 then redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', now - keep)) end
 elseif retention > 0 and keep > 0 then
-  redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', tonumber(ARGV[4]) - keep))
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', string.format('%d', ARGV[4] - keep))
 end
 -- Numbers go to Redis as strings made here ('%d') or as they came (ARGV): a Lua number passed
 -- to redis.call is printed with '%.17g' by Redis 7.0, a slow path of printf for every one.
+-- The cancel flag is known absent after a `completed` write (checked above; nothing since wrote
+-- it), so neither its DEL nor, without staged writes (any key), the EXISTS of the reply is sent.
 if retention > 0 then
   redis.call('EXPIRE', KEYS[3], ARGV[7])
-  redis.call('DEL', KEYS[4])
+  if status ~= 3 then redis.call('DEL', KEYS[4]) end
   if #KEYS > 10 + n then redis.call('EXPIRE', KEYS[11 + n], ARGV[7]) end
 end
 for i = 1, n do
@@ -120,4 +130,5 @@ for i = 1, n do
   else redis.call('RPUSH', key, value) end
   if tonumber(ttl) > 0 then redis.call('EXPIRE', key, ttl) end
 end
+if n == 0 and (retention > 0 or status == 3) then return {1, 0} end
 return {1, redis.call('EXISTS', KEYS[4])}

@@ -23,29 +23,43 @@
 --          written)
 --- @include "fence"
 if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return {0, '', 0} end
-local function kind(key) return redis.call('TYPE', key).ok end
 local cancel = redis.call('EXISTS', KEYS[5])
-local want = {[3] = 'string', [4] = 'zset', [6] = 'zset', [7] = 'zset', [8] = 'string'}
-for i = 3, #KEYS do
-  local t = kind(KEYS[i])
-  if want[i] and t ~= 'none' and t ~= want[i] then return {4, KEYS[i], cancel} end
+-- Each key's type is checked by a read the script needs anyway (GET, ZSCORE: a wrong-typed key
+-- fails it, pcall turns that into the reply), not by a TYPE each: half the commands. The order
+-- of the replies stays that of the keys (3, 4, 6, 7, 8); the running index (4) is checked by the
+-- first write, a ZADD that fails alone, or by TYPE when another reply is due.
+local existing = redis.pcall('GET', KEYS[3])
+if type(existing) == 'table' then return {4, KEYS[3], cancel} end
+-- Whether each index (queued, error) holds this execution: only then is it removed from it.
+local listed = {}
+local reply = nil
+for i = 6, 7 do
+  local score = redis.pcall('ZSCORE', KEYS[i], ARGV[4])
+  if type(score) == 'table' then reply = {4, KEYS[i], cancel}; break end
+  listed[i] = score
 end
-local existing = redis.call('GET', KEYS[3])
-if existing then
+local other = false
+if not reply and #KEYS >= 8 then
+  other = redis.pcall('GET', KEYS[8])
+  if type(other) == 'table' then reply = {4, KEYS[8], cancel} end
+end
+if not reply and existing then
   -- Only a producer's queued record (or its dead-lettered end) is replaced; anything else is
   -- reported as it is.
   local ok, doc = pcall(cjson.decode, existing)
   local queued = ok and type(doc) == 'table' and (doc.status == 'queued' or
     (doc.status == 'error' and type(doc.error) == 'table' and doc.error.type == 'DeadLettered'))
-  if not queued then return {3, existing, cancel} end
+  if not queued then reply = {3, existing, cancel} end
 end
-if #KEYS >= 8 then
-  local other = redis.call('GET', KEYS[8])
-  if other and other ~= ARGV[4] then return {2, other, cancel} end
+if not reply and other and other ~= ARGV[4] then reply = {2, other, cancel} end
+if reply then
+  local t = redis.call('TYPE', KEYS[4]).ok
+  if t ~= 'none' and t ~= 'zset' then return {4, KEYS[4], cancel} end
+  return reply
 end
+if type(redis.pcall('ZADD', KEYS[4], ARGV[3], ARGV[4])) == 'table' then return {4, KEYS[4], cancel} end
 redis.call('SET', KEYS[3], ARGV[2])
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
-redis.call('ZREM', KEYS[6], ARGV[4])
-redis.call('ZREM', KEYS[7], ARGV[4])
+if listed[6] then redis.call('ZREM', KEYS[6], ARGV[4]) end
+if listed[7] then redis.call('ZREM', KEYS[7], ARGV[4]) end
 if #KEYS >= 8 then redis.call('SET', KEYS[8], ARGV[4], 'EX', ARGV[5]) end
 return {1, '', cancel}

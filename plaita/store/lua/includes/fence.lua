@@ -14,7 +14,10 @@ local function holds_fence(lease_key, fence_key, generation)
   if type(cur) ~= 'string' or type(fence) == 'table' then return false end
   local want = tonumber(generation)
   if want == nil then return false end
-  if fence and not (tonumber(fence) and tonumber(fence) <= want) then return false end
+  if fence then
+    local held = tonumber(fence)
+    if not (held and held <= want) then return false end
+  end
   local suffix = ':' .. generation
   return string.sub(cur, -string.len(suffix)) == suffix
 end
