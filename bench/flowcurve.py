@@ -28,7 +28,8 @@ from bench.flows import _commandstats, _top_level
 from tests.support.redis_server import RedisServer
 
 STEPS = 3
-FLOW_IDS = {"sync": "bench-noop3", "async": "bench-noop3-async"}
+#: ``inline``: sync steps with ``@flow.step(inline=True)`` (on threads in a tree from before it)
+FLOW_IDS = {"sync": "bench-noop3", "async": "bench-noop3-async", "inline": "bench-noop3-inline"}
 COMPLETED = "plaita:executions:status:completed"
 #: After the last execution completes, time for its ack (counted) before the stats are read.
 SETTLE_S = 0.3
@@ -166,7 +167,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--executions", type=int, default=1000, help="executions per point (default 1000)")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma-separated (default 1,2,4,8,16,32,64)")
     p.add_argument("--fsync", default="off,always", help="off, always or both (default off,always)")
-    p.add_argument("--steps", default="sync,async", help="sync, async or both (default sync,async)")
+    p.add_argument(
+        "--steps", default="sync,async", help="sync, async, inline (on the loop), comma-separated (default sync,async)"
+    )
     p.add_argument("--repeats", type=int, default=1, help="runs per point, median kept (default 1)")
     p.add_argument("--json", help="also write the points to this file")
     a = checked_run_args(p, p.parse_args(argv))
@@ -186,7 +189,7 @@ def checked_run_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> argpa
         p.error("--concurrency takes comma-separated integers")
     a.steps = a.steps.split(",")
     if any(s not in FLOW_IDS for s in a.steps):
-        p.error("--steps takes sync,async")
+        p.error("--steps takes sync, async, inline (comma-separated)")
     if a.executions < 10 or a.repeats < 1 or any(c < 1 for c in a.concurrency):
         p.error("--executions >= 10, --repeats >= 1 and every concurrency >= 1 please")
     if a.baseline and not (Path(a.baseline) / "plaita").is_dir():

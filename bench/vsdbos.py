@@ -134,7 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline", help="a checkout of the plaita to compare with (its plaita/ is used)")
     p.add_argument("--executions", type=int, default=1000, help="executions per run (default 1000)")
     p.add_argument("--concurrency", default="4,64", help="comma-separated (default 4,64)")
-    p.add_argument("--steps", default="sync,async", help="plaita's steps: sync, async or both (default both)")
+    p.add_argument(
+        "--steps",
+        default="sync,async",
+        help="plaita's steps: sync, async, inline (on the loop), comma-separated (default sync,async)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs per point, median kept (default 3)")
     p.add_argument("--no-dbos", action="store_true", help="leave DBOS out (no .venv-dbos needed)")
     return checked_run_args(p, p.parse_args(argv))
