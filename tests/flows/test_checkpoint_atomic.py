@@ -21,6 +21,7 @@ from plaita.store.executions.store import (
 )
 from plaita.store.keyspace import DEADLINES_KEY, DEFAULT
 from plaita.store.leases import Lease, LeaseManager
+from tests.support.redis_server import over_maxmemory
 
 pytestmark = pytest.mark.redis
 
@@ -320,4 +321,31 @@ def test_a_fenced_out_create_writes_nothing(client: redis.Redis) -> None:
     keys = [DEFAULT.execution_key("k2"), DEFAULT.status_key(0, "running"), DEFAULT.dedup_key(0, "order-3")]
     before = snapshot(client, keys)
     assert create_now(store, "k2", lease.generation, "{}", time.time(), "order-3")[0] == 0
+    assert snapshot(client, keys) == before
+
+
+@pytest.mark.parametrize("write", ["create", "checkpoint", "running-checkpoint"])
+def test_a_first_write_refused_over_maxmemory_is_the_servers_oom_not_a_wrong_typed_index(
+    client: redis.Redis, write: str
+) -> None:
+    """Redis refuses a script's first write (the ZADD to its status index) over maxmemory: the
+    caller gets that OOM error, not an ExecutionKeyError naming a sound index; nothing written."""
+    s = Setup(client, "o1")
+    new = s.leases.acquire("o2")
+    assert isinstance(new, Lease)
+    keys = [*watched("o1", []), DEFAULT.execution_key("o2")]
+    before = snapshot(client, keys)
+    with over_maxmemory(client), pytest.raises(redis.exceptions.OutOfMemoryError):
+        if write == "create":
+            create_now(s.store, "o2", new.generation, "{}", time.time(), None)
+        else:
+            checkpoint_now(
+                s.store,
+                "o1",
+                s.lease.generation,
+                json.dumps({"n": 1}),
+                status="running",
+                now_s=time.time(),
+                after_running=write == "running-checkpoint",
+            )
     assert snapshot(client, keys) == before

@@ -26,6 +26,7 @@ from plaita.store.executions.loop_calls import LoopCalls
 from plaita.store.executions.store import ExecutionStore, Staged
 from plaita.store.keyspace import DEFAULT, Keyspace
 from plaita.store.leases import Lease, LeaseManager
+from tests.support.redis_server import over_maxmemory
 
 pytestmark = pytest.mark.redis
 
@@ -300,3 +301,16 @@ def test_a_batch_reply_read_a_byte_at_a_time_reaches_each_call_and_a_whole_batch
     assert outcomes[0] == [1, 0] and outcomes[2] == [0, 0], outcomes
     assert isinstance(outcomes[1], redis.ResponseError) and str(outcomes[1]) == "boom"
     assert all(isinstance(o, redis.ReadOnlyError) for o in outcomes[3:]), outcomes[3:]
+
+
+def test_batched_calls_refused_over_maxmemory_each_get_the_oom_error(client: redis.Redis) -> None:
+    """Over maxmemory each call's first write is refused: each gets OOM (as alone), none is
+    re-sent, nothing is written."""
+    eids = ["oom1", "oom2", "oom3"]
+    store, gens = created(client, eids)
+    calls = [step(store, e, gens[e], 1, running=True) for e in eids]
+    with over_maxmemory(client):
+        _, outcomes, evalshas = sent_at_once(client, step(store, "oom1", 0, 0, running=True), calls)
+    assert evalshas == 1
+    assert all(isinstance(o, redis.exceptions.OutOfMemoryError) for o in outcomes), [str(o) for o in outcomes]
+    assert [store.get(e) for e in eids] == [{}] * len(eids)

@@ -7,6 +7,7 @@ smaller one in ``plaita/store/server.py``, since the installed package cannot im
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -173,3 +175,17 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def over_maxmemory(client: redis.Redis) -> Iterator[None]:
+    """``client``'s server over its maxmemory (1 byte, noeviction) for the block: every command
+    that may grow memory, a script's first write too, is refused with OOM; restored after."""
+    policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", "1")
+    try:
+        yield
+    finally:
+        client.config_set("maxmemory", "0")
+        client.config_set("maxmemory-policy", policy)

@@ -38,6 +38,7 @@
 --          cancel flag is set (the cancel came during the last step: the caller writes
 --          `cancelled` instead). Nothing is written unless the reply is {1, ...}.
 --- @include "fence"
+--- @include "index_write"
 if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return {0, 0} end
 local status = tonumber(ARGV[3])
 if status == 3 and redis.call('EXISTS', KEYS[4]) == 1 then return {4, 1} end
@@ -99,7 +100,8 @@ if ARGV[6] ~= '' then
 end
 local retention = tonumber(ARGV[7])
 local index = KEYS[5 + status]
-if type(redis.pcall('ZADD', index, ARGV[4], ARGV[5])) == 'table' then return wrong_index(index) end
+local refused = index_write(index, ARGV[4], ARGV[5])
+if refused == 'wrong' then return wrong_index(index) elseif refused then return refused end
 redis.call('SET', KEYS[3], ARGV[2])
 for i = 1, 5 do
   if i ~= status then redis.pcall('ZREM', KEYS[5 + i], ARGV[5]) end

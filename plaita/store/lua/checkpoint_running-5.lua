@@ -19,9 +19,13 @@
 --          fence key is not a string); {3, key, why} the running index is not a sorted set.
 --          Nothing is written unless the reply is {1, ...}.
 --- @include "fence"
+--- @include "index_write"
 if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return {0, 0} end
-if type(redis.pcall('ZADD', KEYS[5], ARGV[3], ARGV[4])) == 'table' then
+local refused = index_write(KEYS[5], ARGV[3], ARGV[4])
+if refused == 'wrong' then
   return {3, KEYS[5], 'holds a ' .. redis.call('TYPE', KEYS[5]).ok .. ', not a sorted set'}
+elseif refused then
+  return refused
 end
 redis.call('SET', KEYS[3], ARGV[2])
 return {1, redis.call('EXISTS', KEYS[4])}

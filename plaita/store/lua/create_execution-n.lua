@@ -22,6 +22,7 @@
 --          execution exists and <text> is its state; 4 key <text> holds the wrong type (nothing
 --          written)
 --- @include "fence"
+--- @include "index_write"
 if not holds_fence(KEYS[1], KEYS[2], ARGV[1]) then return {0, '', 0} end
 local cancel = redis.call('EXISTS', KEYS[5])
 -- Each key's type is checked by a read the script needs anyway (GET, ZSCORE: a wrong-typed key
@@ -57,7 +58,8 @@ if reply then
   if t ~= 'none' and t ~= 'zset' then return {4, KEYS[4], cancel} end
   return reply
 end
-if type(redis.pcall('ZADD', KEYS[4], ARGV[3], ARGV[4])) == 'table' then return {4, KEYS[4], cancel} end
+local refused = index_write(KEYS[4], ARGV[3], ARGV[4])
+if refused == 'wrong' then return {4, KEYS[4], cancel} elseif refused then return refused end
 redis.call('SET', KEYS[3], ARGV[2])
 if listed[6] then redis.call('ZREM', KEYS[6], ARGV[4]) end
 if listed[7] then redis.call('ZREM', KEYS[7], ARGV[4]) end
