@@ -171,11 +171,12 @@ class AsyncHandlerPool(PoolBase):
         ``try`` in a helper coroutine would be closed with the rest and the task's slot lost.
         ``KeyboardInterrupt``/``SystemExit`` leaving the root would stop the loop itself."""
         started = time.monotonic()
+        outcome: Outcome | None
         try:
             result = self._handler(task)
             if inspect.isawaitable(result):
                 await result
-            outcome = Outcome(task.message_id)
+            outcome = None  # a bare success: the router builds its Outcome
         except BaseException as exc:  # noqa: B036 - see the docstring
             outcome = judge(task, exc, self._max_deliveries)
         finally:

@@ -52,8 +52,11 @@ class Outcome:
         return cls(message_id, DEAD, DeadLetter(message_id, reason, delivery_count, body, fields))
 
 
-#: A task a pool finished: the task, its outcome, how long its handler ran (seconds).
-Done = tuple[Task, Outcome, float]
+#: A task a pool finished: the task, its outcome, how long its handler ran (seconds). A bare
+#: success (the handler returned) is None, not ``Outcome(message_id)``: the router builds the one
+#: Outcome it needs, release included, instead of a copy of the pool's (~1.5k instructions per
+#: leased task).
+Done = tuple[Task, Outcome | None, float]
 
 
 class OutcomeSink(Protocol):
@@ -89,21 +92,22 @@ class OutcomeRouter:
         counts = {"completed": 0, "failed": 0, "dead_lettered": 0, "handed_back": 0}
         completed = 0
         for (task, outcome, _), item in zip(done, items, strict=True):
-            if item is not None:
-                if item.lost:
-                    # A successor may own this entry now: acking or releasing would touch its delivery.
-                    logger.warning(
-                        "task %s finished after it was handed back or lost its lease; not acked (its successor "
-                        "decides)",
-                        task.message_id,
-                    )
-                    continue
-                lease = item.lease
-                if outcome.kind == ACK and (lease is None or outcome.dead is None):  # at most a release to add
-                    # What _routed does with it, inline: once per task (a leased one saves a Python call).
-                    outcomes.append(outcome if lease is None else _with_release(outcome, (lease.key, lease.value)))
-                    completed += 1
-                    continue
+            if item is not None and item.lost:
+                # A successor may own this entry now: acking or releasing would touch its delivery.
+                logger.warning(
+                    "task %s finished after it was handed back or lost its lease; not acked (its successor decides)",
+                    task.message_id,
+                )
+                continue
+            if outcome is None:  # a bare success: what _routed does with an ack, inline (once per task)
+                lease = None if item is None else item.lease
+                outcomes.append(
+                    Outcome(task.message_id)
+                    if lease is None
+                    else Outcome(task.message_id, ACK, None, (lease.key, lease.value))
+                )
+                completed += 1
+                continue
             outcomes.append(_routed(outcome, item, counts))
         counts["completed"] += completed
         for name, n in counts.items():

@@ -231,12 +231,13 @@ class HandlerPool(PoolBase):
                 slots = self._work_batch(chunk, task, slots, done, started)
                 now = clock()
             else:
+                outcome: Outcome | None
                 try:
                     handler(task)
                 except BaseException as exc:  # noqa: B036 - see judge()
                     outcome = judge(task, exc, self._max_deliveries)
                 else:
-                    outcome = Outcome(task.message_id)
+                    outcome = None  # a bare success: the router builds its Outcome
                 now = clock()
                 done.append((task, outcome, now - started))
             if now - started > _REPORT_EVERY_S:
@@ -281,7 +282,7 @@ class HandlerPool(PoolBase):
             chunk.appendleft(task)
         each_s = (time.monotonic() - started_s) / max(1, len(raised))
         for task, error in zip(tasks, raised, strict=False):
-            outcome = Outcome(task.message_id) if error is None else judge(task, error, self._max_deliveries)
+            outcome = None if error is None else judge(task, error, self._max_deliveries)
             done.append((task, outcome, each_s))
         return slots - max(0, len(raised) - 1)
 

@@ -172,14 +172,24 @@ class LeaseManager:
         """The acquire script's replies (one per partition call: a generation, an int, for each
         execution leased, the refusal, a string, for the others) as leases or refusals, in order."""
         out: list[Lease | str] = [""] * len(execution_ids)
-        own = f"{self.holder}:"
         for members, flat in replies:
-            for i, got in zip(members, flat, strict=True):
-                if type(got) is int:  # inline, not a method: once per leased task
-                    # tuple.__new__ straight from C: no Python frame of the NamedTuple's __new__.
-                    out[i] = _new_lease(Lease, (execution_ids[i], lease_keys[i], f"{own}{got}", got))
-                else:
-                    out[i] = got.decode() if isinstance(got, bytes) else str(got)
+            taken = self._in_order([execution_ids[i] for i in members], [lease_keys[i] for i in members], flat)
+            for i, got in zip(members, taken, strict=True):
+                out[i] = got
+        return out
+
+    def _in_order(self, execution_ids: list[str], lease_keys: list[str], flat: list[Any]) -> list[Lease | str]:
+        """One script call's reply (a generation, an int, for each execution leased, the refusal,
+        a string, for the others) as leases or refusals, in the order of ``execution_ids``: one
+        zip, no index per task (a single partition's batch, the usual case, comes here alone)."""
+        out: list[Lease | str] = []
+        own = f"{self.holder}:"
+        for execution_id, lease_key, got in zip(execution_ids, lease_keys, flat, strict=True):
+            if type(got) is int:  # inline, not a method: once per leased task
+                # tuple.__new__ straight from C: no Python frame of the NamedTuple's __new__.
+                out.append(_new_lease(Lease, (execution_id, lease_key, f"{own}{got}", got)))
+            else:
+                out.append(got.decode() if isinstance(got, bytes) else str(got))
         return out
 
     def _space(self, keyspace: Keyspace | None) -> Keyspace:
@@ -277,7 +287,7 @@ class PendingAcquire:
             self._release(conn, healthy=False)
             raise
         self._release(conn, healthy=True)
-        self._done = manager._leases(self._ids, self._lease_keys, [(list(range(len(self._ids))), flat)])
+        self._done = manager._in_order(self._ids, self._lease_keys, flat)
         return self._done
 
     def abandon(self) -> None:

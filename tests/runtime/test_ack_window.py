@@ -85,7 +85,7 @@ def _router(settler: Settler, finished: list[str]) -> Callable[[list[Done]], Non
     def on_done(done: list[Done]) -> None:
         with lock:
             finished.extend(task.message_id for task, _, _ in done)
-        settler.put_many([outcome for _, outcome, _ in done])
+        settler.put_many([Outcome(task.message_id) if outcome is None else outcome for task, outcome, _ in done])
 
     return on_done
 

@@ -124,3 +124,17 @@ def test_an_ack_stays_an_ack(setup: Setup) -> None:
     task = setup.read("1-0")
     setup.route([done(task, Outcome("1-0"))])
     assert setup.sink.outcomes == [Outcome("1-0", ACK)]
+
+
+def test_a_bare_success_is_an_ack_with_its_lease_released(setup: Setup) -> None:
+    """The pools report a handler that returned as None: the router builds its one Outcome."""
+    plain, leased = setup.read("1-0"), setup.read("1-1", lease=Lease("e1", "lease:e1", "me:1", 3))
+    unknown = Task("1-2", {}, 1)  # not in the table: acked, nothing to release
+    lost = setup.read("1-3", lease=Lease("e2", "lease:e2", "me:2", 4), lost=True)
+    setup.route([(plain, None, 0.01), (leased, None, 0.01), (unknown, None, 0.01), (lost, None, 0.01)])
+    assert setup.sink.outcomes == [
+        Outcome("1-0", ACK),
+        Outcome("1-1", ACK, release=("lease:e1", "me:1")),
+        Outcome("1-2", ACK),
+    ]
+    assert setup.counters.completed == 3
