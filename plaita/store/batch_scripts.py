@@ -52,9 +52,12 @@ BATCHED = frozenset({"checkpoint_execution", "checkpoint_running", "create_execu
 #: ARGV[1] holds each call's key count and argument count as two 16-bit big-endian numbers
 #: (``string.byte``: no ``tonumber`` and its ``strtod`` per count). Each call's tables are made
 #: at their size by ``unpack`` (filling them one by one regrows them, as Redis does for KEYS/ARGV).
-#: A Lua error a call raised reaches its caller as alone: a table's ``err`` (what ``redis.call``
-#: raises for an error reply, ``WRONGTYPE ...``, ``OOM ...``) as it is, any other error as
-#: ``ERR <text>`` (as Redis prefixes a string raised by a script run alone).
+#: A Lua error a call raised reaches its caller as alone: an error reply ``redis.call`` raised
+#: keeps its code (``WRONGTYPE ...``, ``OOM ...``, ``READONLY ...``: in Redis 7.0 a ``pcall``
+#: receives it as its text, not as the table a script's top level would), anything else is
+#: ``ERR ...``. (A script's own ``error('CODE text')`` would keep CODE here and not alone: no
+#: batched script raises one; and a batched call's error is never taken for a NOSCRIPT of the
+#: whole call, ``LoopCalls`` resolves it as it is.)
 _LOOP = """
 local counts, out, byte, unpack = ARGV[1], {}, string.byte, unpack
 local k, a = 0, 1
@@ -64,8 +67,10 @@ for i = 1, #counts / 4 do
   local ok, reply = pcall(one, {unpack(KEYS, k + 1, k + nk)}, {unpack(ARGV, a + 1, a + na)})
   k, a = k + nk, a + na
   if not ok then
-    if type(reply) == 'table' and reply.err then reply = {err = reply.err}
-    else reply = {err = 'ERR ' .. tostring(reply)} end
+    if type(reply) == 'table' and reply.err then reply = reply.err end
+    reply = tostring(reply)
+    if not string.find(reply, '^%u[%u_-]* ') then reply = 'ERR ' .. reply end
+    reply = {err = reply}
   elseif reply == nil then
     reply = false
   end

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import json
 import socket
+import struct
 import time
 from typing import Any
 
@@ -314,3 +315,20 @@ def test_batched_calls_refused_over_maxmemory_each_get_the_oom_error(client: red
     assert evalshas == 1
     assert all(isinstance(o, redis.exceptions.OutOfMemoryError) for o in outcomes), [str(o) for o in outcomes]
     assert [store.get(e) for e in eids] == [{}] * len(eids)
+
+
+def test_an_error_redis_call_raised_inside_a_batched_call_keeps_its_code(client: redis.Redis) -> None:
+    """An error reply ``redis.call`` raises in a batched body (which a ``pcall`` in Redis 7.0
+    receives as text) keeps its code: WRONGTYPE stays WRONGTYPE, OOM stays OutOfMemoryError as
+    alone (and READONLY would stay ReadOnlyError, the runner's failover path), not ``ERR ...``.
+    The twin's own loop around a one-line body."""
+    twin = batch_of(scripts.script("checkpoint_running"))
+    assert twin is not None
+    client.set("typed", "x")
+    body = "local function one(KEYS, ARGV) redis.call('ZADD', KEYS[1], 1, 'a') end\n"
+    loop = twin.text[twin.text.index("\nlocal counts") :]
+    reply = client.eval(body + loop, 1, "typed", struct.pack(">2H", 1, 0))
+    assert isinstance(reply[0], redis.ResponseError) and str(reply[0]).startswith("WRONGTYPE"), reply
+    with over_maxmemory(client):
+        reply = client.eval(body + loop, 1, "fresh", struct.pack(">2H", 1, 0))
+    assert isinstance(reply[0], redis.exceptions.OutOfMemoryError), reply
