@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import socket
 import threading
@@ -27,9 +26,10 @@ from plaita.ops.service import start_worker
 from plaita.store import scripts
 from plaita.store.calls import ScriptCall
 from plaita.store.executions import loop_calls
-from plaita.store.executions.execution_io import CallBatcher, checkpoint_call, create_now
-from plaita.store.executions.store import ExecutionStore, Staged
-from plaita.store.leases import Lease, LeaseManager
+from plaita.store.executions.execution_io import CallBatcher
+from plaita.store.executions.store import ExecutionStore
+from tests.support.flow_calls import answer_bytewise, created
+from tests.support.flow_calls import step as counted_step
 from tests.support.lease_workers import QUEUE, settings
 from tests.support.proxy import FaultProxy
 from tests.support.redis_server import RedisServer
@@ -37,30 +37,9 @@ from tests.support.redis_server import RedisServer
 pytestmark = pytest.mark.redis
 
 
-def created(client: redis.Redis, eids: list[str]) -> tuple[ExecutionStore, dict[str, int]]:
-    store = ExecutionStore(client)
-    leases = LeaseManager(client, consumer="loopfaults", ttl_s=60.0)
-    gens: dict[str, int] = {}
-    for eid in eids:
-        lease = leases.acquire(eid)
-        assert isinstance(lease, Lease)
-        assert create_now(store, eid, lease.generation, "{}", time.time(), None)[0] == 1
-        gens[eid] = lease.generation
-    return store, gens
-
-
-def step(store: ExecutionStore, eid: str, generation: int, n: int, counter: str = "app:lf") -> ScriptCall:
-    staged = [Staged("incrby", counter, "1")]
-    return checkpoint_call(
-        store.client,
-        store.ks,
-        eid,
-        generation,
-        json.dumps({"n": n}),
-        status="running",
-        now_s=time.time(),
-        staged=staged,
-    )
+def lf_step(store: ExecutionStore, eid: str, generation: int, n: int) -> ScriptCall:
+    """A running checkpoint applying INCRBY 1 to the shared counter ``app:lf``."""
+    return counted_step(store, eid, generation, n, counter="app:lf")
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
@@ -96,7 +75,7 @@ def test_without_the_socket_attribute_calls_go_through_the_thread_with_one_warni
     batcher = CallBatcher(loop_connection=True)
 
     async def calls() -> list[Any]:
-        return await asyncio.gather(*(batcher.run(step(store, e, gens[e], 1)) for e in eids), return_exceptions=True)
+        return await asyncio.gather(*(batcher.run(lf_step(store, e, gens[e], 1)) for e in eids), return_exceptions=True)
 
     with caplog.at_level(logging.WARNING, logger="plaita.store.executions.execution_io"):
         try:
@@ -113,7 +92,7 @@ def test_without_parse_error_calls_go_through_the_thread(client: redis.Redis, mo
     store, gens = created(client, ["np1"])
     batcher = CallBatcher(loop_connection=True)
     try:
-        assert asyncio.run(batcher.run(step(store, "np1", gens["np1"], 1))) == (True, False)
+        assert asyncio.run(batcher.run(lf_step(store, "np1", gens["np1"], 1))) == (True, False)
     finally:
         batcher.stop()
     assert client.get("app:lf") == b"1"
@@ -131,12 +110,12 @@ def test_an_error_reply_that_cannot_be_parsed_fails_its_call_and_hangs_nothing(
         raise ValueError("a redis-py whose parse_error changed")
 
     async def scenario() -> Any:
-        assert await batcher.run(step(store, "pe1", gens["pe1"], 1)) == (True, False)  # the connection is up
+        assert await batcher.run(lf_step(store, "pe1", gens["pe1"], 1)) == (True, False)  # the connection is up
         client.script_flush()
         monkeypatch.setattr(loop_calls, "_parse_error", broken)
         # bounded: before the fix this call's future was dropped, never resolved (a hung step)
         done = await asyncio.gather(
-            asyncio.wait_for(batcher.run(step(store, "pe1", gens["pe1"], 2)), 20), return_exceptions=True
+            asyncio.wait_for(batcher.run(lf_step(store, "pe1", gens["pe1"], 2)), 20), return_exceptions=True
         )
         return done[0]
 
@@ -181,7 +160,7 @@ def test_a_connect_that_ends_after_stop_is_closed_and_sends_nothing(
     batcher = CallBatcher(loop_connection=True)
 
     async def scenario() -> Any:
-        call = asyncio.ensure_future(batcher.run(step(store, "cs1", gens["cs1"], 1)))
+        call = asyncio.ensure_future(batcher.run(lf_step(store, "cs1", gens["cs1"], 1)))
         assert await asyncio.to_thread(held.entered.wait, 10)
         batcher.stop()  # the worker stops while the loop's connection is still being made
         held.release.set()
@@ -203,7 +182,7 @@ def test_a_connect_whose_callers_were_all_cancelled_is_closed_by_stop(
     calls = batcher._loop_calls
 
     async def scenario() -> None:
-        call = asyncio.ensure_future(batcher.run(step(store, "cc1", gens["cc1"], 1)))
+        call = asyncio.ensure_future(batcher.run(lf_step(store, "cc1", gens["cc1"], 1)))
         assert await asyncio.to_thread(held.entered.wait, 10)
         call.cancel()  # the step awaiting it was cancelled
         held.release.set()
@@ -224,7 +203,7 @@ def test_unix_socket_acl_user_and_a_db_other_than_0(tmp_path: Path) -> None:
         batcher = CallBatcher(loop_connection=True)
 
         async def calls() -> list[Any]:
-            return await asyncio.gather(*(batcher.run(step(store, e, gens[e], 1)) for e in gens))
+            return await asyncio.gather(*(batcher.run(lf_step(store, e, gens[e], 1)) for e in gens))
 
         try:
             outcomes = asyncio.run(calls())
@@ -256,16 +235,20 @@ def outage(url: str, fault: Callable[[], object], heal: Callable[[], None]) -> t
     batcher = CallBatcher(loop_connection=True)
 
     async def scenario() -> tuple[list[Any], list[Any]]:
-        assert await batcher.run(step(store, EIDS[0], gens[EIDS[0]], 1, f"app:{EIDS[0]}:warm")) == (True, False)
+        assert await batcher.run(counted_step(store, EIDS[0], gens[EIDS[0]], 1, counter=f"app:{EIDS[0]}:warm")) == (
+            True,
+            False,
+        )
         fault()
         try:
             struck = await asyncio.gather(
-                *(batcher.run(step(store, e, gens[e], 2, f"app:{e}")) for e in EIDS), return_exceptions=True
+                *(batcher.run(counted_step(store, e, gens[e], 2, counter=f"app:{e}")) for e in EIDS),
+                return_exceptions=True,
             )
         finally:
             heal()
         after = await asyncio.gather(
-            *(batcher.run(step(store, e, gens[e], 3, f"app:{e}")) for e in EIDS), return_exceptions=True
+            *(batcher.run(counted_step(store, e, gens[e], 3, counter=f"app:{e}")) for e in EIDS), return_exceptions=True
         )
         return struck, after
 
@@ -328,12 +311,12 @@ def test_stop_from_another_thread_fails_the_calls_waiting_on_a_frozen_server(pri
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        warm = asyncio.run_coroutine_threadsafe(batcher.run(step(store, EIDS[0], gens[EIDS[0]], 1)), loop)
+        warm = asyncio.run_coroutine_threadsafe(batcher.run(lf_step(store, EIDS[0], gens[EIDS[0]], 1)), loop)
         assert warm.result(10) == (True, False)
         assert batcher._loop_calls is not None
         conn = next(iter(batcher._loop_calls._conns.values()))
         private_redis.freeze()
-        waiting = [asyncio.run_coroutine_threadsafe(batcher.run(step(store, e, gens[e], 2)), loop) for e in EIDS]
+        waiting = [asyncio.run_coroutine_threadsafe(batcher.run(lf_step(store, e, gens[e], 2)), loop) for e in EIDS]
         wait_until(lambda: conn.waiting_calls() == len(EIDS), "every call sent")
         batcher.stop()
         outcomes = [f.exception(10) for f in waiting]
@@ -357,9 +340,9 @@ def test_calls_in_flight_when_the_loop_ends_leave_no_socket_open(client: redis.R
     conns: list[Any] = []
 
     async def leave_in_flight() -> None:
-        await batcher.run(step(store, EIDS[0], gens[EIDS[0]], 1))
+        await batcher.run(lf_step(store, EIDS[0], gens[EIDS[0]], 1))
         for e in EIDS:
-            asyncio.ensure_future(batcher.run(step(store, e, gens[e], 2)))
+            asyncio.ensure_future(batcher.run(lf_step(store, e, gens[e], 2)))
         await asyncio.sleep(0)  # the calls are queued on the connection, not yet answered
         assert batcher._loop_calls is not None
         conns.extend(batcher._loop_calls._conns.values())
@@ -375,7 +358,7 @@ def test_replies_read_a_byte_at_a_time_each_reach_their_own_call(client: redis.R
     integer, an error, a bulk string, an array, an integer) arriving one byte per read are
     each matched to the call they answer, in order, and the error reaches only its own."""
     store, gens = created(client, ["pr1"])
-    template = step(store, "pr1", gens["pr1"], 1)
+    template = lf_step(store, "pr1", gens["pr1"], 1)
     alone = scripts.script("fenced_set")  # no batch twin: five calls, five replies
     calls = [dataclasses.replace(template, script=alone, args=[str(i)], parse=lambda r: r) for i in range(5)]
     replies = b":0\r\n-ERR boom\r\n$5\r\nhello\r\n*2\r\n:1\r\n:2\r\n:4\r\n"
@@ -390,12 +373,7 @@ def test_replies_read_a_byte_at_a_time_each_reach_their_own_call(client: redis.R
         for call, future in zip(calls, futures, strict=True):
             conn.send(call, future)
         wanted = sum(len(hiredis.pack_command(("EVALSHA", c.script.sha, 1, *c.keys, *c.args))) for c in calls)
-        received = b""
-        while len(received) < wanted:  # bounded by the bytes the five calls make
-            received += await loop.sock_recv(far, wanted - len(received))
-        for i in range(len(replies)):
-            await loop.sock_sendall(far, replies[i : i + 1])
-            await asyncio.sleep(0)  # one read per byte
+        await answer_bytewise(far, wanted, replies)
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
         conn.close()
         return outcomes

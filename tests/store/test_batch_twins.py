@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import socket
 import struct
 import time
@@ -22,11 +21,11 @@ from plaita.store import batch_scripts, scripts
 from plaita.store.batch_scripts import MAX_BATCH_CALLS, MAX_COUNT, Batch, batch_of, entries, hash_tag
 from plaita.store.calls import ScriptCall
 from plaita.store.executions import loop_calls
-from plaita.store.executions.execution_io import checkpoint_call, create_call, create_now
+from plaita.store.executions.execution_io import checkpoint_call, create_call
 from plaita.store.executions.loop_calls import LoopCalls
-from plaita.store.executions.store import ExecutionStore, Staged
+from plaita.store.executions.store import Staged
 from plaita.store.keyspace import DEFAULT, Keyspace
-from plaita.store.leases import Lease, LeaseManager
+from tests.support.flow_calls import answer_bytewise, created, leased, step
 from tests.support.redis_server import over_maxmemory
 
 pytestmark = pytest.mark.redis
@@ -35,40 +34,6 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def client(bclient: redis.Redis) -> redis.Redis:
     return bclient
-
-
-def leased(client: redis.Redis, eids: list[str], ks: Keyspace = DEFAULT) -> dict[str, int]:
-    leases = LeaseManager(client, consumer="twins", ttl_s=60.0, keyspace=ks)
-    out: dict[str, int] = {}
-    for eid in eids:
-        lease = leases.acquire(eid)
-        assert isinstance(lease, Lease)
-        out[eid] = lease.generation
-    return out
-
-
-def created(client: redis.Redis, eids: list[str], ks: Keyspace = DEFAULT) -> tuple[ExecutionStore, dict[str, int]]:
-    store = ExecutionStore(client, ks)
-    gens = leased(client, eids, ks)
-    for eid, generation in gens.items():
-        assert create_now(store, eid, generation, "{}", time.time(), None)[0] == 1
-    return store, gens
-
-
-def step(store: ExecutionStore, eid: str, generation: int, n: int, *, running: bool = False) -> ScriptCall:
-    """A checkpoint applying INCRBY 1 to ``app:<eid>`` (``running``: the short running script)."""
-    staged = [] if running else [Staged("incrby", f"app:{eid}", "1")]
-    return checkpoint_call(
-        store.client,
-        store.ks,
-        eid,
-        generation,
-        json.dumps({"n": n}),
-        status="running",
-        now_s=time.time(),
-        staged=staged,
-        after_running=running,
-    )
 
 
 def evalsha_calls(client: redis.Redis) -> int:
@@ -284,12 +249,7 @@ def test_a_batch_reply_read_a_byte_at_a_time_reaches_each_call_and_a_whole_batch
                 await asyncio.sleep(0)  # the first three written: the rest go in a second write
         wanted = sum(len(batch_scripts.packed(e)) for e in (batch_scripts.entries([(c, None) for c in calls[:3]])))
         wanted *= 2  # the second batch packs to as many bytes (one-digit args)
-        received = b""
-        while len(received) < wanted:  # bounded by the bytes of the two batches
-            received += await loop.sock_recv(far, wanted - len(received))
-        for i in range(len(replies)):
-            await loop.sock_sendall(far, replies[i : i + 1])
-            await asyncio.sleep(0)  # one read per byte
+        received = await answer_bytewise(far, wanted, replies)
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
         conn.close()
         return outcomes, received.split(b"EVALSHA")
