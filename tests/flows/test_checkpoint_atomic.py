@@ -271,16 +271,22 @@ CREATE_KEYS = {
 }
 
 
-@pytest.mark.parametrize("target", list(CREATE_KEYS))
-def test_create_with_a_wrong_typed_key_writes_nothing(client: redis.Redis, target: str) -> None:
-    key = CREATE_KEYS[target]
-    client.hset(key, "f", "v")
+def _assert_create_refused_naming(client: redis.Redis, key: str) -> None:
+    """A create of ``k1`` (dedup ``order-2``) refused with ExecutionKeyError naming ``key``,
+    every key it would touch left as it was."""
     keys = list(CREATE_KEYS.values())
     before = snapshot(client, keys)
     with pytest.raises(ExecutionKeyError, match="wrong type") as caught:
         _create(client, "k1", "order-2")
     assert caught.value.key == key
     assert snapshot(client, keys) == before
+
+
+@pytest.mark.parametrize("target", list(CREATE_KEYS))
+def test_create_with_a_wrong_typed_key_writes_nothing(client: redis.Redis, target: str) -> None:
+    key = CREATE_KEYS[target]
+    client.hset(key, "f", "v")
+    _assert_create_refused_naming(client, key)
 
 
 @pytest.mark.parametrize("other", ["existing-state", "dedup-taken", "queued-index-wrong"])
@@ -295,12 +301,7 @@ def test_a_wrong_typed_running_index_is_named_before_any_later_refusal(client: r
         client.set(DEFAULT.dedup_key(0, "order-2"), "another")
     else:
         client.hset(DEFAULT.status_key(0, "queued"), "f", "v")
-    keys = list(CREATE_KEYS.values())
-    before = snapshot(client, keys)
-    with pytest.raises(ExecutionKeyError, match="wrong type") as caught:
-        _create(client, "k1", "order-2")
-    assert caught.value.key == running
-    assert snapshot(client, keys) == before
+    _assert_create_refused_naming(client, running)
 
 
 def test_create_takes_a_queued_record_out_of_the_queued_and_error_indexes(client: redis.Redis) -> None:
